@@ -1,0 +1,3 @@
+from dpo_sweep.cli import main
+
+raise SystemExit(main())

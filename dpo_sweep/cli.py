@@ -1,0 +1,95 @@
+"""Command line: ``dpo-sweep run | validate | report | recommend | trial``.
+
+Exit codes: 0 done (OOM or diverged trials are results), 1 infrastructure failure,
+2 invalid input (the message names the field, the value and what is allowed).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dpo_sweep.errors import UserError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dpo-sweep",
+        description="Sweep DPO training settings (micro-batch, checkpoint level, grad-acc, beta) "
+        "and find the memory / time / stability frontier.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a sweep with Ray Tune")
+    r.add_argument("space", help="search-space YAML file")
+    r.add_argument("--output", help="results directory (default: reports/<space name>/)")
+    r.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS or a new local one)")
+    r.add_argument("--resume", action="store_true", help="continue a sweep, skipping finished trials")
+    r.add_argument("--max-concurrent", type=int, help="trials running at once (default: from GPUs)")
+    r.add_argument("--no-dashboard", action="store_true", help="start Ray without its dashboard")
+    r.add_argument("--memory-budget-gb", type=float, help="budget for the recommendation")
+
+    v = sub.add_parser("validate", help="check a space file and print its trials; runs nothing")
+    v.add_argument("space")
+    v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+
+    rep = sub.add_parser("report", help="re-analyse a results dir; rewrite frontier/recommendation/report")
+    rep.add_argument("dir")
+    rep.add_argument("--memory-budget-gb", type=float)
+
+    rec = sub.add_parser("recommend", help="print the recommended configuration for a memory budget")
+    rec.add_argument("dir")
+    rec.add_argument("--memory-budget-gb", type=float, required=True)
+
+    t = sub.add_parser("trial", help="run one configuration in this process, without Ray")
+    t.add_argument("space")
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="pick a value, e.g. --set micro_batch=4 --set checkpoint_level=L2 "
+                   "--set train.steps=3 (repeatable)")
+    t.add_argument("--output", help="results directory (default: reports/<space name>-trial/)")
+    return p
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from dpo_sweep import space as space_mod
+
+    sp = space_mod.load(args.space, args.overrides)
+    print(f"{args.space}: valid, {len(sp.trials)} trial(s)")
+    header = ["trial_id", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",
+              "effective_batch", "loss", "precision"]
+    rows = [[t.trial_id, *[str(t.knobs()[k]) for k in header[1:8]], t.train.loss, t.train.precision]
+            for t in sp.trials]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "validate":
+            return cmd_validate(args)
+        if args.command == "trial":
+            from dpo_sweep.train.trial import cmd_trial
+
+            return cmd_trial(args)
+        if args.command == "run":
+            from dpo_sweep.sweep.runner import cmd_run
+
+            return cmd_run(args)
+        if args.command in ("report", "recommend"):
+            from dpo_sweep.analysis import commands
+
+            return commands.cmd_report(args) if args.command == "report" else commands.cmd_recommend(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,230 @@
+"""Typed configuration: the search-space file's sections and one resolved trial.
+
+Every field carries a short doc; cross-field checks live in the model validators. The search
+space file (``search_spaces/*.yaml``) is parsed into :class:`SweepSpace`; each point of its
+search grid becomes one :class:`TrialConfig`, which is all a trainer worker needs.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+CheckpointLevel = Literal["none", "L1", "L2", "L3", "full"]
+CHECKPOINT_LEVELS: tuple[str, ...] = ("none", "L1", "L2", "L3", "full")
+#: Levels that are refused at validation, with the reason shown to the user.
+REFUSED_LEVELS: dict[str, str] = {
+    "L4": (
+        "L4 is refused: checkpointing inside RMSNorm/LayerNorm or softmax splits a numerically "
+        "sensitive reduction across the recompute boundary and saves almost nothing (the norm's "
+        "input is kept anyway); use L3 or full instead"
+    ),
+}
+LossType = Literal["sigmoid", "ipo", "hinge"]
+Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16"]
+MODEL_PRESETS: tuple[str, ...] = ("tiny-llama", "llama-3.2-1b", "llama-3-8b", "qwen2-7b")
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo in a space file must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """Which model to train: a random-initialised preset, or a real checkpoint."""
+
+    preset: Literal["tiny-llama", "llama-3.2-1b", "llama-3-8b", "qwen2-7b"] | None = Field(
+        None, description="Build a random-initialised model of this shape (no download)."
+    )
+    name_or_path: str | None = Field(
+        None, description="Local directory or hub id of a real checkpoint and its tokenizer."
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None,
+        description="Storage dtype of the weights. Default: derived from train.precision "
+        "(bf16 -> bfloat16, otherwise float32 master weights).",
+    )
+    attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
+        "auto", description="auto: flash_attention_2 when flash-attn imports on a GPU, else sdpa."
+    )
+    liger_kernel: bool = Field(
+        False, description="Patch in liger-kernel's fused RMSNorm/SwiGLU/RoPE (GPU only)."
+    )
+    trust_remote_code: bool = Field(False, description="Allow custom modelling code from the checkpoint.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.preset is None) == (self.name_or_path is None):
+            raise ValueError(
+                "give exactly one of model.preset (one of: " + ", ".join(MODEL_PRESETS) + ") "
+                "or model.name_or_path (a local directory or hub id)"
+            )
+        return self
+
+    def label(self) -> str:
+        """Short name used in results tables."""
+        return self.preset or self.name_or_path or "?"
+
+
+class SyntheticData(_Strict):
+    """Deterministic generated preference pairs made of token ids (no text, no download)."""
+
+    pairs: int = Field(256, ge=1, description="Number of preference pairs.")
+    prompt_tokens: int = Field(64, ge=1, description="Tokens per prompt.")
+    response_tokens: int = Field(64, ge=1, description="Tokens per chosen/rejected response.")
+    seed: int = Field(0, description="Seed of the generator.")
+
+
+class DataSpec(_Strict):
+    """Where the preference pairs come from: exactly one of synthetic, path, hf."""
+
+    synthetic: SyntheticData | None = None
+    path: str | None = Field(None, description="Local .json, .jsonl or .parquet file of pairs.")
+    hf: str | None = Field(None, description="Dataset name for datasets.load_dataset.")
+    hf_config: str | None = Field(None, description="Dataset configuration name (optional).")
+    split: str = Field("train", description="Split to read from a hf dataset.")
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Rename columns: {prompt: question, chosen: good, rejected: bad}.",
+    )
+    max_pairs: int | None = Field(None, ge=1, description="Use at most this many pairs.")
+    min_prompt_tokens: int = Field(
+        16, ge=1, description="Truncation never cuts a prompt below this many tokens (its end is kept)."
+    )
+    min_response_tokens: int = Field(
+        8, ge=1,
+        description="A pair whose truncated response keeps fewer tokens than this is dropped.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        given = [k for k in ("synthetic", "path", "hf") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of data.synthetic, data.path (a .json/.jsonl/.parquet file) or "
+                f"data.hf (a dataset name); got {given or 'none'}"
+            )
+        bad = set(self.columns) - {"prompt", "chosen", "rejected"}
+        if bad:
+            raise ValueError(f"data.columns keys must be prompt, chosen, rejected; got {sorted(bad)}")
+        return self
+
+
+class TrainSpec(_Strict):
+    """How each trial trains. Fields named here can also be swept under ``search:``."""
+
+    steps: int = Field(6, ge=1, description="Optimizer steps per trial.")
+    warmup_steps: int = Field(
+        2, ge=0, description="Steps left out of the time/memory medians (not an LR warm-up)."
+    )
+    lr: float = Field(5.0e-6, gt=0, description="Peak AdamW learning rate.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up from 0 over this many steps.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="LR after warm-up: constant, or decay to 0 at the last step."
+    )
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    max_grad_norm: float | None = Field(
+        1.0, description="Clip the total gradient norm to this (null: no clipping)."
+    )
+    max_length: int = Field(256, ge=8, description="Tokens per sequence (prompt + response).")
+    loss: LossType = Field("sigmoid", description="DPO loss type: sigmoid, ipo or hinge.")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="cDPO label smoothing (sigmoid).")
+    precision: Precision = Field(
+        "bf16",
+        description="fp32 | bf16 (weights, grads, AdamW state in bf16) | bf16-mixed (fp32 master, "
+        "bf16 autocast) | fp16 (fp32 master, fp16 autocast, GradScaler).",
+    )
+    reference: Literal["live", "precomputed"] = Field(
+        "live",
+        description="live: a frozen copy of the policy runs every step; precomputed: reference "
+        "log-probs computed once before training, then the reference model is freed.",
+    )
+    logp_chunk_tokens: int = Field(
+        1024, ge=0,
+        description="Tokens per chunk of the lm_head + log-softmax (recomputed in backward); "
+        "0 = naive full-vocabulary logits for the whole batch.",
+    )
+    padding_side: Literal["right", "left"] = Field("right", description="Where batches are padded.")
+    seed: int = Field(0, description="Seed for weights, data order and dropout.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
+    fail_at_step: int | None = Field(
+        None, description="Test hook: raise an error at this step (used by the test-suite)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainSpec:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(
+                f"train.warmup_steps ({self.warmup_steps}) must be smaller than train.steps "
+                f"({self.steps}): at least one step must be measured"
+            )
+        return self
+
+
+class ResourcesSpec(_Strict):
+    """What each trial runs on."""
+
+    workers_per_trial: int = Field(1, ge=1, description="Ray Train workers (one per GPU) per trial.")
+    use_gpu: Literal["auto", True, False] = Field("auto", description="auto: use GPUs when present.")
+    gpu_memory_gb: float | None = Field(
+        None, gt=0, description="Cap each worker's allocator to emulate a smaller card (GB = 1e9 B)."
+    )
+    cpus_per_worker: float = Field(0.5, gt=0, description="CPUs reserved per Ray Train worker.")
+    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="How several workers share a trial.")
+
+
+class SearchSpec(BaseModel):
+    """The swept dimensions. Values are lists; a scalar means a one-value list."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    micro_batch: list[int] = Field(default_factory=lambda: [1])
+    checkpoint_level: list[str] = Field(default_factory=lambda: ["none"])
+    grad_acc: list[int] | None = None
+    effective_batch: list[int] | None = None
+    beta: list[float] = Field(default_factory=lambda: [0.1])
+    mode: Literal["grid", "random"] = "grid"
+    num_samples: int | None = None
+
+
+class ObjectivesSpec(_Strict):
+    """What the Pareto frontier minimises (or maximises)."""
+
+    memory: Literal["min", "max"] | None = "min"
+    step_time: Literal["min", "max"] | None = "min"
+    loss_std: Literal["min", "max"] | None = "min"
+
+
+class TrialConfig(_Strict):
+    """One fully resolved point of the search: everything a trial worker needs."""
+
+    space_name: str = Field("trial", description="Name of the space the trial comes from.")
+    trial_id: str = Field("trial-0000", description="Unique id inside its sweep.")
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec
+    resources: ResourcesSpec = ResourcesSpec()
+    micro_batch: int = Field(1, ge=1, description="Pairs per forward/backward on one worker.")
+    grad_acc: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.")
+    checkpoint_level: CheckpointLevel = "none"
+    beta: float = Field(0.1, gt=0, description="DPO beta (strength of the KL anchor).")
+
+    def effective_batch(self) -> int:
+        """Pairs per optimizer step over all workers."""
+        return self.micro_batch * self.grad_acc * self.resources.workers_per_trial
+
+    def knobs(self) -> dict[str, Any]:
+        """The swept settings that identify this trial in tables."""
+        return {
+            "model": self.model.label(),
+            "seq_len": self.train.max_length,
+            "micro_batch": self.micro_batch,
+            "checkpoint_level": self.checkpoint_level,
+            "grad_acc": self.grad_acc,
+            "beta": self.beta,
+            "num_workers": self.resources.workers_per_trial,
+            "effective_batch": self.effective_batch(),
+        }

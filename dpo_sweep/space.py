@@ -1,0 +1,274 @@
+"""Search-space files: load, validate with messages that name the key, expand into trials.
+
+A space file (YAML) has the sections of :class:`dpo_sweep.config.SweepSpace`. ``search:`` holds the
+swept dimensions: ``micro_batch``, ``checkpoint_level``, ``grad_acc`` (or ``effective_batch``,
+from which grad_acc is derived), ``beta``, ``model`` (a list of model specs or preset names), and
+any ``train`` field by its name (``loss``, ``max_length``, ``precision``, ``reference``, ...).
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dpo_sweep.config import (
+    CHECKPOINT_LEVELS,
+    REFUSED_LEVELS,
+    DataSpec,
+    ModelSpec,
+    ObjectivesSpec,
+    ResourcesSpec,
+    TrainSpec,
+    TrialConfig,
+)
+from dpo_sweep.errors import SpaceError
+
+#: Search dimensions with their own handling; any TrainSpec field may be swept as well.
+CORE_DIMS = ("micro_batch", "checkpoint_level", "grad_acc", "effective_batch", "beta", "model")
+SEARCH_OPTIONS = ("mode", "num_samples", "seed")
+
+
+class SweepSpace(BaseModel):
+    """A whole space file after validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(..., description="Name of the sweep; the default output dir is reports/<name>/.")
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec = TrainSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    search: dict[str, Any] = Field(default_factory=dict)
+    objectives: ObjectivesSpec = ObjectivesSpec()
+
+
+@dataclass(frozen=True)
+class Space:
+    """A validated space and its expanded trials."""
+
+    spec: SweepSpace
+    trials: tuple[TrialConfig, ...]
+    source: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc if not str(p).startswith("function-")) or "(top level)"
+
+
+def _format_validation(source: str, err: ValidationError, prefix: str = "") -> str:
+    lines = [f"{source}: invalid search space"]
+    for e in err.errors():
+        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x in ("literal_error",)))
+        key = _where(loc)
+        if prefix:
+            key = f"{prefix}.{key}" if key != "(top level)" else prefix
+        value = e.get("input")
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check its spelling against the README's space-file reference)"
+        elif e["type"] == "missing":
+            msg = "is required"
+        shown = "" if e["type"] in ("missing",) or isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {key}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def _as_list(key: str, value: Any) -> list[Any]:
+    if isinstance(value, list):
+        if not value:
+            raise SpaceError(f"search.{key}: empty list; give at least one value")
+        return value
+    return [value]
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = raw
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise SpaceError(f"--set {dotted}: {p} is not a section")
+    node[parts[-1]] = value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``KEY=VALUE`` overrides. A bare search dimension (``micro_batch=4``) pins that
+    dimension to one value; a dotted key (``train.steps=3``) sets that field."""
+    raw = copy.deepcopy(raw)
+    train_fields = set(TrainSpec.model_fields)
+    for item in overrides:
+        if "=" not in item:
+            raise SpaceError(f"--set {item!r}: expected KEY=VALUE, e.g. --set micro_batch=4")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        value = yaml.safe_load(text) if text.strip() else None
+        if "." in key and not key.startswith("search."):
+            _set_dotted(raw, key, value)
+        else:
+            dim = key.removeprefix("search.")
+            if dim not in CORE_DIMS and dim not in train_fields:
+                raise SpaceError(
+                    f"--set {key}: unknown dimension; use one of {', '.join(CORE_DIMS)}, a train "
+                    "field (e.g. max_length, loss, precision) or a dotted key (train.steps=3)"
+                )
+            search = raw.setdefault("search", {}) or {}
+            raw["search"] = search
+            search[dim] = [value]
+            if dim == "grad_acc":
+                search.pop("effective_batch", None)
+            if dim == "effective_batch":
+                search.pop("grad_acc", None)
+    return raw
+
+
+def _check_levels(levels: list[Any]) -> None:
+    for lv in levels:
+        if lv in REFUSED_LEVELS:
+            raise SpaceError(f"search.checkpoint_level: {lv!r}: {REFUSED_LEVELS[lv]}")
+        if lv not in CHECKPOINT_LEVELS:
+            raise SpaceError(
+                f"search.checkpoint_level: {lv!r} is not a checkpoint level; allowed: "
+                f"{', '.join(CHECKPOINT_LEVELS)}"
+            )
+
+
+def _positive_ints(key: str, values: list[Any]) -> list[int]:
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise SpaceError(f"search.{key}: {v!r} is not allowed; give positive integers")
+    return values
+
+
+def _trial_id(index: int, point: dict[str, Any]) -> str:
+    beta = f"{point['beta']:g}"
+    return f"t{index:03d}_mb{point['micro_batch']}_{point['checkpoint_level']}_ga{point['grad_acc']}_b{beta}"
+
+
+def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
+    """Expand the search dimensions into trial configurations (grid, or a random sample)."""
+    search = dict(spec.search or {})
+    mode = search.pop("mode", "grid")
+    num_samples = search.pop("num_samples", None)
+    seed = search.pop("seed", 0)
+    if mode not in ("grid", "random"):
+        raise SpaceError(f"search.mode: {mode!r} is not allowed; allowed: grid, random")
+    train_fields = set(TrainSpec.model_fields)
+    for key in search:
+        if key not in CORE_DIMS and key not in train_fields:
+            raise SpaceError(
+                f"search.{key}: unknown dimension; allowed: {', '.join(CORE_DIMS)} or a train "
+                f"field ({', '.join(sorted(train_fields))})"
+            )
+    if "grad_acc" in search and "effective_batch" in search:
+        raise SpaceError("search: give grad_acc or effective_batch, not both")
+
+    dims: dict[str, list[Any]] = {}
+    dims["model"] = _as_list("model", search.pop("model", [None]))
+    dims["micro_batch"] = _positive_ints("micro_batch", _as_list("micro_batch", search.pop("micro_batch", [1])))
+    levels = _as_list("checkpoint_level", search.pop("checkpoint_level", ["none"]))
+    _check_levels(levels)
+    dims["checkpoint_level"] = levels
+    eff = search.pop("effective_batch", None)
+    if eff is not None:
+        dims["effective_batch"] = _positive_ints("effective_batch", _as_list("effective_batch", eff))
+    else:
+        dims["grad_acc"] = _positive_ints("grad_acc", _as_list("grad_acc", search.pop("grad_acc", [1])))
+    betas = _as_list("beta", search.pop("beta", [0.1]))
+    for b in betas:
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0:
+            raise SpaceError(f"search.beta: {b!r} is not allowed; give positive numbers, e.g. [0.1]")
+    dims["beta"] = betas
+    for key, values in search.items():
+        dims[f"train.{key}"] = _as_list(key, values)
+
+    names = list(dims)
+    points = list(itertools.product(*(dims[n] for n in names)))
+    if mode == "random":
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise SpaceError(f"search.num_samples: {num_samples!r}; random mode needs a positive integer")
+        rng = random.Random(seed)
+        points = rng.sample(points, min(num_samples, len(points)))
+
+    workers = spec.resources.workers_per_trial
+    trials = []
+    for index, values in enumerate(points):
+        p = dict(zip(names, values))
+        if "effective_batch" in p:
+            per_step = p["micro_batch"] * workers
+            if p["effective_batch"] % per_step:
+                raise SpaceError(
+                    f"search.effective_batch: {p['effective_batch']} does not divide into "
+                    f"micro_batch {p['micro_batch']} x workers {workers}; choose an effective_batch "
+                    f"that is a multiple of {per_step}"
+                )
+            p["grad_acc"] = p["effective_batch"] // per_step
+        model = spec.model
+        if p["model"] is not None:
+            m = p["model"]
+            m = {"preset": m} if isinstance(m, str) else m
+            try:
+                model = ModelSpec(**{**spec.model.model_dump(exclude={"preset", "name_or_path"}), **m})
+            except ValidationError as err:
+                raise SpaceError(_format_validation(source, err, prefix="search.model")) from None
+        train_over = {k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("train.")}
+        try:
+            train = TrainSpec(**{**spec.train.model_dump(), **train_over})
+        except ValidationError as err:
+            raise SpaceError(_format_validation(source, err, prefix="search")) from None
+        point = {"micro_batch": p["micro_batch"], "checkpoint_level": p["checkpoint_level"],
+                 "grad_acc": p["grad_acc"], "beta": float(p["beta"])}
+        trials.append(
+            TrialConfig(
+                space_name=spec.name, trial_id=_trial_id(index, point), model=model, data=spec.data,
+                train=train, resources=spec.resources, **point,
+            )
+        )
+    return tuple(trials)
+
+
+def load_raw(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise SpaceError(f"{path}: no such space file")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise SpaceError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise SpaceError(f"{path}: a space file is a mapping with name, model, data, train, search")
+    return raw
+
+
+def parse(raw: dict[str, Any], source: str = "space") -> Space:
+    """Validate a raw mapping (as read from YAML) and expand it."""
+    raw = dict(raw)
+    search = raw.get("search") or {}
+    if not isinstance(search, dict):
+        raise SpaceError(f"{source}: search: must be a mapping of dimension -> list of values")
+    if "checkpoint_level" in search:
+        _check_levels(_as_list("checkpoint_level", search["checkpoint_level"]))
+    try:
+        spec = SweepSpace(**raw)
+    except ValidationError as err:
+        raise SpaceError(_format_validation(source, err)) from None
+    except TypeError as err:  # e.g. a section given as a list instead of a mapping
+        raise SpaceError(f"{source}: {err}") from None
+    return Space(spec=spec, trials=expand(spec, source), source=source)
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> Space:
+    """Load, apply ``--set`` overrides, validate and expand a space file."""
+    raw = load_raw(path)
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    return parse(raw, source=str(path))
