@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--max-concurrent", type=int, help="trials running at once (default: from GPUs)")
     r.add_argument("--no-dashboard", action="store_true", help="start Ray without its dashboard")
     r.add_argument("--memory-budget-gb", type=float, help="budget for the recommendation")
+    r.add_argument("--safety-margin", type=float, default=0.05,
+                   help="fraction of the budget kept free (default 0.05)")
 
     v = sub.add_parser("validate", help="check a space file and print its trials; runs nothing")
     v.add_argument("space")
@@ -34,11 +36,14 @@ def _parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="re-analyse a results dir; rewrite frontier/recommendation/report")
     rep.add_argument("dir")
-    rep.add_argument("--memory-budget-gb", type=float)
+    rep.add_argument("--memory-budget-gb", type=float,
+                     help="budget for the recommendation (default: the card size of space.yaml or environment.json)")
+    rep.add_argument("--safety-margin", type=float, default=0.05, help="fraction of the budget kept free")
 
     rec = sub.add_parser("recommend", help="print the recommended configuration for a memory budget")
     rec.add_argument("dir")
-    rec.add_argument("--memory-budget-gb", type=float, required=True)
+    rec.add_argument("--memory-budget-gb", type=float, required=True, help="GB (1e9 bytes) per GPU")
+    rec.add_argument("--safety-margin", type=float, default=0.05, help="fraction of the budget kept free")
 
     t = sub.add_parser("trial", help="run one configuration in this process, without Ray")
     t.add_argument("space")

@@ -1,0 +1,203 @@
+"""``dpo-sweep report`` and ``dpo-sweep recommend``, and :func:`analyse_dir` for the sweep runner.
+
+One linear story: load the results dir, compute the frontier, pick a recommendation, then write
+frontier.md, recommendation.json and report.html (or just print, for ``recommend``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from dpo_sweep.analysis import pareto, results, tables
+from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
+from dpo_sweep.errors import UserError
+
+#: Keys under which environment.json may hold the GPU's total memory, in GB (1e9 bytes) ...
+_GPU_MEMORY_GB_KEYS = ("gpu_memory_gb", "gpu_mem_gb", "gpu_total_memory_gb", "memory_total_gb",
+                       "total_memory_gb", "memory_gb")
+#: ... or in bytes.
+_GPU_MEMORY_BYTES_KEYS = ("gpu_memory_bytes", "memory_total_bytes", "total_memory_bytes", "memory_bytes")
+
+
+@dataclass(frozen=True)
+class AnalysisOutcome:
+    """What analyse_dir wrote and found."""
+
+    frontier_markdown: str
+    """The frontier table (markdown), ready to print."""
+    report_path: Path
+    frontier_path: Path
+    recommendation_path: Path
+    recommendation: dict[str, Any]
+    """recommendation.json's content."""
+    analysed: pd.DataFrame = field(compare=False, repr=False)
+    """results.csv plus the frontier columns (eligible, on_frontier, frontier_distance, frontier_rank)."""
+
+
+def gpu_memory_gb_from_environment(env: Mapping[str, Any] | None) -> float | None:
+    """The GPU's total memory from environment.json, looking at the top level, ``gpu``, and
+    the first of ``gpus``; None when absent (e.g. a CPU run)."""
+    if not env:
+        return None
+    places: list[Mapping[str, Any]] = [env]
+    if isinstance(env.get("gpu"), Mapping):
+        places.append(env["gpu"])
+    gpus = env.get("gpus")
+    if isinstance(gpus, list) and gpus and isinstance(gpus[0], Mapping):
+        places.append(gpus[0])
+    keys = [(k, 1.0) for k in _GPU_MEMORY_GB_KEYS] + [(k, 1e-9) for k in _GPU_MEMORY_BYTES_KEYS]
+    for place in places:
+        for key, to_gb in keys:
+            value = place.get(key)
+            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if is_number and math.isfinite(value) and value > 0:
+                return float(value) * to_gb
+    return None
+
+
+def resolve_budget(memory_budget_gb: float | None, env: Mapping[str, Any] | None,
+                   space: Mapping[str, Any] | None = None) -> tuple[float | None, str]:
+    """The budget to use and where it came from: the flag; else the card the sweep emulated
+    (space.yaml ``resources.gpu_memory_gb``); else the GPU's memory; else none."""
+    if memory_budget_gb is not None:
+        if not (math.isfinite(memory_budget_gb) and memory_budget_gb > 0):
+            raise UserError(f"--memory-budget-gb is {memory_budget_gb}; "
+                            "give a positive number of GB (1e9 bytes)")
+        return float(memory_budget_gb), "--memory-budget-gb"
+    resources = (space or {}).get("resources")
+    emulated = resources.get("gpu_memory_gb") if isinstance(resources, Mapping) else None
+    if isinstance(emulated, (int, float)) and not isinstance(emulated, bool) and emulated > 0:
+        return float(emulated), "space.yaml resources.gpu_memory_gb (the emulated card)"
+    from_env = gpu_memory_gb_from_environment(env)
+    if from_env is not None:
+        return from_env, "environment.json (the GPU's memory)"
+    return None, "none"
+
+
+def load_space(out_dir: Path) -> dict[str, Any] | None:
+    """DIR/space.yaml (the runner's copy of the space file) as a plain mapping, if present."""
+    path = out_dir / "space.yaml"
+    if not path.is_file():
+        return None
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise UserError(f"{path} is not valid YAML ({err}); "
+                        "fix it, or delete it to use the default objectives and budget")
+    return doc if isinstance(doc, dict) else None
+
+
+def objectives_of(space: Mapping[str, Any] | None, out_dir: Path) -> dict[str, Any] | None:
+    """The space file's ``objectives:`` mapping, else None (the defaults)."""
+    spec = (space or {}).get("objectives")
+    if spec is not None and not isinstance(spec, dict):
+        path = out_dir / "space.yaml"
+        raise UserError(f"{path}: objectives must be a mapping like "
+                        "{memory: min, step_time: min, loss_std: min}")
+    return spec
+
+
+def analyse(
+    df: pd.DataFrame, memory_budget_gb: float | None, objectives: Mapping[str, Any] | None,
+    safety_margin: float = DEFAULT_SAFETY_MARGIN, budget_source: str = "--memory-budget-gb",
+) -> tuple[pd.DataFrame, Recommendation, tuple[pareto.Objective, ...]]:
+    """Frontier and recommendation for a loaded results frame (no I/O)."""
+    objs = pareto.objectives_from_spec(objectives)
+    analysed = pareto.analyse_frontier(df, objs)
+    rec = recommend(analysed, memory_budget_gb, safety_margin=safety_margin, budget_source=budget_source)
+    return analysed, rec, objs
+
+
+def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
+                objectives: Mapping[str, Any] | None = None,
+                safety_margin: float = DEFAULT_SAFETY_MARGIN) -> AnalysisOutcome:
+    """Analyse DIR/results.csv and (re)write frontier.md, recommendation.json, report.html.
+
+    ``memory_budget_gb`` None: the GPU's memory from environment.json, if any. ``objectives``
+    None: DIR/space.yaml's ``objectives:``, else memory, step time and loss std, all minimised.
+    """
+    from dpo_sweep.report.data import build_report_data
+    from dpo_sweep.report.html import write_report
+
+    out_dir = Path(out_dir)
+    df = results.load_results(out_dir)
+    steps = results.load_steps(out_dir)
+    env = results.load_environment(out_dir)
+    space = load_space(out_dir)
+    budget, source = resolve_budget(memory_budget_gb, env, space)
+    spec = objectives if objectives is not None else objectives_of(space, out_dir)
+    analysed, rec, objs = analyse(df, budget, spec, safety_margin, source)
+
+    table = tables.frontier_markdown(analysed)
+    frontier_path = out_dir / "frontier.md"
+    frontier_path.write_text(_frontier_document(table, objs, rec), encoding="utf-8")
+    rec_json = rec.to_json_dict()
+    rec_path = out_dir / "recommendation.json"
+    rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    report_path = write_report(out_dir / "report.html", build_report_data(analysed, rec, objs, steps, env))
+    return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed)
+
+
+def _frontier_document(table: str, objs: tuple[pareto.Objective, ...], rec: Recommendation) -> str:
+    objectives = ", ".join(f"{o.name} {o.direction}" for o in objs)
+    return (f"# Pareto frontier\n\nObjectives: {objectives}. GB = 1e9 bytes. Sorted by peak memory; "
+            "`on frontier` is `-` for trials that did not finish ok.\n\n"
+            f"{table}\n**Recommendation:** {rec.reason}\n")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``dpo-sweep report DIR [--memory-budget-gb X]``."""
+    outcome = analyse_dir(args.dir, args.memory_budget_gb,
+                          safety_margin=_safety_margin(args))
+    print(outcome.frontier_markdown)
+    print(outcome.recommendation["reason"])
+    print(f"wrote {outcome.frontier_path}, {outcome.recommendation_path}, {outcome.report_path}")
+    return 0
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    """``dpo-sweep recommend DIR --memory-budget-gb X``: print the choice; writes nothing.
+
+    Exit 0 also when nothing fits: that is an answer, and the message says so.
+    """
+    out_dir = Path(args.dir)
+    df = results.load_results(out_dir)
+    space = load_space(out_dir)
+    budget, source = resolve_budget(args.memory_budget_gb, results.load_environment(out_dir), space)
+    _, rec, _ = analyse(df, budget, objectives_of(space, out_dir), _safety_margin(args), source)
+    print(format_recommendation(rec))
+    return 0
+
+
+def format_recommendation(rec: Recommendation) -> str:
+    """The terminal answer: the configuration on the first lines, then the reason."""
+    if rec.trial_id is None:
+        head = "recommended: none (nothing fits)"
+    else:
+        c, m = rec.config, rec.metrics
+        head = (f"recommended: {rec.trial_id}  micro_batch={c['micro_batch']} "
+                f"checkpoint_level={c['checkpoint_level']} grad_acc={c['grad_acc']} "
+                f"beta={tables.fmt_beta(c['beta'])}\n"
+                f"  peak {tables.fmt_float(m.get('peak_mem_gb'), 2)} GB, "
+                f"{tables.fmt_float(m.get('step_time_ms'), 1)} ms/step, "
+                f"{tables.fmt_sig(m.get('tokens_per_s'), 4)} tokens/s, "
+                f"loss std {tables.fmt_sig(m.get('loss_std'))}")
+    if rec.memory_budget_gb is not None:
+        head += (f"\n  budget {rec.memory_budget_gb:.2f} GB ({rec.budget_source}), usable "
+                 f"{rec.usable_memory_gb:.2f} GB after a {100 * rec.safety_margin:g}% safety margin; "
+                 "GB = 1e9 bytes")
+    return head + "\n" + rec.reason
+
+
+def _safety_margin(args: argparse.Namespace) -> float:
+    # The CLI has no flag for it yet; a later `--safety-margin` lands here without changes.
+    value = getattr(args, "safety_margin", None)
+    return DEFAULT_SAFETY_MARGIN if value is None else float(value)

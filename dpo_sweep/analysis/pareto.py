@@ -1,0 +1,139 @@
+"""The Pareto frontier over a sweep's objectives (memory, step time, loss std by default).
+
+Pure functions on numpy arrays and DataFrames; nothing here reads files.
+
+Definitions used throughout:
+
+* Every objective is turned into "smaller is better" (``max`` objectives are negated).
+* ``a`` dominates ``b`` when ``a`` is no worse on every objective and strictly better on one.
+  Two trials with exactly the same values therefore do not dominate each other: exact ties are
+  both on the frontier (neither is worse, so dropping either would hide a valid choice).
+* Only *eligible* trials compete: status ``ok`` and a finite value in every objective. An ``ok``
+  trial with a NaN metric cannot be compared, so it is kept, shown and marked off the frontier.
+  ``oom``, ``diverged``, ``error`` and ``pruned`` rows are kept too; they are never on it.
+* The distance of a dominated trial from the frontier: each objective is scaled by its range over
+  the eligible trials, and the distance is the smallest, over frontier points ``f``, of the length
+  of ``max(p - f, 0)``: how much ``p`` would have to improve to stop being dominated by ``f``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from dpo_sweep.errors import UserError
+
+#: Space-file objective name -> results.csv column.
+OBJECTIVE_COLUMNS: dict[str, str] = {
+    "memory": "peak_mem_gb",
+    "step_time": "step_time_ms",
+    "loss_std": "loss_std",
+}
+DEFAULT_OBJECTIVES: dict[str, str] = {"memory": "min", "step_time": "min", "loss_std": "min"}
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One axis of the frontier."""
+
+    name: str
+    """Space-file name: memory, step_time or loss_std."""
+    column: str
+    """results.csv column it reads."""
+    direction: str
+    """``min`` or ``max``."""
+
+
+def objectives_from_spec(spec: Mapping[str, Any] | None) -> tuple[Objective, ...]:
+    """Turn a space file's ``objectives:`` mapping into Objectives (None -> the defaults).
+
+    Values are ``min``, ``max`` or None (not used). Raises UserError on an unknown name or
+    direction, or when nothing is left to optimise.
+    """
+    spec = DEFAULT_OBJECTIVES if spec is None else spec
+    if hasattr(spec, "model_dump"):  # a config.ObjectivesSpec passed as is
+        spec = spec.model_dump()
+    out = []
+    for name, direction in spec.items():
+        if name not in OBJECTIVE_COLUMNS:
+            raise UserError(f"objectives.{name} is unknown; allowed: {', '.join(OBJECTIVE_COLUMNS)}")
+        if direction is None:
+            continue
+        if direction not in ("min", "max"):
+            raise UserError(f"objectives.{name} is {direction!r}; allowed: min, max or null")
+        out.append(Objective(name, OBJECTIVE_COLUMNS[name], direction))
+    if not out:
+        raise UserError("objectives: every objective is null; set at least one of "
+                        + ", ".join(f"{n}: min" for n in OBJECTIVE_COLUMNS))
+    return tuple(out)
+
+
+def eligible_mask(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> np.ndarray:
+    """True for rows that can be on the frontier: status ok and every objective finite."""
+    values = df[[o.column for o in objectives]].to_numpy(dtype=float)
+    return (df["status"].to_numpy() == "ok") & np.isfinite(values).all(axis=1)
+
+
+def as_minimisation(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> np.ndarray:
+    """The objective columns as a float matrix (rows x objectives) where smaller is better."""
+    values = df[[o.column for o in objectives]].to_numpy(dtype=float)
+    signs = np.array([1.0 if o.direction == "min" else -1.0 for o in objectives])
+    return values * signs
+
+
+def dominates(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when point ``a`` dominates ``b`` (both "smaller is better" vectors)."""
+    return bool(np.all(a <= b) and np.any(a < b))
+
+
+def frontier_mask(points: np.ndarray) -> np.ndarray:
+    """Non-dominated rows of a finite (n x k) "smaller is better" matrix; exact ties all kept.
+
+    O(n^2 k), which is nothing for sweeps of a few hundred trials.
+    """
+    n = len(points)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    no_worse = np.all(points[:, None, :] <= points[None, :, :], axis=2)  # [i, j]: i <= j everywhere
+    better = np.any(points[:, None, :] < points[None, :, :], axis=2)  # [i, j]: i < j somewhere
+    dominated = np.any(no_worse & better, axis=0)  # column j dominated by some row i
+    return ~dominated
+
+
+def frontier_distances(points: np.ndarray, on_frontier: np.ndarray) -> np.ndarray:
+    """Range-scaled distance of every point to the frontier (0 on it); see the module doc."""
+    if len(points) == 0:
+        return np.zeros(0)
+    span = points.max(axis=0) - points.min(axis=0)
+    scaled = (points - points.min(axis=0)) / np.where(span > 0, span, 1.0)
+    front = scaled[on_frontier]
+    gaps = np.clip(scaled[:, None, :] - front[None, :, :], 0.0, None)  # [point, frontier, k]
+    return np.sqrt((gaps**2).sum(axis=2)).min(axis=1)
+
+
+def analyse_frontier(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> pd.DataFrame:
+    """A copy of ``df`` with the frontier columns added; no row is dropped.
+
+    * ``eligible``: could be compared (ok and finite objectives).
+    * ``on_frontier``: bool, True only for eligible non-dominated rows.
+    * ``frontier_distance``: float, 0 on the frontier, NaN for ineligible rows.
+    * ``frontier_rank``: 1 for every frontier row, then 2, 3, ... by distance (ties share a
+      rank); <NA> for ineligible rows.
+    """
+    out = df.copy()
+    eligible = eligible_mask(df, objectives)
+    points = as_minimisation(df, objectives)[eligible]
+    on = frontier_mask(points)
+    dist = frontier_distances(points, on)
+
+    out["eligible"] = eligible
+    out["on_frontier"] = False
+    out.loc[eligible, "on_frontier"] = on
+    out["on_frontier"] = out["on_frontier"].astype(bool)
+    out["frontier_distance"] = np.nan
+    out.loc[eligible, "frontier_distance"] = np.where(on, 0.0, dist)
+    ranks = pd.Series(out["frontier_distance"]).rank(method="dense")
+    out["frontier_rank"] = ranks.astype("Int64")
+    return out

@@ -1,0 +1,308 @@
+"""Pick one configuration for a memory budget, and say why in a plain sentence.
+
+The rule: among the frontier configurations whose peak memory stays under the budget minus a
+safety margin and whose loss std lies within the sweep's normal range, take the one with the most
+tokens/s. Ties on tokens/s go to lower peak memory, then lower step time, then lower loss std,
+then the trial id (so the answer never depends on row order). If none fits, say so and name the
+cheapest configuration measured (or, when nothing completed, the cheapest one tried).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpo_sweep.errors import UserError
+
+DEFAULT_SAFETY_MARGIN = 0.05
+#: Strongest checkpointing first: the order in which a smaller-memory configuration is "cheaper".
+_LEVEL_STRENGTH = {"full": 0, "L3": 1, "L2": 2, "L1": 3, "none": 4}
+CONFIG_KEYS = ("micro_batch", "checkpoint_level", "grad_acc", "beta", "effective_batch",
+               "num_workers", "seq_len", "model")
+METRIC_KEYS = ("peak_mem_gb", "step_time_ms", "tokens_per_s", "loss_std")
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What recommendation.json holds (contract keys first)."""
+
+    trial_id: str | None
+    """The recommended trial; None when nothing fits."""
+    config: dict[str, Any]
+    """Its micro_batch, checkpoint_level, grad_acc, beta, ... ({} when nothing fits)."""
+    memory_budget_gb: float | None
+    """The budget asked for (GB = 1e9 bytes); None when none was given or found."""
+    reason: str
+    """Plain sentences: why it won, what the runner-up costs, or why nothing fits."""
+    runner_up: dict[str, Any] | None
+    """Next best fitting frontier configuration: trial_id, config, metrics, cost."""
+    budget_source: str = ""
+    """Where the budget came from: --memory-budget-gb, environment.json, or none."""
+    safety_margin: float = DEFAULT_SAFETY_MARGIN
+    """Fraction of the budget kept free."""
+    usable_memory_gb: float | None = None
+    """budget x (1 - safety_margin): the peak a recommendation must stay under."""
+    loss_std_limit: float | None = None
+    """Upper end of the sweep's normal loss-std range (None: no loss std to judge by)."""
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    """The winner's peak_mem_gb, step_time_ms, tokens_per_s, loss_std."""
+    cheapest: dict[str, Any] | None = None
+    """When nothing fits: the cheapest configuration measured (or tried)."""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return _json_safe(asdict(self))
+
+
+def _json_safe(value: Any) -> Any:
+    """Plain JSON types; NaN/inf become None, numpy scalars become Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if value is pd.NA:
+        return None
+    return value
+
+
+def stability_limit(loss_std: np.ndarray) -> float | None:
+    """Upper end of the sweep's normal loss-std range over finite values (None if there are none).
+
+    Tukey's outlier fence, Q3 + 1.5 IQR, but never below twice the median: with a handful of
+    nearly equal values the IQR is ~0 and the fence alone would reject trivial differences.
+    """
+    finite = np.asarray(loss_std, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    if finite.size == 0:
+        return None
+    q1, median, q3 = np.percentile(finite, [25, 50, 75])
+    return float(max(q3 + 1.5 * (q3 - q1), 2.0 * median))
+
+
+def config_of(row: pd.Series) -> dict[str, Any]:
+    """The configuration part of a results row, as plain Python values."""
+    out: dict[str, Any] = {}
+    for key in CONFIG_KEYS:
+        value = row.get(key)
+        if key in ("micro_batch", "grad_acc", "effective_batch", "num_workers", "seq_len"):
+            out[key] = int(value) if _finite(value) else None
+        elif key == "beta":
+            out[key] = float(value) if _finite(value) else None
+        else:
+            out[key] = "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+    return out
+
+
+def describe(row: pd.Series) -> str:
+    """``t3 (micro_batch 4, checkpoint L1, grad_acc 2, beta 0.1)``."""
+    c = config_of(row)
+    return (f"{row['trial_id']} (micro_batch {c['micro_batch']}, checkpoint {c['checkpoint_level']}, "
+            f"grad_acc {c['grad_acc']}, beta {_g(c['beta'])})")
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return value is not None and value is not pd.NA and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _g(value: Any, digits: int = 4) -> str:
+    return f"{float(value):.{digits}g}" if _finite(value) else "n/a"
+
+
+def _gb(value: Any) -> str:
+    return f"{float(value):.2f} GB" if _finite(value) else "n/a GB"
+
+
+def _metrics(row: pd.Series) -> dict[str, float | None]:
+    return {k: (float(row[k]) if _finite(row.get(k)) else None) for k in METRIC_KEYS}
+
+
+def rank_candidates(rows: pd.DataFrame) -> pd.DataFrame:
+    """Best first: most tokens/s (NaN last), then least memory, step time, loss std, trial id."""
+    key = rows.assign(
+        _tps=-rows["tokens_per_s"].astype(float).fillna(-np.inf),
+        _mem=rows["peak_mem_gb"].astype(float).fillna(np.inf),
+        _time=rows["step_time_ms"].astype(float).fillna(np.inf),
+        _std=rows["loss_std"].astype(float).fillna(np.inf),
+    )
+    key = key.sort_values(["_tps", "_mem", "_time", "_std", "trial_id"], kind="mergesort")
+    return key.drop(columns=["_tps", "_mem", "_time", "_std"])
+
+
+def runner_up_cost(winner: pd.Series, other: pd.Series) -> str:
+    """What choosing ``other`` instead of ``winner`` costs, as a verb phrase:
+    ``cost 16.7% of the throughput (2133 vs 2560 tokens/s) and save 1.50 GB of peak memory``."""
+    parts = []
+    w_tps, o_tps = winner["tokens_per_s"], other["tokens_per_s"]
+    if _finite(w_tps) and _finite(o_tps) and w_tps > 0:
+        drop_pct = 100.0 * (w_tps - o_tps) / w_tps
+        if abs(drop_pct) < 0.05:
+            parts.append(f"match its throughput ({_g(o_tps)} tokens/s)")
+        else:
+            parts.append(f"cost {drop_pct:.1f}% of the throughput ({_g(o_tps)} vs {_g(w_tps)} tokens/s)")
+    w_mem, o_mem = winner["peak_mem_gb"], other["peak_mem_gb"]
+    if _finite(w_mem) and _finite(o_mem):
+        diff_gb = float(o_mem - w_mem)
+        if diff_gb < -0.005:
+            parts.append(f"save {-diff_gb:.2f} GB of peak memory (peaks at {_gb(o_mem)})")
+        elif diff_gb > 0.005:
+            parts.append(f"use {diff_gb:.2f} GB more peak memory (peaks at {_gb(o_mem)})")
+        else:
+            parts.append(f"use the same peak memory ({_gb(o_mem)})")
+    w_time, o_time = winner["step_time_ms"], other["step_time_ms"]
+    if _finite(w_time) and _finite(o_time) and abs(o_time - w_time) > 0.05:
+        parts.append(f"take {_g(o_time)} ms per step instead of {_g(w_time)}")
+    w_std, o_std = winner["loss_std"], other["loss_std"]
+    if _finite(w_std) and _finite(o_std) and abs(o_std - w_std) > 1e-12:
+        parts.append(f"have loss std {_g(o_std, 3)} instead of {_g(w_std, 3)}")
+    if not parts:
+        return "have no comparable measurements"
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def cheapest_row(df: pd.DataFrame) -> tuple[pd.Series | None, bool]:
+    """The ok row with the least peak memory, else the smallest configuration tried.
+
+    Returns (row, measured): measured is False when no ok row has a peak memory, and the row is
+    then the one with the smallest micro_batch, strongest checkpointing, smallest grad_acc.
+    """
+    ok = df[(df["status"] == "ok") & df["peak_mem_gb"].astype(float).notna()]
+    if len(ok):
+        return ok.sort_values(["peak_mem_gb", "trial_id"], kind="mergesort").iloc[0], True
+    if not len(df):
+        return None, False
+    tried = df.assign(_strength=df["checkpoint_level"].map(_LEVEL_STRENGTH).fillna(len(_LEVEL_STRENGTH)))
+    tried = tried.sort_values(["micro_batch", "_strength", "grad_acc", "trial_id"], kind="mergesort")
+    return tried.iloc[0].drop("_strength"), False
+
+
+def _status_counts(df: pd.DataFrame) -> str:
+    counts = df["status"].value_counts()
+    return ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def recommend(
+    analysed: pd.DataFrame,
+    memory_budget_gb: float | None,
+    safety_margin: float = DEFAULT_SAFETY_MARGIN,
+    budget_source: str = "--memory-budget-gb",
+) -> Recommendation:
+    """Choose a configuration from a frame produced by ``pareto.analyse_frontier``."""
+    if memory_budget_gb is not None and not (_finite(memory_budget_gb) and memory_budget_gb > 0):
+        raise UserError(f"--memory-budget-gb is {memory_budget_gb}; give a positive number of GB (1e9 bytes)")
+    if not 0.0 <= safety_margin < 1.0:
+        raise UserError(f"safety margin is {safety_margin}; give a fraction in [0, 1), e.g. 0.05 for 5%")
+    if memory_budget_gb is None:
+        budget_source = "none"
+    usable = None if memory_budget_gb is None else memory_budget_gb * (1.0 - safety_margin)
+    ok = analysed[analysed["status"] == "ok"]
+    limit = stability_limit(ok["loss_std"].to_numpy(dtype=float))
+    common = dict(memory_budget_gb=memory_budget_gb, budget_source=budget_source,
+                  safety_margin=safety_margin, usable_memory_gb=usable, loss_std_limit=limit)
+
+    frontier = analysed[analysed["on_frontier"]]
+    fits = _fits(frontier, usable)
+    stable = _stable(fits, limit)
+    unstable_ids = [str(t) for t in fits["trial_id"] if t not in set(stable["trial_id"])]
+    pool_name, off_frontier = "frontier configuration", False
+    if stable.empty:
+        # An ok off-frontier trial can still qualify when memory is not a min-objective, or when
+        # every fitting frontier point is unstable; better that than "nothing fits".
+        off = _stable(_fits(ok[~ok["on_frontier"]], usable), limit)
+        if not off.empty:
+            stable, pool_name = off, "measured configuration"
+            off_frontier = True
+    if stable.empty:
+        return _nothing_fits(analysed, usable, limit, unstable_ids, common)
+
+    ranked = rank_candidates(stable)
+    winner = ranked.iloc[0]
+    second = ranked.iloc[1] if len(ranked) > 1 else None
+    reason = _why_it_won(winner, len(ranked), pool_name, memory_budget_gb, usable, safety_margin, limit)
+    if off_frontier:
+        reason += " No frontier configuration qualifies, so the choice falls on a measured one off it."
+    runner_up = None
+    if second is not None:
+        cost = runner_up_cost(winner, second)
+        reason += f" The runner-up, {describe(second)}, would {cost}."
+        runner_up = {"trial_id": str(second["trial_id"]), "config": config_of(second),
+                     "metrics": _metrics(second), "cost": cost}
+    else:
+        reason += " No other configuration qualifies, so there is no runner-up."
+    if unstable_ids:
+        reason += (f" Left out for a loss std above the normal range: {', '.join(unstable_ids)}.")
+    return Recommendation(trial_id=str(winner["trial_id"]), config=config_of(winner), reason=reason,
+                          runner_up=runner_up, metrics=_metrics(winner), **common)
+
+
+def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: float | None,
+                usable_gb: float | None, safety_margin: float, limit: float | None) -> str:
+    """``t3 (...) has the highest throughput (...) of the 4 frontier configurations that ...``."""
+    peak, have = ("peaks", "has") if n_qualified == 1 else ("peak", "have")
+    conditions = []
+    if usable_gb is not None:
+        conditions.append(f"{peak} under {usable_gb:.2f} GB ({budget_gb:.2f} GB budget minus a "
+                          f"{100 * safety_margin:g}% safety margin)")
+    if limit is not None:
+        conditions.append(f"{have} a loss std within the sweep's normal range (<= {_g(limit, 3)})")
+    that = (" that " + " and ".join(conditions)) if conditions else ""
+    speed = f"{_g(winner['tokens_per_s'])} tokens/s at {_g(winner['step_time_ms'])} ms per step"
+    if n_qualified == 1:
+        text = f"{describe(winner)} is the only {pool_name}{that}: {speed}."
+    else:
+        text = (f"{describe(winner)} has the highest throughput, {speed}, of the {n_qualified} "
+                f"{pool_name}s{that}.")
+    text += f" It peaks at {_gb(winner['peak_mem_gb'])} with loss std {_g(winner['loss_std'], 3)}."
+    if usable_gb is None:
+        text += (" No memory budget was given (pass --memory-budget-gb, or keep environment.json with "
+                 "the GPU's memory in the results dir), so memory did not limit the choice.")
+    return text
+
+
+def _fits(rows: pd.DataFrame, usable_gb: float | None) -> pd.DataFrame:
+    if usable_gb is None:
+        return rows
+    return rows[rows["peak_mem_gb"].astype(float) <= usable_gb]  # NaN compares False: excluded
+
+
+def _stable(rows: pd.DataFrame, limit: float | None) -> pd.DataFrame:
+    if limit is None:
+        return rows
+    return rows[rows["loss_std"].astype(float) <= limit]
+
+
+def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
+                  unstable_ids: list[str], common: dict[str, Any]) -> Recommendation:
+    row, measured = cheapest_row(df)
+    if usable is None:
+        why = "Nothing to recommend: no completed trial with a normal loss std is on the frontier"
+    else:
+        why = (f"Nothing fits: no configuration with a normal loss std peaks under {usable:.2f} GB "
+               f"({common['memory_budget_gb']:.2f} GB budget minus a {100 * common['safety_margin']:g}% "
+               "safety margin)")
+    why += f" ({len(df)} trial(s): {_status_counts(df)})." if len(df) else " (results.csv has no trials)."
+    if unstable_ids:
+        why += (f" These fit but have a loss std above the normal range (<= {_g(limit, 3)}): "
+                f"{', '.join(unstable_ids)}.")
+    cheapest = None
+    if row is not None and measured:
+        need_gb = float(row["peak_mem_gb"]) / (1.0 - common["safety_margin"])
+        why += (f" The cheapest configuration measured is {describe(row)} at {_gb(row['peak_mem_gb'])} peak; "
+                f"it needs a budget of at least {need_gb:.2f} GB.")
+        cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row), "metrics": _metrics(row),
+                    "measured": True}
+    elif row is not None:
+        why += (f" No trial completed; the cheapest configuration tried is {describe(row)} "
+                f"(status {row['status']}). Try a smaller micro_batch, a stronger checkpoint level "
+                "(L2, L3, full) or a GPU with more memory.")
+        cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row), "metrics": _metrics(row),
+                    "measured": False}
+    return Recommendation(trial_id=None, config={}, reason=why, runner_up=None, cheapest=cheapest, **common)

@@ -1,0 +1,125 @@
+"""The frontier table (frontier.md's contract shape) and the all-trials table, as rows of strings.
+
+Both the markdown file and the HTML report render these same rows, so they cannot disagree.
+Cell rules for the frontier table:
+
+* ``ok`` rows: numbers (``-`` for a NaN metric), last column ``yes``/``no``.
+* ``oom`` and ``error`` rows: ``OOM``/``error`` in the memory column, dashes elsewhere, ``-`` last
+  (nothing they measured is a result).
+* ``diverged`` and ``pruned`` rows: whatever they measured, the status in the loss std column
+  (their loss std is not a stability figure), ``-`` last.
+
+Rows are sorted by peak memory, rows without a trusted peak (OOM, error) last.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+FRONTIER_HEADER: tuple[str, ...] = (
+    "micro_batch", "checkpoint", "grad_acc", "beta", "peak memory (GB)", "step time (ms)",
+    "tokens/s", "loss std", "on frontier",
+)
+TRIALS_HEADER: tuple[str, ...] = (
+    "trial", "status", "model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta",
+    "effective batch", "peak memory (GB)", "torch peak alloc (GB)", "step time (ms)",
+    "step time p90 (ms)", "tokens/s", "MFU", "loss mean", "loss std", "grad norm",
+    "reward accuracy", "frontier rank", "distance to frontier", "error",
+)
+_NO_MEASUREMENT = {"oom": "OOM", "error": "error"}
+_BAD_LOSS_STD = ("diverged", "pruned")
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return value is not None and value is not pd.NA and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt_int(value: Any) -> str:
+    return str(int(value)) if _finite(value) else "-"
+
+
+def fmt_float(value: Any, decimals: int) -> str:
+    return f"{float(value):.{decimals}f}" if _finite(value) else "-"
+
+
+def fmt_sig(value: Any, digits: int = 3) -> str:
+    """Significant digits, plain notation for ordinary magnitudes (0.0213, 1840)."""
+    if not _finite(value):
+        return "-"
+    v = float(value)
+    if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-4):
+        return f"{v:.{digits}g}"
+    if abs(v) >= 10 ** (digits - 1):
+        return f"{v:.0f}"
+    return f"{v:.{digits}g}"
+
+
+def fmt_beta(value: Any) -> str:
+    return f"{float(value):g}" if _finite(value) else "-"
+
+
+def memory_order(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by peak memory; rows without a trusted peak (OOM, error, NaN) last."""
+    untrusted = df["status"].isin(list(_NO_MEASUREMENT)) | df["peak_mem_gb"].astype(float).isna()
+    key = df.assign(_untrusted=untrusted, _mem=df["peak_mem_gb"].astype(float).fillna(math.inf))
+    key = key.sort_values(["_untrusted", "_mem", "micro_batch", "trial_id"], kind="mergesort")
+    return key.drop(columns=["_untrusted", "_mem"])
+
+
+def frontier_rows(analysed: pd.DataFrame) -> list[list[str]]:
+    """One row of strings per trial, in FRONTIER_HEADER's columns, sorted by memory."""
+    rows = []
+    for _, r in memory_order(analysed).iterrows():
+        config = [fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]),
+                  fmt_beta(r["beta"])]
+        status = r["status"]
+        if status in _NO_MEASUREMENT:
+            rows.append(config + [_NO_MEASUREMENT[status], "-", "-", "-", "-"])
+            continue
+        metrics = [fmt_float(r["peak_mem_gb"], 2), fmt_float(r["step_time_ms"], 1),
+                   fmt_sig(r["tokens_per_s"], 4), fmt_sig(r["loss_std"], 3)]
+        if status == "ok":
+            rows.append(config + metrics + ["yes" if r["on_frontier"] else "no"])
+        else:
+            label = status if status in _BAD_LOSS_STD else (status or "unknown")
+            rows.append(config + metrics[:3] + [label, "-"])
+    return rows
+
+
+def trial_rows(analysed: pd.DataFrame) -> list[list[str]]:
+    """Every trial with its measurements, in TRIALS_HEADER's columns, sorted by memory."""
+    rows = []
+    for _, r in memory_order(analysed).iterrows():
+        rank = r.get("frontier_rank")
+        rows.append([
+            str(r["trial_id"]), str(r["status"]), str(r["model"]), fmt_int(r["seq_len"]),
+            fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]),
+            fmt_beta(r["beta"]), fmt_int(r["effective_batch"]), fmt_float(r["peak_mem_gb"], 2),
+            fmt_float(r["torch_peak_alloc_gb"], 2), fmt_float(r["step_time_ms"], 1),
+            fmt_float(r["step_time_p90_ms"], 1), fmt_sig(r["tokens_per_s"], 4), fmt_sig(r["mfu"], 3),
+            fmt_sig(r["loss_mean"], 4), fmt_sig(r["loss_std"], 3), fmt_sig(r["grad_norm_mean"], 3),
+            fmt_sig(r["reward_accuracy"], 3), fmt_int(rank) if _finite(rank) else "-",
+            fmt_sig(r.get("frontier_distance"), 3), str(r["error"]),
+        ])
+    return rows
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def to_markdown(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
+    """A GitHub-flavoured markdown table (pipes in cells escaped)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def frontier_markdown(analysed: pd.DataFrame) -> str:
+    """frontier.md's table text."""
+    return to_markdown(FRONTIER_HEADER, frontier_rows(analysed))

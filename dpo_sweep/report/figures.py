@@ -1,0 +1,293 @@
+"""Plotly figure specs as plain dicts (``{"data": [...], "layout": {...}}``), built from the frame.
+
+Pure functions: no plotly import, no HTML. Every string that comes from the data is HTML-escaped
+here because plotly renders trace names, hover text and titles as (a subset of) HTML; plotly turns
+the entities back into the literal characters on screen. Numbers are rounded to 5 significant
+digits and NaN becomes None (JSON null, a gap for plotly) so 100 trials stay small.
+
+Only SVG trace types are used (scatter, not scattergl or parcoords): the report must render
+without WebGL, e.g. in a headless browser or over remote desktop.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpo_sweep.config import CHECKPOINT_LEVELS
+
+_SYMBOLS = {"none": "circle", "L1": "square", "L2": "diamond", "L3": "triangle-up", "full": "star"}
+_OTHER_SYMBOLS = ("hexagon", "pentagon", "cross", "triangle-down", "hourglass")
+_STATUS_STYLE = {  # status group -> (legend name, colour, symbol)
+    "frontier": ("ok, on frontier", "#d62728", "circle"),
+    "ok": ("ok", "#1f77b4", "circle"),
+    "oom": ("OOM (at the budget)", "#000000", "x-thin-open"),
+    "other": ("diverged / pruned / error", "#7f7f7f", "circle-open"),
+}
+MAX_POINTS_PER_CURVE = 200
+SWEPT_DIMENSIONS: tuple[tuple[str, str], ...] = (
+    ("micro_batch", "micro_batch"), ("checkpoint_level", "checkpoint"), ("grad_acc", "grad_acc"),
+    ("beta", "beta"),
+)
+PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True, "typesetMath": False}
+
+
+def esc(value: Any) -> str:
+    """A data string made safe for plotly's HTML-ish text rendering."""
+    return html.escape(str(value), quote=True)
+
+
+def num(value: Any) -> float | None:
+    """A JSON-ready number: 5 significant digits, None for NaN/inf/missing."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(v):
+        return None
+    return float(f"{v:.5g}")
+
+
+def nums(values: Any) -> list[float | None]:
+    return [num(v) for v in values]
+
+
+def checkpoint_symbol(level: str, others: list[str]) -> str:
+    """Marker shape of a checkpoint level (unknown levels get the remaining shapes in turn)."""
+    if level in _SYMBOLS:
+        return _SYMBOLS[level]
+    return _OTHER_SYMBOLS[others.index(level) % len(_OTHER_SYMBOLS)] if level in others else "circle"
+
+
+def level_order(levels: Any) -> list[str]:
+    """Checkpoint levels weakest to strongest; unknown ones after, alphabetically."""
+    present = sorted({str(x) for x in levels})
+    known = [lv for lv in CHECKPOINT_LEVELS if lv in present]
+    return known + [lv for lv in present if lv not in CHECKPOINT_LEVELS]
+
+
+def trial_label(row: pd.Series) -> str:
+    """Short escaped label: ``t3 mb4 L1 ga2 β0.1``."""
+    def _i(v: Any) -> str:
+        return str(int(v)) if num(v) is not None else "?"
+    beta = f"{float(row['beta']):g}" if num(row["beta"]) is not None else "?"
+    return esc(f"{row['trial_id']} mb{_i(row['micro_batch'])} {row['checkpoint_level']} "
+               f"ga{_i(row['grad_acc'])} \u03b2{beta}")
+
+
+def _hover(row: pd.Series) -> str:
+    parts = [f"<b>{trial_label(row)}</b>", f"status: {esc(row['status'])}"]
+    for col, label, unit in (("peak_mem_gb", "peak memory", " GB"), ("step_time_ms", "step time", " ms"),
+                             ("tokens_per_s", "throughput", " tokens/s"), ("loss_std", "loss std", "")):
+        if num(row[col]) is not None:
+            parts.append(f"{label}: {num(row[col])}{unit}")
+    if row.get("error"):
+        parts.append("error: " + esc(str(row["error"])[:200]))
+    return "<br>".join(parts)
+
+
+def oom_x_gb(analysed: pd.DataFrame, budget_gb: float | None) -> float | None:
+    """Where OOM trials are drawn: the budget, else just right of the largest measured peak."""
+    if budget_gb is not None:
+        return float(budget_gb)
+    peaks = analysed["peak_mem_gb"].astype(float)
+    peaks = peaks[np.isfinite(peaks)]
+    return float(peaks.max() * 1.05) if len(peaks) else None
+
+
+def _spread(n: int, low: float | None, high: float | None) -> list[float | None]:
+    """n positions spread evenly between low and high (for points with no y measurement)."""
+    if low is None or high is None:
+        return list(range(1, n + 1))
+    if n == 1 or high == low:
+        return [num((low + high) / 2)] * n
+    return [num(low + (high - low) * i / (n - 1)) for i in range(n)]
+
+
+def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_gb: float | None,
+                        objective_names: list[str]) -> dict[str, Any]:
+    """Peak memory (x) vs step time (y); colour = loss std, shape = checkpoint level.
+
+    The frontier points are ringed and joined in memory order; OOM trials (no step time) sit on
+    the budget line, spread over the measured step-time range; diverged/pruned rows that measured
+    something are grey rings. Rows with nothing to plot are left to the tables.
+    """
+    measured = analysed[analysed["peak_mem_gb"].notna() & analysed["step_time_ms"].notna()]
+    ok = measured[measured["status"] == "ok"]
+    others = [lv for lv in level_order(analysed["checkpoint_level"]) if lv not in _SYMBOLS]
+    std = ok["loss_std"].astype(float)
+    std = std[np.isfinite(std)]
+    traces: list[dict[str, Any]] = []
+    for level in level_order(ok["checkpoint_level"]):
+        rows = ok[ok["checkpoint_level"] == level]
+        traces.append({
+            "type": "scatter", "mode": "markers", "name": f"checkpoint {esc(level)}",
+            "x": nums(rows["peak_mem_gb"]), "y": nums(rows["step_time_ms"]),
+            "text": [_hover(r) for _, r in rows.iterrows()], "hoverinfo": "text",
+            "marker": {"symbol": checkpoint_symbol(level, others), "size": 12,
+                       "color": nums(rows["loss_std"]), "coloraxis": "coloraxis",
+                       "line": {"width": 1, "color": "#333"}},
+        })
+    front = ok[ok["on_frontier"]].sort_values(["peak_mem_gb", "step_time_ms"])
+    if len(front):
+        traces.append({
+            "type": "scatter", "mode": "lines+markers",
+            "name": "Pareto frontier (" + ", ".join(esc(n) for n in objective_names) + ")",
+            "x": nums(front["peak_mem_gb"]), "y": nums(front["step_time_ms"]), "hoverinfo": "skip",
+            "line": {"color": "#d62728", "width": 1.5, "dash": "dot"},
+            "marker": {"symbol": "circle-open", "size": 20, "color": "#d62728", "line": {"width": 2}},
+        })
+    bad = measured[measured["status"] != "ok"]
+    if len(bad):
+        traces.append({
+            "type": "scatter", "mode": "markers", "name": "diverged / pruned / error",
+            "x": nums(bad["peak_mem_gb"]), "y": nums(bad["step_time_ms"]),
+            "text": [_hover(r) for _, r in bad.iterrows()], "hoverinfo": "text",
+            "marker": {"symbol": "circle-open", "size": 11, "color": "#7f7f7f", "line": {"width": 2}},
+        })
+    oom = analysed[analysed["status"] == "oom"].sort_values(["micro_batch", "trial_id"])
+    x_oom = oom_x_gb(analysed, budget_gb)
+    if len(oom) and x_oom is not None:
+        times = ok["step_time_ms"].astype(float)
+        low, high = (num(times.min()), num(times.max())) if len(times) else (None, None)
+        traces.append({
+            "type": "scatter", "mode": "markers",
+            "name": "OOM (no step time; drawn " + ("at the budget)" if budget_gb is not None
+                                                   else "right of the largest measured peak)"),
+            "x": [num(x_oom)] * len(oom), "y": _spread(len(oom), low, high),
+            "text": [_hover(r) for _, r in oom.iterrows()], "hoverinfo": "text",
+            "marker": {"symbol": "x-thin-open", "size": 14, "color": "#000", "line": {"width": 3}},
+        })
+    shapes, annotations = [], []
+    # The budget's label goes right of its line, the usable limit's left of its, so they never overlap.
+    for x, label, dash, side in ((budget_gb, "budget", "solid", "left"),
+                                 (usable_gb, "minus safety margin", "dash", "right")):
+        if x is not None:
+            shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": num(x), "x1": num(x),
+                           "y0": 0, "y1": 1, "line": {"color": "#555", "width": 1.5, "dash": dash}})
+            annotations.append({"x": num(x), "y": 1.0, "xref": "x", "yref": "paper", "yanchor": "bottom",
+                                "xanchor": side, "text": f"{label} {num(x)} GB", "showarrow": False,
+                                "font": {"size": 11}})
+    layout = {
+        "title": {"text": "Peak memory vs step time"},
+        "xaxis": {"title": {"text": "peak memory (GB = 1e9 bytes)"}, "zeroline": False},
+        "yaxis": {"title": {"text": "step time (ms, median)"}, "zeroline": False},
+        "coloraxis": {"colorscale": "Viridis", "cmin": num(std.min()) if len(std) else None,
+                      "cmax": num(std.max()) if len(std) else None,
+                      "colorbar": {"title": {"text": "loss std"}, "x": 1.02}},
+        "legend": {"orientation": "h", "y": -0.2}, "shapes": shapes, "annotations": annotations,
+        "margin": {"t": 60, "r": 40}, "height": 520,
+    }
+    return {"data": traces, "layout": layout}
+
+
+def _category(values: pd.Series, dim: str) -> tuple[list[str], list[str]]:
+    """Category labels of a swept dimension per row, and their axis order."""
+    if dim == "checkpoint_level":
+        labels = [str(v) for v in values]
+        return [esc(v) for v in labels], [esc(v) for v in level_order(labels)]
+    fmt = (lambda v: f"{float(v):g}") if dim == "beta" else (lambda v: str(int(v)))
+    labels = [fmt(v) if num(v) is not None else "?" for v in values]
+    order = sorted({(float(v), fmt(v)) for v in values if num(v) is not None})
+    return labels, [lab for _, lab in order] + (["?"] if "?" in labels else [])
+
+
+def _axis_suffix(k: int) -> str:
+    """Plotly names the first axis ``x``/``xaxis`` (not ``x1``), then ``x2``, ``x3``, ..."""
+    return "" if k == 1 else str(k)
+
+
+def _status_group(row: pd.Series) -> str:
+    if row["status"] == "ok":
+        return "frontier" if row["on_frontier"] else "ok"
+    return "oom" if row["status"] == "oom" else "other"
+
+
+def dimension_panels(analysed: pd.DataFrame, budget_gb: float | None) -> dict[str, Any]:
+    """Small multiples: peak memory (top row) and step time (bottom row) against each swept
+    dimension, coloured by status. OOM trials sit at the budget in the memory row."""
+    groups = analysed.assign(_group=[_status_group(r) for _, r in analysed.iterrows()])
+    x_oom = oom_x_gb(analysed, budget_gb)
+    n = len(SWEPT_DIMENSIONS)
+    gap = 0.04
+    width = (1.0 - gap * (n - 1)) / n
+    traces: list[dict[str, Any]] = []
+    layout: dict[str, Any] = {"title": {"text": "Each swept dimension against memory and step time"},
+                              "height": 560, "legend": {"orientation": "h", "y": -0.12},
+                              "margin": {"t": 60}, "annotations": []}
+    for col, (dim, label) in enumerate(SWEPT_DIMENSIONS):
+        cats, order = _category(groups[dim], dim)
+        groups_cat = groups.assign(_cat=cats)
+        for row_i, (metric, title) in enumerate((("peak_mem_gb", "peak memory (GB)"),
+                                                 ("step_time_ms", "step time (ms)"))):
+            k = row_i * n + col + 1
+            sfx = _axis_suffix(k)
+            layout[f"xaxis{sfx}"] = {
+                "domain": [col * (width + gap), col * (width + gap) + width], "anchor": f"y{sfx}",
+                "type": "category", "categoryorder": "array", "categoryarray": order,
+                "title": {"text": label if row_i == 1 else ""}}
+            layout[f"yaxis{sfx}"] = {
+                "domain": [0.55, 1.0] if row_i == 0 else [0.0, 0.45], "anchor": f"x{sfx}",
+                "title": {"text": title if col == 0 else ""}, "zeroline": False}
+            for group, (name, colour, symbol) in _STATUS_STYLE.items():
+                rows = groups_cat[groups_cat["_group"] == group]
+                if group == "oom":
+                    if metric != "peak_mem_gb" or x_oom is None:
+                        continue
+                    ys = [num(x_oom)] * len(rows)
+                else:
+                    rows = rows[rows[metric].notna()]
+                    ys = nums(rows[metric])
+                if not len(rows):
+                    continue
+                traces.append({
+                    "type": "scatter", "mode": "markers", "name": name, "legendgroup": group,
+                    "showlegend": k == 1 or (group == "oom" and col == 0),
+                    "x": list(rows["_cat"]), "y": ys, "xaxis": f"x{sfx}", "yaxis": f"y{sfx}",
+                    "text": [_hover(r) for _, r in rows.iterrows()], "hoverinfo": "text",
+                    "marker": {"symbol": symbol, "size": 10, "color": colour, "opacity": 0.8},
+                })
+    if budget_gb is not None:
+        # The budget as a dashed line across each memory panel (the top row: axes 1..n).
+        layout["shapes"] = [
+            {"type": "line", "xref": f"x{_axis_suffix(k)} domain", "yref": f"y{_axis_suffix(k)}",
+             "x0": 0, "x1": 1, "y0": num(budget_gb), "y1": num(budget_gb),
+             "line": {"color": "#555", "width": 1, "dash": "dash"}}
+            for k in range(1, n + 1)]
+    return {"data": traces, "layout": layout}
+
+
+def _thin(frame: pd.DataFrame, max_points: int) -> pd.DataFrame:
+    """At most max_points rows, evenly spaced, always keeping the last."""
+    if len(frame) <= max_points:
+        return frame
+    idx = np.unique(np.linspace(0, len(frame) - 1, max_points).round().astype(int))
+    return frame.iloc[idx]
+
+
+def step_curves(steps: pd.DataFrame, analysed: pd.DataFrame, column: str, title: str,
+                y_title: str) -> dict[str, Any]:
+    """One line per trial of ``steps[column]`` against the optimizer step."""
+    by_id = {str(r["trial_id"]): r for _, r in analysed.iterrows()}
+    order = {trial_id: i for i, trial_id in enumerate(by_id)}  # results.csv order, then the rest
+    groups = sorted(steps.groupby("trial_id", sort=False),
+                    key=lambda g: (order.get(str(g[0]), len(order)), str(g[0])))
+    traces = []
+    for trial_id, rows in groups:
+        rows = _thin(rows.sort_values("step"), MAX_POINTS_PER_CURVE)
+        row = by_id.get(str(trial_id))
+        name = trial_label(row) if row is not None else esc(trial_id)
+        status = str(row["status"]) if row is not None else "not in results.csv"
+        traces.append({
+            "type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": esc(trial_id),
+            "x": nums(rows["step"]), "y": nums(rows[column]) if column in rows else [],
+            "hovertemplate": f"{name} ({esc(status)})<br>step %{{x}}: %{{y}}<extra></extra>",
+            "line": {"width": 1.5, "dash": "solid" if status == "ok" else "dot"}, "marker": {"size": 4},
+        })
+    layout = {"title": {"text": title}, "xaxis": {"title": {"text": "optimizer step"}},
+              "yaxis": {"title": {"text": y_title}}, "height": 420, "margin": {"t": 60},
+              "legend": {"font": {"size": 10}}}
+    return {"data": traces, "layout": layout}

@@ -1,0 +1,141 @@
+"""Activation-checkpoint levels, applied per decoder layer (contract table in DESIGN.md).
+
+Every region is ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: its saved
+tensors are dropped after the forward and rebuilt by re-running the region in backward, with
+the RNG and autocast state of the first run, so gradients are identical to ``none`` (the tests
+check it for every level). What each level recomputes in backward, for one decoder layer:
+
+========  ====================================================================================
+level     regions
+========  ====================================================================================
+none      nothing
+L1        the MLP sub-block (gate/up projections, activation, product, down projection): frees
+          the four ``intermediate_size``-wide tensors per token that dominate a layer's memory
+L2        L1, plus the attention sub-block (q/k/v projections, RoPE, o projection) as a second,
+          separate region. The attention kernel itself is *not* re-run: a selective-checkpoint
+          policy keeps the kernel's outputs (its output and log-sum-exp), so backward recomputes
+          only the projections. Frees q, k, v and the o-projection input
+L3        L2, plus the q, k and v projections each as their own (nested) region inside the
+          attention region. Their outputs are already recomputed under L2, so L3 can only lower
+          the transient peak while one layer's attention backward runs; the benchmarks measure
+          what that is worth
+full      the whole decoder layer (norms included), as Hugging Face's
+          ``gradient_checkpointing_enable()`` does
+L4        refused at validation: a boundary inside RMSNorm or softmax (see config.REFUSED_LEVELS)
+========  ====================================================================================
+
+Levels L1-L3 replace the ``forward`` of each layer's ``mlp`` / ``self_attn`` instance; ``full``
+uses the model's own gradient-checkpointing switch. The reference model is never checkpointed.
+Apply a level after the model is on its device (RNG state is recorded per device).
+"""
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from dpo_sweep.config import CHECKPOINT_LEVELS
+
+#: Substrings of the attention-kernel operators whose outputs L2/L3 keep instead of re-running.
+KERNEL_OP_NAMES = ("scaled_dot_product", "flash_attn", "_efficient_attention", "_cudnn_attention")
+
+
+def _keep_attention_kernel(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    name = str(op)
+    if any(k in name for k in KERNEL_OP_NAMES):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _kernel_kept_context() -> Any:
+    return create_selective_checkpoint_contexts(_keep_attention_kernel)
+
+
+def _checkpointed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a Hugging Face causal LM (``model.model.layers`` for Llama/Qwen2)."""
+    layers = getattr(model.base_model, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found at model.base_model.layers")
+    return layers
+
+
+def _supports_attention_regions(attn: nn.Module) -> bool:
+    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
+    # Qwen3-style q/k norms sit between projection and RoPE: this forward does not model them.
+    return all(hasattr(attn, n) for n in needed) and not hasattr(attn, "q_norm")
+
+
+def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings: Any = None,
+                       attention_mask: torch.Tensor | None = None, *, level: str, **kwargs: Any):
+    """The Llama/Qwen2/Mistral attention forward of transformers, cut into checkpoint regions."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    modeling = sys.modules[type(self).__module__]
+    for k in ("cache", "past_key_values", "past_key_value"):
+        kwargs.pop(k, None)
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    cos, sin = position_embeddings
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+        self.config._attn_implementation, modeling.eager_attention_forward)
+    extra = {"sliding_window": self.sliding_window} if hasattr(self, "sliding_window") else {}
+    dropout = 0.0 if not self.training else self.attention_dropout
+
+    def project(proj: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        out = _checkpointed(proj, h) if level == "L3" else proj(h)
+        return out.view(hidden_shape).transpose(1, 2)
+
+    def block(h: torch.Tensor) -> torch.Tensor:
+        q, k, v = project(self.q_proj, h), project(self.k_proj, h), project(self.v_proj, h)
+        q, k = modeling.apply_rotary_pos_emb(q, k, cos, sin)
+        out, _ = interface(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling,
+                           **extra, **kwargs)
+        return self.o_proj(out.reshape(*input_shape, -1).contiguous())
+
+    return _checkpointed(block, hidden_states, context_fn=_kernel_kept_context), None
+
+
+def _wrap_forward(module: nn.Module, **checkpoint_kwargs: Any) -> None:
+    original = module.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return _checkpointed(original, *args, **checkpoint_kwargs, **kwargs)
+
+    module.forward = forward
+
+
+def apply_checkpoint_level(model: nn.Module, level: str) -> None:
+    """Turn on one checkpoint level for every decoder layer of ``model`` (in place)."""
+    if level not in CHECKPOINT_LEVELS:
+        raise ValueError(f"checkpoint level {level!r}; allowed: {', '.join(CHECKPOINT_LEVELS)}")
+    if level == "none":
+        return
+    if level == "full":
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return
+    for i, layer in enumerate(decoder_layers(model)):
+        if not hasattr(layer, "mlp"):
+            raise ValueError(f"{type(layer).__name__} (layer {i}) has no mlp sub-block for {level}; use full")
+        _wrap_forward(layer.mlp)
+        if level in ("L2", "L3"):
+            attn = layer.self_attn
+            if not _supports_attention_regions(attn):
+                raise ValueError(
+                    f"{type(attn).__name__}: {level} needs a Llama/Qwen2/Mistral-style attention "
+                    "(q/k/v/o projections, no q/k norms); use L1 or full for this model"
+                )
+            attn.forward = types.MethodType(functools.partial(_attention_forward, level=level), attn)

@@ -1,0 +1,314 @@
+"""Preference pairs: read, normalise, tokenize and truncate.
+
+Sources: a deterministic synthetic generator (token ids, no text), local .json/.jsonl/.parquet
+files, or a Hugging Face dataset via ``datasets.load_dataset``. Layouts accepted:
+
+* explicit ``prompt``, ``chosen``, ``rejected`` columns (rename others with ``data.columns``);
+* implicit prompt: only ``chosen`` and ``rejected``, whose shared start is the prompt;
+* each field a plain string or a list of ``{"role", "content"}`` chat messages. Messages are
+  rendered with the tokenizer's chat template when it has one, otherwise with the plain rendering
+  of :func:`render_messages` (``<|role|>\\ncontent\\n`` per message, ``<|assistant|>\\n`` to open
+  the reply).
+
+Truncation to ``max_length`` (see :func:`truncate_pair`): the prompt is cut from the left (its end
+is kept) so the responses keep their room, but never below ``min_prompt_tokens``; then the
+responses are cut from the right. A pair whose truncated response keeps fewer than
+``min_response_tokens`` tokens is dropped and counted.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpo_sweep.config import DataSpec
+from dpo_sweep.errors import DataError
+
+FIELDS = ("prompt", "chosen", "rejected")
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    """One preference pair as token ids. Responses include their end-of-sequence token."""
+
+    prompt_ids: tuple[int, ...]
+    chosen_ids: tuple[int, ...]
+    rejected_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PairDataset:
+    """The pairs a trial trains on, with what truncation cost."""
+
+    pairs: tuple[TokenizedPair, ...]
+    source: str
+    dropped: int = 0
+    truncated: int = 0
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading rows
+# --------------------------------------------------------------------------------------------
+def read_rows(spec: DataSpec) -> tuple[list[dict[str, Any]], str]:
+    """Rows of a file or hub dataset as plain dicts, and a name for messages."""
+    if spec.path is not None:
+        return read_file(spec.path), spec.path
+    import datasets
+
+    name = spec.hf or ""
+    try:
+        ds = datasets.load_dataset(name, spec.hf_config, split=spec.split)
+    except Exception as err:  # the hub unreachable, a wrong name or split: the user's to fix
+        raise DataError(
+            f"data.hf: could not load dataset {name!r} (split {spec.split!r}): {err}. "
+            "Check the name and split, or download it and use data.path"
+        ) from None
+    return [dict(r) for r in ds], f"{name}[{spec.split}]"
+
+
+def read_file(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a .json (a list of objects, or {"data": [...]}), .jsonl or .parquet file."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"data.path: {path}: no such file")
+    suffix = p.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(p.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}: line {n}: not valid JSON ({err.msg}); each line holds one pair") from None
+    elif suffix == ".json":
+        try:
+            data = json.loads(p.read_text() or "null")
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: not valid JSON ({err}); a .json file holds a list of pairs") from None
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = data["data"]
+        if data is None:
+            data = []
+        if not isinstance(data, list):
+            raise DataError(f"{path}: expected a list of pair objects (or {{\"data\": [...]}})")
+        rows = data
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(p).to_pylist()
+    else:
+        raise DataError(f"data.path: {path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
+    if not rows:
+        raise DataError(
+            f"{path}: the file holds no pairs; it needs rows with 'chosen' and 'rejected' "
+            "(and optionally 'prompt')"
+        )
+    for n, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise DataError(f"{path}: row {n}: expected an object with chosen/rejected, got {type(r).__name__}")
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Normalising rows to (prompt, chosen, rejected) texts
+# --------------------------------------------------------------------------------------------
+def render_messages(messages: list[dict[str, Any]], tokenizer: Any, add_generation_prompt: bool) -> str:
+    """Render chat messages: the tokenizer's chat template if it has one, else plain text."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    return text + ("<|assistant|>\n" if add_generation_prompt else "")
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+
+
+def _common_prefix_text(a: str, b: str) -> str:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    prefix = a[:n]
+    # Back off to a word boundary so a shared first letter of two replies stays in the replies.
+    if n < min(len(a), len(b)) and prefix and not prefix[-1].isspace():
+        cut = max(prefix.rfind(" "), prefix.rfind("\n"))
+        prefix = prefix[: cut + 1] if cut >= 0 else ""
+    return prefix
+
+
+def _common_prefix_messages(a: list[dict], b: list[dict]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def normalise_row(row: dict[str, Any], tokenizer: Any, where: str) -> tuple[str, str, str, bool]:
+    """(prompt text, chosen text, rejected text, is_chat) of one row, columns already renamed."""
+    for key in ("chosen", "rejected"):
+        v = row.get(key)
+        if not (isinstance(v, str) or _is_messages(v)):
+            raise DataError(
+                f"{where}: {key!r} is {type(v).__name__ if v is not None else 'missing'}; expected a "
+                "string or a list of {role, content} messages"
+            )
+    chosen, rejected, prompt = row["chosen"], row["rejected"], row.get("prompt")
+    if prompt is not None and not (isinstance(prompt, str) or _is_messages(prompt)):
+        raise DataError(f"{where}: 'prompt' is {type(prompt).__name__}; expected a string or messages")
+    chat = _is_messages(chosen)
+    if chat != _is_messages(rejected):
+        raise DataError(f"{where}: 'chosen' and 'rejected' must both be strings or both message lists")
+    if not chat:
+        if prompt is None:
+            prompt = _common_prefix_text(chosen, rejected)
+            if not prompt:
+                raise DataError(
+                    f"{where}: there is no prompt column and chosen/rejected share no start to take "
+                    "as the prompt; add a 'prompt' column or map one with data.columns: {prompt: NAME}"
+                )
+            chosen, rejected = chosen[len(prompt):], rejected[len(prompt):]
+        elif _is_messages(prompt):
+            prompt = render_messages(prompt, tokenizer, add_generation_prompt=True)
+        return prompt, chosen, rejected, False
+    if prompt is None:
+        n = _common_prefix_messages(chosen, rejected)
+        if n == 0:
+            raise DataError(
+                f"{where}: there is no prompt column and the chosen/rejected conversations share "
+                "no opening messages; add a 'prompt' column"
+            )
+        prompt_msgs, chosen, rejected = chosen[:n], chosen[n:], rejected[n:]
+    else:
+        prompt_msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    prompt_text = render_messages(prompt_msgs, tokenizer, add_generation_prompt=True)
+    texts = []
+    for reply in (chosen, rejected):
+        full = render_messages(prompt_msgs + reply, tokenizer, add_generation_prompt=False)
+        # The reply is what the whole conversation adds to the rendered prompt.
+        texts.append(full[len(prompt_text):] if full.startswith(prompt_text) else
+                     render_messages(reply, tokenizer, add_generation_prompt=False))
+    return prompt_text, texts[0], texts[1], True
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizing and truncating
+# --------------------------------------------------------------------------------------------
+def truncate_pair(
+    prompt: list[int], chosen: list[int], rejected: list[int], *, max_length: int,
+    min_prompt_tokens: int, min_response_tokens: int,
+) -> tuple[list[int], list[int], list[int]] | None:
+    """Fit prompt + the longer response into max_length, or None when the pair must be dropped.
+
+    The prompt is cut from the left (its end, nearest the reply, is kept) down to what the
+    responses leave, but not below ``min_prompt_tokens``; the responses are then cut from the
+    right. ``None`` when a response that had to be cut keeps fewer than ``min_response_tokens``.
+    """
+    longest = max(len(chosen), len(rejected))
+    if len(prompt) + longest <= max_length:
+        return prompt, chosen, rejected
+    keep_prompt = min(len(prompt), max(max_length - longest, min_prompt_tokens))
+    prompt = prompt[len(prompt) - keep_prompt:]
+    room = max_length - len(prompt)
+    out = []
+    for resp in (chosen, rejected):
+        if len(resp) > room and room < min_response_tokens:
+            return None
+        out.append(resp[:room])
+    return prompt, out[0], out[1]
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def tokenize_rows(
+    rows: list[dict[str, Any]], spec: DataSpec, tokenizer: Any, max_length: int, source: str
+) -> PairDataset:
+    """Normalise, tokenize and truncate rows into a :class:`PairDataset`."""
+    rename = {v: k for k, v in spec.columns.items()}
+    first = {rename.get(k, k) for k in rows[0]}
+    for need in ("chosen", "rejected"):
+        if need not in first:
+            found = ", ".join(sorted(map(str, rows[0]))) or "none"
+            raise DataError(
+                f"{source}: column {need!r} is missing (columns found: {found}); rename yours with "
+                f"data.columns: {{{need}: <your column>}}"
+            )
+    bos = tokenizer.bos_token_id
+    eos = tokenizer.eos_token_id
+    pairs, dropped, truncated = [], 0, 0
+    for n, raw in enumerate(rows):
+        row = {rename.get(k, k): v for k, v in raw.items()}
+        prompt, chosen, rejected, chat = normalise_row(row, tokenizer, f"{source}: row {n}")
+        p = _encode(tokenizer, prompt)
+        if bos is not None and not (p and p[0] == bos) and not chat:
+            p = [bos] + p
+        c, r = _encode(tokenizer, chosen), _encode(tokenizer, rejected)
+        if not chat and eos is not None:
+            c, r = c + [eos], r + [eos]
+        if not c or not r:
+            raise DataError(f"{source}: row {n}: an empty response; both chosen and rejected need text")
+        cut = truncate_pair(p, c, r, max_length=max_length, min_prompt_tokens=spec.min_prompt_tokens,
+                            min_response_tokens=spec.min_response_tokens)
+        if cut is None:
+            dropped += 1
+            continue
+        truncated += cut != (p, c, r)
+        pairs.append(TokenizedPair(tuple(cut[0]), tuple(cut[1]), tuple(cut[2])))
+        if spec.max_pairs is not None and len(pairs) >= spec.max_pairs:
+            break
+    if not pairs:
+        raise DataError(
+            f"{source}: no pair left after truncation to max_length={max_length} ({dropped} dropped: "
+            f"a response would keep fewer than {spec.min_response_tokens} tokens); raise "
+            "train.max_length or lower data.min_response_tokens / data.min_prompt_tokens"
+        )
+    return PairDataset(tuple(pairs), source, dropped=dropped, truncated=truncated)
+
+
+def synthetic_pairs(spec: DataSpec, max_length: int, bos_id: int | None, eos_id: int) -> PairDataset:
+    """Deterministic token-id pairs. The chosen reply follows the prompt (each token one more
+    than the prompt token it echoes), the rejected one is random: a preference a model can learn.
+    Token ids lie in 0-255, so any preset's vocabulary holds them."""
+    syn = spec.synthetic
+    assert syn is not None
+    rng = random.Random(syn.seed)
+    pairs, dropped = [], 0
+    for _ in range(syn.pairs):
+        prompt = [rng.randrange(256) for _ in range(syn.prompt_tokens)]
+        chosen = [(prompt[i % len(prompt)] + 1) % 256 for i in range(syn.response_tokens)]
+        rejected = [rng.randrange(256) for _ in range(syn.response_tokens)]
+        p = ([bos_id] if bos_id is not None else []) + prompt
+        cut = truncate_pair(p, chosen + [eos_id], rejected + [eos_id], max_length=max_length,
+                            min_prompt_tokens=spec.min_prompt_tokens,
+                            min_response_tokens=spec.min_response_tokens)
+        if cut is None:
+            dropped += 1
+            continue
+        pairs.append(TokenizedPair(*(tuple(x) for x in cut)))
+    if not pairs:
+        raise DataError(
+            f"data.synthetic: no pair fits max_length={max_length}; raise train.max_length or "
+            "lower data.synthetic.response_tokens"
+        )
+    return PairDataset(tuple(pairs), "synthetic", dropped=dropped)
+
+
+def load_pairs(spec: DataSpec, tokenizer: Any, max_length: int) -> PairDataset:
+    """All preference pairs of a data spec, tokenized and truncated."""
+    if spec.synthetic is not None:
+        return synthetic_pairs(spec, max_length, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    rows, source = read_rows(spec)
+    return tokenize_rows(rows, spec, tokenizer, max_length, source)

@@ -1,0 +1,151 @@
+"""Models: random-initialised presets built from a config (no download), or real checkpoints."""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpo_sweep.config import ModelSpec
+
+#: Shapes of public models. Memory and time do not depend on the weights' values, so a
+#: random-initialised model of the same shape measures the same as the real one.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-llama": dict(
+        arch="llama", hidden_size=128, intermediate_size=352, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048,
+        tie_word_embeddings=False, rope_theta=10000.0,
+    ),
+    "llama-3.2-1b": dict(
+        arch="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+        max_position_embeddings=131072, tie_word_embeddings=True, rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    ),
+    "llama-3-8b": dict(
+        arch="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=8192, tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5,
+    ),
+    "qwen2-7b": dict(
+        arch="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+        max_position_embeddings=32768, tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6,
+    ),
+}
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    model: nn.Module
+    attn_implementation: str
+    n_params: int
+    n_params_non_embedding: int
+
+
+def preset_config(name: str) -> Any:
+    """The transformers config of a preset."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    kw = dict(PRESETS[name])
+    arch = kw.pop("arch")
+    rope_scaling = kw.pop("rope_scaling", None)
+    cfg = (LlamaConfig if arch == "llama" else Qwen2Config)(**kw)
+    if rope_scaling is not None:
+        # transformers 5 keeps rope settings in rope_parameters (rope_scaling before that).
+        params = dict(getattr(cfg, "rope_parameters", None) or {})
+        params.update(rope_scaling, rope_theta=kw["rope_theta"])
+        if hasattr(cfg, "rope_parameters"):
+            cfg.rope_parameters = params
+        else:
+            cfg.rope_scaling = rope_scaling
+    return cfg
+
+
+def resolve_attn_implementation(requested: str, device: torch.device) -> str:
+    """auto: flash_attention_2 when flash-attn imports and we are on CUDA, else sdpa."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except Exception:  # a broken build is common; sdpa is always there
+            pass
+    return "sdpa"
+
+
+def weight_dtype(spec: ModelSpec, precision: str) -> torch.dtype:
+    """Storage dtype of the trained weights: bf16 for pure bf16, else fp32 master weights."""
+    if spec.dtype is not None:
+        return _DTYPES[spec.dtype]
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def count_params(model: nn.Module) -> tuple[int, int]:
+    """(all parameters, parameters outside the embedding and the lm_head)."""
+    seen, total, emb = set(), 0, 0
+    skip = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+            for p in m.parameters()}
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        emb += p.numel() if id(p) in skip else 0
+    return total, total - emb
+
+
+def build_model(spec: ModelSpec, precision: str, device: torch.device, seed: int) -> BuiltModel:
+    """Build the policy model on ``device`` (weights created there directly, no CPU copy)."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = weight_dtype(spec, precision)
+    attn = resolve_attn_implementation(spec.attn_implementation, device)
+    if spec.liger_kernel:
+        apply_liger(spec, device)
+    torch.manual_seed(seed)
+    if spec.preset is not None:
+        cfg = preset_config(spec.preset)
+        cfg._attn_implementation = attn
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.name_or_path, dtype=dtype, attn_implementation=attn,
+            trust_remote_code=spec.trust_remote_code,
+        ).to(device)
+    model.config.use_cache = False
+    total, non_emb = count_params(model)
+    return BuiltModel(model=model, attn_implementation=attn, n_params=total, n_params_non_embedding=non_emb)
+
+
+def apply_liger(spec: ModelSpec, device: torch.device) -> None:
+    """Patch liger-kernel's fused RMSNorm, SwiGLU and RoPE into the modelling code (GPU only).
+
+    The fused cross-entropy of liger is not used: our chunked log-prob head does that job.
+    """
+    if device.type != "cuda":
+        raise ValueError("model.liger_kernel needs a CUDA GPU (its kernels are Triton); set it to false")
+    try:
+        from liger_kernel.transformers import apply_liger_kernel_to_llama, apply_liger_kernel_to_qwen2
+    except ImportError as err:
+        raise ValueError(f"model.liger_kernel: liger-kernel is not installed ({err}); pip install liger-kernel") from None
+    arch = PRESETS[spec.preset]["arch"] if spec.preset else "llama"
+    patch = apply_liger_kernel_to_qwen2 if arch == "qwen2" else apply_liger_kernel_to_llama
+    patch(rope=True, swiglu=True, rms_norm=True, cross_entropy=False, fused_linear_cross_entropy=False)
+
+
+def freeze_reference(model: nn.Module) -> nn.Module:
+    """Make a model a frozen reference: eval mode (no dropout), no gradients."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model

@@ -1,0 +1,36 @@
+"""Tokenizers: the built-in byte-level one used by presets, or a checkpoint's own."""
+from __future__ import annotations
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from dpo_sweep.config import ModelSpec
+
+#: Special tokens of the byte-level tokenizer: 256 byte tokens come first, these follow.
+BYTE_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+
+
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    """A 259-token byte-level tokenizer built in memory (no files, no download).
+
+    Every UTF-8 byte is one token (ids 0-255), then ``<s>`` (256), ``</s>`` (257), ``<pad>`` (258).
+    It has no chat template, so chat data gets the plain rendering of ``data.render_messages``.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, **BYTE_SPECIALS)
+
+
+def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
+    """The tokenizer for a model spec: byte-level for presets, the checkpoint's own otherwise."""
+    if spec.preset is not None:
+        return byte_level_tokenizer()
+    tok = AutoTokenizer.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code)
+    if tok.pad_token_id is None:
+        # Padding never reaches the loss (it is masked), so any id will do; EOS is the convention.
+        tok.pad_token = tok.eos_token
+    return tok

@@ -1,0 +1,33 @@
+"""``dpo-sweep trial``: one configuration, in this process, without Ray."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from dpo_sweep import space as space_mod
+from dpo_sweep.analysis.results import write_results, write_steps
+
+
+def cmd_trial(args: argparse.Namespace) -> int:
+    sp = space_mod.load(args.space, args.overrides)
+    cfg = sp.trials[0]
+    out = Path(args.output or f"reports/{sp.name}-trial")
+    knobs = ", ".join(f"{k}={v}" for k, v in cfg.knobs().items())
+    print(f"trial {cfg.trial_id}: {knobs}", flush=True)
+
+    from dpo_sweep.train.loop import run_trial
+
+    outcome = run_trial(cfg, log=lambda m: print(m, flush=True))
+    write_results(out, [outcome.result])
+    write_steps(out, outcome.steps)
+    r = outcome.result
+    if r.status == "ok":
+        print(f"done: peak memory {r.peak_mem_gb:.3f} GB ({r.mem_source}), step time {r.step_time_ms:.0f} ms "
+              f"(median of {r.measured_steps}), {r.tokens_per_s:,.0f} tokens/s, loss std "
+              f"{r.loss_std:.4g}" + ("" if math.isnan(r.mfu) else f", MFU {r.mfu:.1%}"))
+    else:
+        print(f"done: status {r.status}: {r.error}", file=sys.stderr)
+    print(f"wrote {out / 'results.csv'} and {out / 'steps.csv'}")
+    return 0 if r.status in ("ok", "oom", "diverged") else 1

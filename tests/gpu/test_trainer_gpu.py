@@ -1,0 +1,46 @@
+"""The trainer on a CUDA GPU: bf16 with sdpa, NVML peak memory, every level equal in bf16-ish tolerance."""
+import math
+
+import pytest
+import torch
+
+from testkit import make_cfg
+
+pytestmark = pytest.mark.gpu
+
+
+def gpu_cfg(pairs: int = 32, **kw):
+    for key, value in dict(micro_batch=4, device="cuda", precision="bf16", max_length=128, steps=4,
+                           warmup_steps=1).items():
+        kw.setdefault(key, value)
+    return make_cfg(resources={"use_gpu": True}, model={"preset": "tiny-llama", "attn_implementation": "sdpa"},
+                    data={"synthetic": {"pairs": pairs, "prompt_tokens": 60, "response_tokens": 60}}, **kw)
+
+
+def test_bf16_sdpa_trial_on_gpu():
+    from dpo_sweep.train.loop import run_trial
+
+    out = run_trial(gpu_cfg(), log=print)
+    r = out.result
+    assert r.status == "ok", r.error
+    assert r.device.startswith("cuda") and r.attn_implementation == "sdpa" and r.precision == "bf16"
+    assert r.mem_source == "nvml" and r.peak_mem_gb > r.torch_peak_reserved_gb > 0
+    assert math.isfinite(r.loss_mean) and out.steps[0].loss == pytest.approx(math.log(2), abs=1e-2)
+
+
+@pytest.mark.parametrize("level", ["L1", "L2", "L3", "full"])
+def test_levels_match_none_on_gpu_fp32(level):
+    from dpo_sweep.train.loop import run_trial
+
+    none = run_trial(gpu_cfg(precision="fp32", checkpoint_level="none"), log=None)
+    got = run_trial(gpu_cfg(precision="fp32", checkpoint_level=level), log=None)
+    assert [s.loss for s in got.steps] == pytest.approx([s.loss for s in none.steps], rel=1e-4)
+
+
+def test_memory_cap_makes_oom_a_result():
+    from dpo_sweep.train.loop import run_trial
+
+    cfg = gpu_cfg(pairs=64, micro_batch=64)
+    cfg = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"gpu_memory_gb": 0.05})})
+    out = run_trial(cfg, log=None)
+    assert out.result.status == "oom" and "OutOfMemoryError" in out.result.error

@@ -1,0 +1,86 @@
+"""report.html: self-contained (plotly.js inlined once, no external resource), escaped, small."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from sweep_frames import HOSTILE, frame, steps_for, sweep_trials, trial
+
+from dpo_sweep.analysis.pareto import analyse_frontier, objectives_from_spec
+from dpo_sweep.analysis.recommend import recommend
+from dpo_sweep.analysis.results import StepRecord, load_steps, write_steps
+from dpo_sweep.report.data import build_report_data
+from dpo_sweep.report.html import plotly_js, render_html, script_safe_json
+
+OBJS = objectives_from_spec(None)
+FAKE_JS = "/* plotly.js stand-in */"
+
+
+def render(tmp_path, trials, steps=(), env=None, budget=20.0, js=FAKE_JS):
+    analysed = analyse_frontier(frame(tmp_path, trials), OBJS)
+    steps_df = None
+    if steps:
+        write_steps(tmp_path / "frame", steps)
+        steps_df = load_steps(tmp_path / "frame")
+    data = build_report_data(analysed, recommend(analysed, budget), OBJS, steps_df, env)
+    return render_html(data, js=js)
+
+
+def test_plotly_is_inlined_once_and_nothing_is_fetched(tmp_path):
+    trials = sweep_trials()
+    steps = [s for t in trials if t.status == "ok" for s in steps_for(t.trial_id, 3, t.peak_mem_gb)]
+    js = plotly_js()
+    html = render(tmp_path, trials, steps, js=None)
+    assert html.count("plotly.js v") == 1  # the bundle's banner: once, for four plots
+    assert html.count(js) == 1
+    html = html.replace(js, FAKE_JS)  # the rest is ours: check it loads nothing
+    assert html.count("Plotly.newPlot(") == 1  # one loop draws every figure
+    assert len(re.findall(r'<div id="plot-[a-z-]+" class="plot">', html)) == 4
+    assert not re.search(r"<(link|img|iframe|object|embed)\b", html, re.I)
+    assert not re.search(r"""\b(src|href)\s*=""", html, re.I)  # no attribute can load anything
+    assert "default-src 'none'" in html  # and the page forbids it besides
+    assert "GB = 1e9 bytes" in html
+
+
+def test_hostile_strings_are_escaped(tmp_path):
+    trials = [trial(HOSTILE, 10.0, 100.0, 0.02, level=HOSTILE, model=HOSTILE, error=HOSTILE),
+              trial("ok2", 12.0, 90.0, 0.03, model=HOSTILE),
+              trial("oom", status="oom", mb=8, model=HOSTILE, error=f'"quoted" & {HOSTILE}')]
+    steps = steps_for(HOSTILE, 3, 10.0)
+    env = {"gpu": {"name": HOSTILE}, HOSTILE: HOSTILE}
+    html = render(tmp_path, trials, steps, env)
+    assert HOSTILE not in html
+    assert "<script>alert" not in html.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # shown as text
+    assert html.lower().count("<script") == 3  # plotly.js, the figure JSON, the drawing code
+    assert "</script" not in html.split('id="figure-data">', 1)[1].split("</script>", 1)[0]
+
+
+def test_script_safe_json():
+    text = script_safe_json({"a": "</script><!-- & \u2028"})
+    assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
+    with pytest.raises(ValueError):
+        script_safe_json({"a": float("nan")})
+
+
+def test_data_for_100_trials_adds_well_under_1_mb(tmp_path):
+    levels = ("none", "L1", "L2", "L3", "full")
+    trials, steps = [], []
+    for i in range(100):
+        tid = f"trial_{i:03d}_abcdef"
+        status = "oom" if i % 10 == 0 else "ok"
+        mem = 10.0 + (i % 7) * 3.3 + i * 0.01
+        trials.append(trial(tid, mem, 100.0 + i * 7.1, 0.01 + (i % 13) * 0.0031, status=status,
+                            mb=2 ** (i % 4), level=levels[i % 5], ga=1 + i % 3, beta=0.1 * (1 + i % 2),
+                            model="meta-llama/Llama-3.2-1B-Instruct"))
+        if status == "ok":
+            steps += [StepRecord(tid, s, 0.693 - 0.00123 * s, 1.234, 101.23, mem + 0.001 * s, 0.51, 0.123,
+                                 -123.456, -124.567, 0.0123) for s in range(50)]
+    html = render(tmp_path, trials, steps, env={"gpu": {"name": "NVIDIA H200"}}, budget=40.0)
+    data_bytes = len(html.encode()) - len(FAKE_JS)
+    assert data_bytes < 500_000, data_bytes
+
+
+def test_plotly_js_is_the_offline_bundle():
+    js = plotly_js()
+    assert len(js) > 1_000_000 and "plotly.js v" in js[:200]

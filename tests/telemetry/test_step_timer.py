@@ -1,0 +1,94 @@
+"""StepTimer: warm-up exclusion, median/p90 (fake clock), device syncs, and a real-clock check."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from dpo_sweep.telemetry import StepTimer, percentile
+
+
+class FakeClock:
+    """Advances only when told: step k lasts durations_s[k]."""
+
+    def __init__(self):
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def run_steps(timer: StepTimer, clock: FakeClock, durations_ms: list[float]) -> list[float]:
+    returned = []
+    for duration_ms in durations_ms:
+        timer.start_step()
+        clock.now_s += duration_ms / 1e3
+        returned.append(timer.end_step())
+        clock.now_s += 0.5  # time between steps (logging, data) is not counted
+    return returned
+
+
+def test_warmup_excluded_median_and_p90():
+    clock = FakeClock()
+    timer = StepTimer(torch.device("cpu"), warmup_steps=2, clock=clock)
+    returned = run_steps(timer, clock, [100.0, 50.0, 10.0, 20.0, 30.0, 40.0])
+    assert returned == pytest.approx([100.0, 50.0, 10.0, 20.0, 30.0, 40.0])
+    assert timer.step_times_ms == pytest.approx(returned)
+    assert timer.measured_ms() == pytest.approx([10.0, 20.0, 30.0, 40.0])
+    assert timer.median_ms() == pytest.approx(25.0)
+    # p90 of [10, 20, 30, 40]: position 0.9 * 3 = 2.7 -> 30 + 0.7 * (40 - 30) = 37
+    assert timer.p90_ms() == pytest.approx(37.0)
+
+
+def test_no_measured_steps_gives_nan():
+    clock = FakeClock()
+    timer = StepTimer("cpu", warmup_steps=3, clock=clock)
+    assert math.isnan(timer.median_ms()) and math.isnan(timer.p90_ms())
+    run_steps(timer, clock, [5.0, 5.0, 5.0])
+    assert timer.measured_ms() == []
+    assert math.isnan(timer.median_ms()) and math.isnan(timer.p90_ms())
+    run_steps(timer, clock, [7.0])
+    assert timer.median_ms() == pytest.approx(7.0) and timer.p90_ms() == pytest.approx(7.0)
+
+
+def test_misuse_is_refused():
+    timer = StepTimer("cpu", warmup_steps=0)
+    with pytest.raises(RuntimeError, match="without start_step"):
+        timer.end_step()
+    with pytest.raises(ValueError, match="warmup_steps"):
+        StepTimer("cpu", warmup_steps=-1)
+
+
+def test_cuda_steps_synchronise_at_both_ends(fake_cuda):
+    clock = FakeClock()
+    timer = StepTimer(torch.device("cuda", 0), warmup_steps=0, clock=clock)
+    run_steps(timer, clock, [3.0, 4.0])
+    assert fake_cuda.synchronize_calls == [torch.device("cuda", 0)] * 4
+
+
+def test_real_clock_measures_a_sleep():
+    timer = StepTimer("cpu", warmup_steps=1)
+    for _ in range(3):
+        timer.start_step()
+        time.sleep(0.02)
+        timer.end_step()
+    assert len(timer.measured_ms()) == 2
+    # sleep never returns early; the upper bound only guards against a unit error (s vs ms)
+    assert all(19.0 <= ms < 1000.0 for ms in timer.step_times_ms)
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
+def test_percentile_matches_numpy_linear(q):
+    values = list(np.random.default_rng(q).normal(50.0, 10.0, size=37))
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_percentile_edge_cases():
+    assert math.isnan(percentile([], 90))
+    assert percentile([4.0], 90) == 4.0
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)

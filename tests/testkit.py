@@ -1,0 +1,33 @@
+"""Helpers shared by tests: small trial configs and ragged preference pairs."""
+from __future__ import annotations
+
+import random
+
+from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, TrainSpec, TrialConfig
+from dpo_sweep.train.data import TokenizedPair
+
+
+def make_cfg(*, data: dict | None = None, model: dict | None = None, resources: dict | None = None,
+             **kw) -> TrialConfig:
+    """A TrialConfig for the tiny preset. ``kw`` sets knobs (micro_batch, grad_acc, beta,
+    checkpoint_level) or, for any other name, a train field."""
+    knobs = {k: kw.pop(k) for k in ("micro_batch", "grad_acc", "beta", "checkpoint_level", "trial_id") if k in kw}
+    train = {"steps": 2, "warmup_steps": 0, "lr": 1e-3, "max_length": 64, "precision": "fp32",
+             "device": "cpu", **kw}
+    return TrialConfig(
+        model=ModelSpec(**(model or {"preset": "tiny-llama"})),
+        data=DataSpec(**(data or {"synthetic": {"pairs": 16, "prompt_tokens": 12, "response_tokens": 10}})),
+        train=TrainSpec(**train),
+        resources=ResourcesSpec(**(resources or {"use_gpu": False})),
+        **knobs,
+    )
+
+
+def ragged_pairs(n: int, seed: int = 0) -> list[TokenizedPair]:
+    """Pairs of random byte tokens with different prompt and response lengths (forces padding)."""
+    rng = random.Random(seed)
+
+    def ids(k: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(256) for _ in range(k))
+
+    return [TokenizedPair(ids(rng.randint(3, 12)), ids(rng.randint(2, 9)), ids(rng.randint(2, 9))) for _ in range(n)]
