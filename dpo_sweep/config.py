@@ -48,8 +48,15 @@ class ModelSpec(_Strict):
     attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
         "auto", description="auto: flash_attention_2 when flash-attn imports on a GPU, else sdpa."
     )
-    liger_kernel: bool = Field(
-        False, description="Patch in liger-kernel's fused RMSNorm/SwiGLU/RoPE (GPU only)."
+    liger_kernel: Literal["auto", True, False] = Field(
+        "auto",
+        description="liger-kernel's fused Triton RMSNorm/RoPE (and SwiGLU when lean_ops is off) for "
+        "Llama/Qwen2 models. auto: on when CUDA is in use and liger-kernel imports; never on CPU.",
+    )
+    lean_ops: bool = Field(
+        True,
+        description="Memory-lean autograd for RMSNorm and SwiGLU MLPs (same maths, fewer saved "
+        "tensors; see dpo_sweep/train/lean.py). false: the stock modules.",
     )
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the checkpoint.")
 

@@ -70,6 +70,8 @@ class TrialResult:
     precision: str = ""
     reference: str = ""
     attn_implementation: str = ""
+    liger_kernel: bool = False
+    lean_ops: bool = False
     device: str = ""
     steps: int = 0
     measured_steps: int = 0

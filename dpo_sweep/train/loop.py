@@ -42,6 +42,7 @@ from dpo_sweep.train import metrics
 from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.data import PairDataset, load_pairs
+from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.loss import dpo_loss
 from dpo_sweep.train.model import build_model, freeze_reference
@@ -250,6 +251,8 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
             ref_lp = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        if cfg.model.lean_ops:
+            apply_lean_ops(policy)  # policy only: the reference runs without autograd
         apply_checkpoint_level(policy, cfg.checkpoint_level)  # after the model is on its device
         policy.train()
         lp = _wrap_parallel(cfg, SequenceLogProbs(policy, t.logp_chunk_tokens), device, world)
@@ -261,7 +264,8 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
         fwd_flops = model_flops_per_token(built.n_params_non_embedding, policy.config.num_hidden_layers,
                                           policy.config.hidden_size, t.max_length)
         say(f"[{cfg.trial_id}] model {cfg.model.label()}: {built.n_params / 1e6:.1f}M params, "
-            f"{t.precision}, attention {built.attn_implementation}, checkpoint {cfg.checkpoint_level}, "
+            f"{t.precision}, attention {built.attn_implementation}{', liger' if built.liger_kernel else ''}"
+            f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "
             f"reference {t.reference}, device {device}, {world} worker(s)")
 
         batches = micro_batches(ds, cfg.micro_batch, world, rank, t.seed, tok.pad_token_id, t.padding_side)
@@ -369,7 +373,8 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
         reward_accuracy=metrics.mean([r.reward_accuracy for r in measured]),
         reward_margin=metrics.mean([r.reward_margin for r in measured]),
         error=error, mem_source=sampler.source, loss_type=t.loss, precision=t.precision,
-        reference=t.reference, attn_implementation=built.attn_implementation, device=str(device),
+        reference=t.reference, attn_implementation=built.attn_implementation, liger_kernel=built.liger_kernel,
+        lean_ops=cfg.model.lean_ops, device=str(device),
         steps=len(records), measured_steps=len(measured), pairs_used=usable, pairs_dropped=ds.dropped,
         startup_s=t_measure - t_start, measure_s=t_end - t_measure,
     )

@@ -47,6 +47,7 @@ class BuiltModel:
     attn_implementation: str
     n_params: int
     n_params_non_embedding: int
+    liger_kernel: bool = False
 
 
 def preset_config(name: str) -> Any:
@@ -109,8 +110,9 @@ def build_model(spec: ModelSpec, precision: str, device: torch.device, seed: int
 
     dtype = weight_dtype(spec, precision)
     attn = resolve_attn_implementation(spec.attn_implementation, device)
-    if spec.liger_kernel:
-        apply_liger(spec, device)
+    liger = resolve_liger(spec, device)
+    if liger:
+        apply_liger(spec)
     torch.manual_seed(seed)
     if spec.preset is not None:
         cfg = preset_config(spec.preset)
@@ -124,23 +126,50 @@ def build_model(spec: ModelSpec, precision: str, device: torch.device, seed: int
         ).to(device)
     model.config.use_cache = False
     total, non_emb = count_params(model)
-    return BuiltModel(model=model, attn_implementation=attn, n_params=total, n_params_non_embedding=non_emb)
+    return BuiltModel(model=model, attn_implementation=attn, n_params=total, n_params_non_embedding=non_emb,
+                      liger_kernel=liger)
 
 
-def apply_liger(spec: ModelSpec, device: torch.device) -> None:
-    """Patch liger-kernel's fused RMSNorm, SwiGLU and RoPE into the modelling code (GPU only).
+def model_arch(spec: ModelSpec) -> str:
+    """``llama``, ``qwen2``, ... (the transformers model_type)."""
+    if spec.preset is not None:
+        return PRESETS[spec.preset]["arch"]
+    from transformers import AutoConfig
 
-    The fused cross-entropy of liger is not used: our chunked log-prob head does that job.
+    return AutoConfig.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code).model_type
+
+
+def resolve_liger(spec: ModelSpec, device: torch.device) -> bool:
+    """Whether liger-kernel is used: ``auto`` takes it on CUDA when it imports, for Llama/Qwen2."""
+    from dpo_sweep.errors import UserError
+
+    if spec.liger_kernel is False:
+        return False
+    supported = model_arch(spec) in ("llama", "qwen2")
+    available = device.type == "cuda" and importlib.util.find_spec("liger_kernel") is not None
+    if spec.liger_kernel == "auto":
+        return supported and available
+    if not available:
+        raise UserError("model.liger_kernel: true needs a CUDA GPU and the liger-kernel package "
+                        "(pip install liger-kernel); use auto or false")
+    if not supported:
+        raise UserError(f"model.liger_kernel: {model_arch(spec)} models are not patched; use auto or false")
+    return True
+
+
+def apply_liger(spec: ModelSpec) -> None:
+    """Patch liger-kernel's fused RMSNorm and RoPE (and SwiGLU) into the modelling code (GPU only).
+
+    The fused cross-entropy of liger is not used: our chunked log-prob head does that job. With
+    ``lean_ops`` on, the MLP stays ours (:mod:`dpo_sweep.train.lean` saves gate and up only;
+    liger's SwiGLU also keeps the product for the down projection). The patch replaces classes
+    in transformers' modelling modules for the whole process: build models after it.
     """
-    if device.type != "cuda":
-        raise ValueError("model.liger_kernel needs a CUDA GPU (its kernels are Triton); set it to false")
-    try:
-        from liger_kernel.transformers import apply_liger_kernel_to_llama, apply_liger_kernel_to_qwen2
-    except ImportError as err:
-        raise ValueError(f"model.liger_kernel: liger-kernel is not installed ({err}); pip install liger-kernel") from None
-    arch = PRESETS[spec.preset]["arch"] if spec.preset else "llama"
-    patch = apply_liger_kernel_to_qwen2 if arch == "qwen2" else apply_liger_kernel_to_llama
-    patch(rope=True, swiglu=True, rms_norm=True, cross_entropy=False, fused_linear_cross_entropy=False)
+    from liger_kernel.transformers import apply_liger_kernel_to_llama, apply_liger_kernel_to_qwen2
+
+    patch = apply_liger_kernel_to_qwen2 if model_arch(spec) == "qwen2" else apply_liger_kernel_to_llama
+    patch(rope=True, swiglu=not spec.lean_ops, rms_norm=True, cross_entropy=False,
+          fused_linear_cross_entropy=False)
 
 
 def freeze_reference(model: nn.Module) -> nn.Module:

@@ -9,6 +9,7 @@ from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.data import TokenizedPair
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.loss import dpo_loss
+from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.model import build_model, freeze_reference
 from testkit import ragged_pairs
 
@@ -39,14 +40,17 @@ def models():
     return policy, freeze_reference(base)
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["stock", "lean"])
 @pytest.mark.parametrize("pad", [True, False], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("level", ["L1", "L2", "L3", "full"])
-def test_level_matches_none(models, level, pad):
+def test_level_matches_none(models, level, pad, lean):
     policy, ref = models
     pairs = ragged_pairs(4) if pad else [TokenizedPair((1,) * 8, (2,) * 6, (3,) * 6)] * 2
     batch = collate(pairs, list(range(len(pairs))), pad_id=258)
     want_loss, want_grads = loss_and_grads(copy.deepcopy(policy).train(), ref, batch, pad)
     m = copy.deepcopy(policy)
+    if lean:
+        apply_lean_ops(m)
     apply_checkpoint_level(m, level)
     m.train()
     got_loss, got_grads = loss_and_grads(m, ref, batch, pad)
