@@ -11,7 +11,8 @@ files, or a Hugging Face dataset via ``datasets.load_dataset``. Layouts accepted
   the reply).
 
 Truncation to ``max_length`` (see :func:`truncate_pair`): the prompt is cut from the left (its end
-is kept) so the responses keep their room, but never below ``min_prompt_tokens``; then the
+is kept, and so is a leading BOS token) so the responses keep their room, but never below
+``min_prompt_tokens``; then the
 responses are cut from the right. A pair whose truncated response keeps fewer than
 ``min_response_tokens`` tokens is dropped and counted.
 """
@@ -229,6 +230,15 @@ def truncate_pair(
     return prompt, out[0], out[1]
 
 
+def truncate_keeping_bos(prompt: list[int], chosen: list[int], rejected: list[int], bos: int | None,
+                         spec: DataSpec, max_length: int) -> tuple[list[int], list[int], list[int]] | None:
+    """:func:`truncate_pair`, but a leading BOS token survives the left cut of the prompt."""
+    head = [bos] if bos is not None and prompt[:1] == [bos] else []
+    cut = truncate_pair(prompt[len(head):], chosen, rejected, max_length=max_length - len(head),
+                        min_prompt_tokens=spec.min_prompt_tokens, min_response_tokens=spec.min_response_tokens)
+    return None if cut is None else (head + cut[0], cut[1], cut[2])
+
+
 def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -260,8 +270,7 @@ def tokenize_rows(
             c, r = c + [eos], r + [eos]
         if not c or not r:
             raise DataError(f"{source}: row {n}: an empty response; both chosen and rejected need text")
-        cut = truncate_pair(p, c, r, max_length=max_length, min_prompt_tokens=spec.min_prompt_tokens,
-                            min_response_tokens=spec.min_response_tokens)
+        cut = truncate_keeping_bos(p, c, r, bos, spec, max_length)
         if cut is None:
             dropped += 1
             continue
@@ -291,9 +300,7 @@ def synthetic_pairs(spec: DataSpec, max_length: int, bos_id: int | None, eos_id:
         chosen = [(prompt[i % len(prompt)] + 1) % 256 for i in range(syn.response_tokens)]
         rejected = [rng.randrange(256) for _ in range(syn.response_tokens)]
         p = ([bos_id] if bos_id is not None else []) + prompt
-        cut = truncate_pair(p, chosen + [eos_id], rejected + [eos_id], max_length=max_length,
-                            min_prompt_tokens=spec.min_prompt_tokens,
-                            min_response_tokens=spec.min_response_tokens)
+        cut = truncate_keeping_bos(p, chosen + [eos_id], rejected + [eos_id], bos_id, spec, max_length)
         if cut is None:
             dropped += 1
             continue

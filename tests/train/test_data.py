@@ -178,3 +178,12 @@ def test_bad_data_through_the_cli_exits_2(tmp_path, capsys):
     assert main(["trial", str(space), "--output", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "column 'rejected' is missing" in err and "Traceback" not in err
+
+
+def test_truncation_keeps_the_bos_token(tok):
+    spec = DataSpec(synthetic={"pairs": 2, "prompt_tokens": 40, "response_tokens": 10}, min_prompt_tokens=4)
+    ds = load_pairs(spec, tok, max_length=30)
+    p = ds.pairs[0]
+    assert p.prompt_ids[0] == tok.bos_token_id and len(p.prompt_ids) + len(p.chosen_ids) == 30
+    full = load_pairs(spec, tok, max_length=200).pairs[0]
+    assert p.prompt_ids[1:] == full.prompt_ids[-(len(p.prompt_ids) - 1):]  # the prompt's end is kept
