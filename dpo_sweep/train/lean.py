@@ -48,19 +48,55 @@ class LeanRMSNorm(torch.autograd.Function):
         return dx.to(x.dtype), dw, None
 
 
+def _torch_silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return F.silu(g) * u
+
+
+def _torch_silu_mul_backward(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    sg = torch.sigmoid(g)
+    silu = g * sg
+    du = dh * silu
+    dg = dh * u * (sg * (1 + g * (1 - sg)))  # silu'(g) = s(g) (1 + g (1 - s(g)))
+    return dg, du
+
+
+def _fused_elementwise():
+    """liger-kernel's Triton SiLU-mul forward/backward (one kernel each instead of ~8), or None."""
+    try:
+        from liger_kernel.ops.swiglu import swiglu_backward, swiglu_forward
+    except ImportError:
+        return None
+
+    def fwd(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return swiglu_forward(g.contiguous(), u.contiguous())[2]
+
+    def bwd(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # liger writes (d gate, d up) over g and u: they are this Function's own saved tensors,
+        # needed for nothing else, so this saves two I-wide buffers.
+        return swiglu_backward(g.contiguous(), u.contiguous(), dh.contiguous())
+
+    return fwd, bwd
+
+
 class LeanSwiGLU(torch.autograd.Function):
-    """``down(silu(gate(x)) * up(x))`` saving x, gate and up only (biases optional)."""
+    """``down(silu(gate(x)) * up(x))`` saving x, gate and up only (biases optional).
+
+    ``fused`` (on CUDA, with liger-kernel) computes ``silu(g) * u`` and its backward with
+    liger's Triton kernels; otherwise plain torch element-wise ops. The backward overwrites the
+    saved gate and up with their gradients when fused (they are not needed afterwards).
+    """
 
     @staticmethod
-    def forward(ctx, x, wg, wu, wd, bg, bu, bd, cdt):  # type: ignore[override]
+    def forward(ctx, x, wg, wu, wd, bg, bu, bd, cdt, fused):  # type: ignore[override]
         xc, wgc, wuc, wdc = (t.to(cdt) for t in (x, wg, wu, wd))
         b = [t.to(cdt) if t is not None else None for t in (bg, bu, bd)]
         g = F.linear(xc, wgc, b[0])
         u = F.linear(xc, wuc, b[1])
-        y = F.linear(F.silu(g) * u, wdc, b[2])
+        silu_mul = fused[0] if fused else _torch_silu_mul
+        y = F.linear(silu_mul(g, u), wdc, b[2])
         ctx.save_for_backward(xc, g, u, wg, wu, wd)
         ctx.has_bias = tuple(t is not None for t in (bg, bu, bd))
-        ctx.cdt, ctx.x_dtype = cdt, x.dtype
+        ctx.cdt, ctx.x_dtype, ctx.fused = cdt, x.dtype, fused
         return y
 
     @staticmethod
@@ -68,20 +104,19 @@ class LeanSwiGLU(torch.autograd.Function):
         x, g, u, wg, wu, wd = ctx.saved_tensors
         cdt = ctx.cdt
         dy = dy.to(cdt)
-        sg = torch.sigmoid(g)
-        silu = g * sg
-        h = silu * u                                 # recomputed: element-wise, no matmul
-        dh = dy @ wd.to(cdt)
-        du = dh * silu
-        dg = dh * u * (sg * (1 + g * (1 - sg)))      # silu'(g) = s(g) (1 + g (1 - s(g)))
-        del sg, silu
+        silu_mul, silu_mul_backward = ctx.fused or (_torch_silu_mul, _torch_silu_mul_backward)
+        h = silu_mul(g, u)                           # recomputed: element-wise, no matmul
         flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-        dx = dg @ wg.to(cdt) + du @ wu.to(cdt)
         dwd = (flat(dy).t() @ flat(h)).to(wd.dtype)
+        del h
+        dh = dy @ wd.to(cdt)
+        dg, du = silu_mul_backward(g, u, dh)
+        del dh
+        dx = dg @ wg.to(cdt) + du @ wu.to(cdt)
         dwg = (flat(dg).t() @ flat(x)).to(wg.dtype)
         dwu = (flat(du).t() @ flat(x)).to(wu.dtype)
         bias = [flat(t).sum(0) if has else None for t, has in zip((dg, du, dy), ctx.has_bias)]
-        return dx.to(ctx.x_dtype), dwg, dwu, dwd, *bias, None
+        return dx.to(ctx.x_dtype), dwg, dwu, dwd, *bias, None, None
 
 
 def _norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -89,11 +124,12 @@ def _norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
         return LeanRMSNorm.apply(hidden_states, self.weight, self.variance_epsilon)
 
 
-def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _mlp_forward(self: nn.Module, x: torch.Tensor, fused=None) -> torch.Tensor:
     cdt = _compute_dtype(x)
     with torch.autocast(x.device.type, enabled=False):
         return LeanSwiGLU.apply(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
-                                self.gate_proj.bias, self.up_proj.bias, self.down_proj.bias, cdt)
+                                self.gate_proj.bias, self.up_proj.bias, self.down_proj.bias, cdt,
+                                fused if x.is_cuda else None)
 
 
 def _is_hf_rmsnorm(m: nn.Module) -> bool:
@@ -108,16 +144,20 @@ def _is_swiglu_mlp(m: nn.Module) -> bool:
     return silu and all(isinstance(getattr(m, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
 
 
-def apply_lean_ops(model: nn.Module) -> dict[str, int]:
+def apply_lean_ops(model: nn.Module, fused_kernels: bool = False) -> dict[str, int]:
     """Switch every stock RMSNorm and SwiGLU MLP of ``model`` to the lean autograd (in place).
 
+    ``fused_kernels``: use liger-kernel's Triton SiLU-mul kernels inside the lean MLP on CUDA.
     Returns how many modules of each kind were switched."""
+    import functools
+
+    fused = _fused_elementwise() if fused_kernels else None
     counts = {"rmsnorm": 0, "swiglu": 0}
     for m in model.modules():
         if _is_hf_rmsnorm(m):
             m.forward = types.MethodType(_norm_forward, m)
             counts["rmsnorm"] += 1
         elif _is_swiglu_mlp(m):
-            m.forward = types.MethodType(_mlp_forward, m)
+            m.forward = types.MethodType(functools.partial(_mlp_forward, fused=fused), m)
             counts["swiglu"] += 1
     return counts

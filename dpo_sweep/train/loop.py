@@ -252,7 +252,8 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         if cfg.model.lean_ops:
-            apply_lean_ops(policy)  # policy only: the reference runs without autograd
+            # policy only: the reference runs without autograd
+            apply_lean_ops(policy, fused_kernels=built.liger_kernel)
         apply_checkpoint_level(policy, cfg.checkpoint_level)  # after the model is on its device
         policy.train()
         lp = _wrap_parallel(cfg, SequenceLogProbs(policy, t.logp_chunk_tokens), device, world)

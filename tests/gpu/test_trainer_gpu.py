@@ -44,3 +44,25 @@ def test_memory_cap_makes_oom_a_result():
     cfg = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"gpu_memory_gb": 0.05})})
     out = run_trial(cfg, log=None)
     assert out.result.status == "oom" and "OutOfMemoryError" in out.result.error
+
+
+def test_lean_mlp_with_liger_kernels_matches_plain_torch():
+    pytest.importorskip("liger_kernel")
+    import copy
+
+    from dpo_sweep.config import ModelSpec
+    from dpo_sweep.train.lean import apply_lean_ops
+    from dpo_sweep.train.model import build_model
+
+    mlp = build_model(ModelSpec(preset="tiny-llama", liger_kernel=False), "bf16", torch.device("cuda"), 0).model.model.layers[0].mlp
+    grads = []
+    for fused in (False, True):
+        m = copy.deepcopy(mlp)
+        apply_lean_ops(m, fused_kernels=fused)
+        x = torch.randn(4, 64, 128, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(0))
+        x.requires_grad_(True)
+        y = m(x)
+        y.float().square().sum().backward()
+        grads.append([y.float(), x.grad.float()] + [p.grad.float() for p in m.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)
