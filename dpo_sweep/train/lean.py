@@ -19,11 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    if torch.is_autocast_enabled(x.device.type):
-        return torch.get_autocast_dtype(x.device.type)
-    return x.dtype
+from dpo_sweep.train.logprobs import compute_dtype
 
 
 class LeanRMSNorm(torch.autograd.Function):
@@ -125,7 +121,7 @@ def _norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
 
 
 def _mlp_forward(self: nn.Module, x: torch.Tensor, fused=None) -> torch.Tensor:
-    cdt = _compute_dtype(x)
+    cdt = compute_dtype(x)
     with torch.autocast(x.device.type, enabled=False):
         return LeanSwiGLU.apply(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight,
                                 self.gate_proj.bias, self.up_proj.bias, self.down_proj.bias, cdt,

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 
-def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype matmuls on ``t`` run in: autocast's when it is on for t's device, else t's own."""
     if torch.is_autocast_enabled(t.device.type):
         return torch.get_autocast_dtype(t.device.type)
     return t.dtype
@@ -74,7 +75,7 @@ def _chunk_logits(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, d
 
 def chunked_token_logps(hidden: torch.Tensor, head: nn.Linear, labels: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
     """Log-prob of ``labels[i]`` after ``hidden[i]``, for rows of a ``[N, H]`` hidden matrix."""
-    cdt = _compute_dtype(hidden)
+    cdt = compute_dtype(hidden)
     with torch.autocast(hidden.device.type, enabled=False):
         return ChunkedTokenLogProbs.apply(hidden, head.weight, head.bias, labels, chunk_tokens, cdt)
 
