@@ -64,5 +64,6 @@ def test_lean_mlp_with_liger_kernels_matches_plain_torch():
         y = m(x)
         y.float().square().sum().backward()
         grads.append([y.float(), x.grad.float()] + [p.grad.float() for p in m.parameters()])
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=3e-2, atol=3e-2)
+    for a, b in zip(*grads):  # bf16 either way: compare at the tensor's own scale
+        scale = b.abs().max().item()
+        assert (a - b).abs().max().item() <= 2e-2 * scale, (a - b).abs().max().item() / scale
