@@ -186,6 +186,11 @@ class ResourcesSpec(_Strict):
     )
     cpus_per_worker: float = Field(0.5, gt=0, description="CPUs reserved per Ray Train worker.")
     parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="How several workers share a trial.")
+    sync_every_micro_step: bool = Field(
+        False,
+        description="All-reduce gradients on every accumulation micro-step instead of once per "
+        "optimizer step (no_sync on the others). Only for measuring what that costs.",
+    )
 
 
 class SearchSpec(BaseModel):

@@ -295,7 +295,8 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                 tokens = cpu_mb.tokens()
                 mb = cpu_mb.to(device)
                 b = mb.pairs
-                with _no_sync(lp, sync=micro == cfg.grad_acc - 1), _autocast(cfg, device):
+                sync = micro == cfg.grad_acc - 1 or cfg.resources.sync_every_micro_step
+                with _no_sync(lp, sync=sync), _autocast(cfg, device):
                     if ref_table is not None:
                         ref_logps = ref_table[cpu_mb.index].t().reshape(-1).to(device, non_blocking=True)
                     else:

@@ -1,0 +1,196 @@
+"""The sweep's pure parts, without a Ray cluster: failure classification, report collection,
+timing, the results directory on resume, and the resource arithmetic."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from ray.train import WorkerGroupError
+
+from dpo_sweep.analysis.results import StepRecord, TrialResult, write_results, write_steps
+from dpo_sweep.errors import UserError
+from dpo_sweep.sweep import driver, runner
+from testkit import make_cfg
+
+SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
+
+
+def _step(trial_id: str, step: int, loss: float = 0.69, peak: float = 1.5) -> StepRecord:
+    return StepRecord(trial_id=trial_id, step=step, loss=loss, grad_norm=1.0, step_time_ms=100.0,
+                      peak_mem_gb=peak, reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-10.0,
+                      logps_rejected=-10.0, kl=0.0)
+
+
+def test_worker_oom_is_status_oom_with_the_allocation_message():
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.3 GiB total)")
+    err = WorkerGroupError("rank 1 failed", {0: RuntimeError("peer gone"), 1: oom})
+    status, msg = driver.classify_failure(err)
+    assert status == "oom"
+    assert "Tried to allocate 2.00 GiB" in msg and msg.startswith("rank 1")
+
+
+def test_other_worker_failure_is_status_error_with_the_message():
+    status, msg = driver.classify_failure(WorkerGroupError("x", {0: ValueError("bad shape (3, 4)")}))
+    assert status == "error" and "ValueError: bad shape (3, 4)" in msg
+
+
+def test_failure_outside_the_workers_is_error():
+    status, msg = driver.classify_failure(RuntimeError("placement group timed out"))
+    assert (status, msg) == ("error", "RuntimeError: placement group timed out")
+
+
+def test_wrapped_oom_cause_is_found():
+    class Wrapped(Exception):
+        def __init__(self, cause):
+            super().__init__("wrapped")
+            self.cause = cause
+
+    status, msg = driver.classify_failure(
+        WorkerGroupError("x", {0: Wrapped(torch.OutOfMemoryError("Tried to allocate 1 GiB"))}))
+    assert status == "oom" and "Tried to allocate 1 GiB" in msg
+
+
+def test_step_clock_startup_and_measure():
+    clock = driver.StepClock(trial_start=100.0)
+    first = clock.tick(_step("t", 1), now=110.0)  # step took 0.1 s, so it began at 109.9
+    assert first[driver.STARTUP_KEY] == pytest.approx(9.9)
+    last = clock.tick(_step("t", 2), now=111.0)
+    assert last[driver.STARTUP_KEY] == pytest.approx(9.9)
+    assert last[driver.MEASURE_KEY] == pytest.approx(1.1)
+
+
+def _report_step(rec: StepRecord, startup: float, measure: float) -> dict:
+    import dataclasses
+
+    return {driver.STEP_KEY: dataclasses.asdict(rec), driver.STARTUP_KEY: startup,
+            driver.MEASURE_KEY: measure, "trial_id": "tune-id", "training_iteration": rec.step}
+
+
+def test_collector_success_uses_rank0_outcome():
+    cfg = make_cfg(trial_id="t000", steps=2)
+    steps = [_step("t000", 1), _step("t000", 2)]
+    result = TrialResult(trial_id="t000", status="ok", **cfg.knobs(), peak_mem_gb=1.5, startup_s=9.0,
+                         measure_s=0.2)
+    c = driver.TrialCollector()
+    assert c.add("a", cfg, _report_step(steps[0], 9.0, 0.1)) is None
+    assert c.add("a", cfg, _report_step(steps[1], 9.0, 0.2)) is None
+    outcome = driver.outcome_to_json(result, steps, {"hostname": "gpu-node-3"})
+    assert c.add("a", cfg, {driver.OUTCOME_KEY: outcome}) is None
+    done = c.add("a", cfg, {driver.SUMMARY_KEY: json.dumps({"status": "finished", "error": ""})})
+    r = done.result
+    assert (r.trial_id, r.status, r.peak_mem_gb, r.startup_s, r.measure_s) == ("t000", "ok", 1.5, 9.0, 0.2)
+    assert [(s.step, s.loss) for s in done.steps] == [(1, 0.69), (2, 0.69)]
+    assert done.environment == {"hostname": "gpu-node-3"}
+
+
+def test_collector_oom_keeps_steps_that_ran_and_their_timing():
+    cfg = make_cfg(trial_id="t001", steps=3)
+    c = driver.TrialCollector()
+    c.add("b", cfg, _report_step(_step("t001", 1, peak=2.5), 7.0, 0.3))
+    done = c.add("b", cfg, {driver.SUMMARY_KEY: json.dumps({"status": "oom", "error": "rank 0: OOM"})})
+    r = done.result
+    assert (r.status, r.error, r.micro_batch, r.steps) == ("oom", "rank 0: OOM", cfg.micro_batch, 1)
+    assert r.peak_mem_gb == 2.5 and r.startup_s == 7.0 and r.measure_s == 0.3
+    assert math.isnan(r.step_time_ms)
+    assert [s.step for s in done.steps] == [1]
+
+
+def test_collector_abandoned_trial_is_error():
+    cfg = make_cfg(trial_id="t002")
+    done = driver.TrialCollector().abandon("c", cfg, "actor died")
+    assert done.result.status == "error" and done.result.error == "actor died" and done.steps == ()
+
+
+def test_outcome_json_round_trip_keeps_nan():
+    cfg = make_cfg(trial_id="t003")
+    result = TrialResult(trial_id="t003", status="diverged", **cfg.knobs(), error="non-finite loss")
+    back, steps, env = driver.outcome_from_json(
+        driver.outcome_to_json(result, [_step("t003", 1, loss=math.nan)], {"gpu_name": None}))
+    assert env == {"gpu_name": None}
+    assert back.status == "diverged" and math.isnan(back.peak_mem_gb) and math.isnan(steps[0].loss)
+
+
+def test_scaling_config_fractional_cpus_and_gpu():
+    cfg = make_cfg(resources={"workers_per_trial": 2, "cpus_per_worker": 0.25, "use_gpu": "auto"})
+    sc = driver.scaling_config(cfg, use_gpu=False)
+    assert sc.num_workers == 2 and sc.resources_per_worker == {"CPU": 0.25}
+    assert driver.scaling_config(cfg, use_gpu=True).resources_per_worker == {"CPU": 0.25, "GPU": 1}
+
+
+def test_resources_arithmetic():
+    assert runner.resolve_use_gpu("auto", 0) is False
+    assert runner.resolve_use_gpu("auto", 8) is True
+    with pytest.raises(UserError, match="resources.use_gpu"):
+        runner.resolve_use_gpu(True, 0)
+    assert runner.default_max_concurrent(False, 0, 1) == 1
+    assert runner.default_max_concurrent(True, 8, 2) == 4
+    assert runner.default_max_concurrent(True, 1, 2) == 1
+    with pytest.raises(UserError, match="resources.cpus_per_worker"):
+        runner.check_fits(make_cfg(resources={"workers_per_trial": 4, "cpus_per_worker": 1.0}), 2.0)
+
+
+def test_resume_skips_finished_and_drops_orphan_steps(tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text("name: s\n")
+    out = tmp_path / "out"
+    cfg = make_cfg(trial_id="t000")
+    write_results(out, [TrialResult(trial_id="t000", status="ok", **cfg.knobs())])
+    write_steps(out, [_step("t000", 1), _step("t001", 1)])  # t001 was killed before its row
+    done = runner.prepare_output(space, out, resume=True)
+    assert done == {"t000"}
+    with (out / "steps.csv").open() as fh:
+        assert [r["trial_id"] for r in csv.DictReader(fh)] == ["t000"]
+    assert (out / "space.yaml").read_text() == "name: s\n"
+
+
+def test_fresh_run_sets_earlier_results_aside(tmp_path):
+    space = tmp_path / "s.yaml"
+    space.write_text("name: s\n")
+    out = tmp_path / "out"
+    cfg = make_cfg(trial_id="t000")
+    write_results(out, [TrialResult(trial_id="t000", status="ok", **cfg.knobs())])
+    assert runner.prepare_output(space, out, resume=False) == set()
+    assert not (out / "results.csv").exists()
+    assert len(list(out.glob("previous-*/results.csv"))) == 1
+
+
+def test_progress_line():
+    cfg = make_cfg(trial_id="t004", micro_batch=2)
+    ok = TrialResult(trial_id="t004", status="ok", **cfg.knobs(), peak_mem_gb=1.234, step_time_ms=56.7,
+                     startup_s=8.0)
+    assert runner.progress_line(1, 3, ok) == (
+        "[1/3] t004                             ok       peak 1.23 GB  step 57 ms  startup 8.0 s")
+    oom = TrialResult(trial_id="t004", status="oom", **cfg.knobs(), error="rank 0: Tried to allocate 2 GiB")
+    assert runner.progress_line(2, 3, oom).endswith("step - ms  startup - s  | rank 0: Tried to allocate 2 GiB")
+
+
+def test_bad_max_concurrent_is_exit_2(tmp_path, capsys):
+    from dpo_sweep.cli import main
+
+    assert main(["run", str(SPACES / "quickstart.yaml"), "--max-concurrent", "0",
+                 "--output", str(tmp_path / "o")]) == 2
+    assert "--max-concurrent" in capsys.readouterr().err
+
+
+def test_shipped_sweep_spaces_validate():
+    from dpo_sweep import space
+
+    assert len(space.load(SPACES / "llama-3.2-1b-h200.yaml").trials) == 25
+    seed = space.load(SPACES / "seed-table-llama-3-8b-80gb.yaml")
+    assert len(seed.trials) == 6
+    assert {t.effective_batch() for t in seed.trials} == {256}
+    assert seed.spec.resources.gpu_memory_gb == 80
+
+
+def test_cmd_run_namespace_fields_match_the_cli():
+    from dpo_sweep.cli import _parser
+
+    args = _parser().parse_args(["run", "x.yaml"])
+    assert isinstance(args, argparse.Namespace)
+    for name in ("space", "output", "address", "resume", "max_concurrent", "no_dashboard", "memory_budget_gb"):
+        assert hasattr(args, name)

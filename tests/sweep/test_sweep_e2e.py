@@ -1,0 +1,139 @@
+"""`dpo-sweep run` end to end on a real local Ray cluster (Tune + Train V2, CPU, tiny-llama).
+
+One cluster for the module (2 CPUs, dashboard on, token authentication on); each test drives the
+CLI as a subprocess with ``--address``, as a user would.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpo_sweep import space as space_mod
+from sweep_cluster import http_get, read_csv, run_sweep, start_head, start_sweep, stop_process, write_space
+
+pytestmark = pytest.mark.slow
+
+CONTRACT_RESULT_COLUMNS = (
+    "trial_id, status, model, seq_len, micro_batch, checkpoint_level, grad_acc, beta, num_workers, "
+    "effective_batch, peak_mem_gb, torch_peak_alloc_gb, torch_peak_reserved_gb, step_time_ms, "
+    "step_time_p90_ms, tokens_per_s, mfu, loss_mean, loss_std, grad_norm_mean, reward_accuracy, "
+    "reward_margin, error").split(", ")
+CONTRACT_STEP_COLUMNS = ("trial_id, step, loss, grad_norm, step_time_ms, peak_mem_gb, reward_accuracy, "
+                         "reward_margin, logps_chosen, logps_rejected, kl").split(", ")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_head(tmp_path_factory.mktemp("ray-e2e"), num_cpus=2)
+    yield c
+    c.stop()
+
+
+def _poll_dashboard(cluster, proc, seen: dict) -> None:
+    """While the sweep runs: the REST API answers with the token and refuses without it."""
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline and "running_driver" not in seen:
+        code, body = http_get(f"{cluster.dashboard_url}/api/jobs/", cluster.token)
+        seen.setdefault("jobs_code", code)
+        if code == 200 and any(j.get("status") == "RUNNING" for j in json.loads(body)):
+            seen["running_driver"] = True
+        time.sleep(1)
+    seen["nodes_code"], nodes_body = http_get(f"{cluster.dashboard_url}/nodes?view=summary", cluster.token)
+    seen["nodes_body"] = nodes_body
+    seen["no_token_code"], _ = http_get(f"{cluster.dashboard_url}/api/jobs/")
+
+
+def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(cluster, tmp_path):
+    # none/L1 x (no failure, an OOM raised inside the worker at step 2): 4 trials, 2 at a time.
+    space = write_space(tmp_path / "e2e.yaml", "e2e", """\
+        micro_batch: [2]
+        checkpoint_level: [none, L1]
+        fail_at_step: [null, 2]
+        """, train_extra=", fail_kind: oom")
+    out = tmp_path / "out"
+    proc = start_sweep([str(space), "--address", cluster.address, "--output", str(out),
+                        "--max-concurrent", "2"], cluster.env, tmp_path / "run.log")
+    seen: dict = {}
+    try:
+        _poll_dashboard(cluster, proc, seen)
+        rc = proc.wait(timeout=300)
+    finally:
+        stop_process(proc)
+    log = (tmp_path / "run.log").read_text()
+    assert rc == 0, log[-4000:]
+
+    # The dashboard during the run: REST API with the bearer token; 401 without it.
+    assert seen.get("running_driver"), seen
+    assert seen["nodes_code"] == 200 and json.loads(seen["nodes_body"])["result"] is True
+    assert seen["no_token_code"] == 401
+    assert f"Ray dashboard: {cluster.dashboard_url}" in log
+    assert "token authentication is on" in log and "Authorization: Bearer" in log
+    assert "[4/4]" in log
+
+    expected = {t.trial_id: t for t in space_mod.load(space).trials}
+    results = read_csv(out / "results.csv")
+    assert set(CONTRACT_RESULT_COLUMNS) <= set(results[0])
+    assert sorted(r["trial_id"] for r in results) == sorted(expected)
+    for r in results:
+        cfg = expected[r["trial_id"]]
+        want = "oom" if cfg.train.fail_at_step == 2 else "ok"
+        assert r["status"] == want, r
+        assert r["checkpoint_level"] == cfg.checkpoint_level and int(r["micro_batch"]) == 2
+        assert float(r["startup_s"]) > 0, r
+        if want == "ok":
+            assert float(r["peak_mem_gb"]) > 0 and float(r["step_time_ms"]) > 0 and float(r["measure_s"]) > 0
+            assert r["error"] == ""
+        else:
+            assert "OOM" in r["error"] and r["error"].startswith("rank 0"), r
+
+    steps = read_csv(out / "steps.csv")
+    assert set(CONTRACT_STEP_COLUMNS) <= set(steps[0])
+    by_trial: dict[str, list[dict]] = {}
+    for s in steps:
+        by_trial.setdefault(s["trial_id"], []).append(s)
+    for tid, cfg in expected.items():
+        assert [int(s["step"]) for s in by_trial[tid]] == ([1] if cfg.train.fail_at_step == 2 else [1, 2, 3])
+
+    # Checkpointing recomputes, it must not change the maths: fp32, same seed -> same losses.
+    ok = {expected[t].checkpoint_level: t for t in expected if expected[t].train.fail_at_step is None}
+    losses = {lv: torch.tensor([float(s["loss"]) for s in by_trial[t]]) for lv, t in ok.items()}
+    torch.testing.assert_close(losses["L1"], losses["none"], rtol=1e-5, atol=1e-6)
+
+    assert (out / "space.yaml").read_text() == space.read_text()
+    env = json.loads((out / "environment.json").read_text())  # written from rank 0's host
+    assert env["torch"] == torch.__version__ and env["gpu_count"] == 0
+
+
+def test_killed_sweep_resumes_without_repeating_a_trial(cluster, tmp_path):
+    space = write_space(tmp_path / "resume.yaml", "resume", """\
+        micro_batch: [2]
+        checkpoint_level: [none, L1, L2]
+        """)
+    out = tmp_path / "out"
+    args = [str(space), "--address", cluster.address, "--output", str(out), "--max-concurrent", "1"]
+    proc = start_sweep(args, cluster.env, tmp_path / "first.log")
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if (out / "results.csv").is_file() and read_csv(out / "results.csv"):
+                break
+            time.sleep(0.3)
+        rows_at_kill = len(read_csv(out / "results.csv"))
+        proc.kill()  # SIGKILL: no cleanup in the driver, as a crashed or killed machine would do
+        proc.wait(timeout=30)
+    finally:
+        stop_process(proc)
+    assert 1 <= rows_at_kill < 3, (tmp_path / "first.log").read_text()[-3000:]
+
+    done = run_sweep([*args, "--resume"], cluster.env, timeout_s=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"resume: {rows_at_kill} of 3 trial(s) already in" in done.stdout
+
+    ids = [r["trial_id"] for r in read_csv(out / "results.csv")]
+    assert sorted(ids) == sorted(t.trial_id for t in space_mod.load(space).trials)  # each exactly once
+    step_keys = [(s["trial_id"], s["step"]) for s in read_csv(out / "steps.csv")]
+    assert len(step_keys) == len(set(step_keys)) == 3 * 3
