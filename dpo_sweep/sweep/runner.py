@@ -130,6 +130,24 @@ def _token_auth_enabled() -> bool:
         return False
 
 
+#: Ray Train settings for short trials (a user's own environment variables win). Measured on 2
+#: CPU cores with 3 tiny trials: 73 s -> 48 s for the sweep, about 8 s less per trial.
+#: - the controller polls the worker group every 2 s by default: a finished trial waited for it;
+#: - the preemption watcher (for spot instances) polls every 5 s and held ``fit()`` back as long.
+RAY_TRAIN_ENV = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
+
+
+def _ray_env() -> dict[str, str]:
+    """RAY_TRAIN_ENV, less what the user set; also exported here, so a local cluster started by
+    this process inherits it, and passed as the job's runtime_env for an existing cluster."""
+    env = {k: v for k, v in RAY_TRAIN_ENV.items() if k not in os.environ}
+    os.environ.update(env)
+    return env
+
+
 def connect_ray(address: str | None, dashboard: bool) -> RayConnection:
     """Join ``address`` (or ``RAY_ADDRESS``) or start a new local cluster; reuse this process's
     connection when it already has one (a notebook, or a caller that ran ``ray.init``)."""
@@ -138,12 +156,13 @@ def connect_ray(address: str | None, dashboard: bool) -> RayConnection:
         return RayConnection(_with_scheme(url), _token_auth_enabled(), started_here=False)
     address = address or os.environ.get("RAY_ADDRESS") or None
     try:
+        runtime_env = {"env_vars": _ray_env()}
         if address:
-            ctx = ray.init(address=address)
+            ctx = ray.init(address=address, runtime_env=runtime_env)
         else:
             # "local": always a new cluster. A bare ray.init() would join whatever cluster
             # `ray start` last recorded in /tmp/ray (and hang if that one is gone).
-            ctx = ray.init(address="local", include_dashboard=dashboard)
+            ctx = ray.init(address="local", include_dashboard=dashboard, runtime_env=runtime_env)
     except Exception as err:  # noqa: BLE001
         where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
         raise InfrastructureError(f"could not connect to {where}: {err}") from err

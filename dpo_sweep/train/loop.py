@@ -235,7 +235,8 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
         raise DataError(f"{ds.source}: {len(ds)} pairs cannot fill one micro-batch of micro_batch "
                         f"{cfg.micro_batch} x {world} workers; use more pairs or a smaller micro_batch")
     say(f"[{cfg.trial_id}] data: {len(ds)} pairs from {ds.source} ({ds.truncated} truncated, "
-        f"{ds.dropped} dropped by truncation to max_length={t.max_length})")
+        f"{ds.dropped} dropped by truncation to max_length={t.max_length}) "
+        f"[{time.perf_counter() - t_start:.1f} s]")
     if usable < len(ds):
         say(f"[{cfg.trial_id}] {len(ds)} pairs do not divide into micro_batch x workers = {per}: "
             f"{len(ds) - usable} left out of each epoch (drop_last)")
@@ -273,7 +274,7 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
         say(f"[{cfg.trial_id}] model {cfg.model.label()}: {built.n_params / 1e6:.1f}M params, "
             f"{t.precision}, attention {built.attn_implementation}{', liger' if built.liger_kernel else ''}"
             f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "
-            f"reference {t.reference}, device {device}, {world} worker(s)")
+            f"reference {t.reference}, device {device}, {world} worker(s) [{time.perf_counter() - t_start:.1f} s]")
 
         batches = micro_batches(ds, cfg.micro_batch, world, rank, t.seed, tok.pad_token_id, t.padding_side)
         timer = StepTimer(device, t.warmup_steps)
