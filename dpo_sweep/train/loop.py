@@ -363,7 +363,7 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
     sampler.close()
 
     measured = [r for r in records if r.measured]
-    step_s = metrics.median([r.step_time_ms for r in measured]) / 1e3
+    step_ms = metrics.median([r.step_time_ms for r in measured])
     tokens = metrics.mean([r.tokens_per_s * r.step_time_ms / 1e3 for r in measured])
     flops = dpo_step_flops(fwd_flops_per_token=fwd_flops, policy_tokens=int(tokens) if math.isfinite(tokens) else 0,
                            reference=t.reference,
@@ -372,10 +372,10 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
     result = TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(),
         peak_mem_gb=peak_gb, torch_peak_alloc_gb=alloc_gb, torch_peak_reserved_gb=reserved_gb,
-        step_time_ms=metrics.median([r.step_time_ms for r in measured]),
+        step_time_ms=step_ms,
         step_time_p90_ms=timer.p90_ms(),
         tokens_per_s=metrics.median([r.tokens_per_s for r in measured]),
-        mfu=mfu(flops, step_s, gpu_name, world) if measured else math.nan,
+        mfu=mfu(flops, step_ms / 1e3, gpu_name, world) if measured else math.nan,
         loss_mean=metrics.mean([r.loss for r in measured]),
         loss_std=metrics.detrended_std([r.loss for r in measured]),
         grad_norm_mean=metrics.mean([r.grad_norm for r in measured]),
