@@ -134,9 +134,11 @@ def _token_auth_enabled() -> bool:
 #: CPU cores with 3 tiny trials: 73 s -> 48 s for the sweep, about 8 s less per trial.
 #: - the controller polls the worker group every 2 s by default: a finished trial waited for it;
 #: - the preemption watcher (for spot instances) polls every 5 s and held ``fit()`` back as long.
+#: - Train's print patch echoed every line of the trainer's progress twice on the console.
 RAY_TRAIN_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
 }
 
 
