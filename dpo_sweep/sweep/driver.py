@@ -129,10 +129,16 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     first three; this function only wires its per-step callback to ``ray.train.report``)."""
     import ray.train
 
+    entered = time.time()
     _quiet_train_reports()
     cfg = TrialConfig.model_validate(loop_config["trial"])
     run_trial = import_trainer(loop_config.get("trainer", DEFAULT_TRAINER))
     rank = ray.train.get_context().get_world_rank()
+    if rank == 0:
+        # Where a trial's start-up goes: Ray (trial, controller, worker processes) until here,
+        # then importing the trainer, then the trainer's own data and model build (it logs those).
+        print(f"[{cfg.trial_id}] worker loop started {entered - loop_config['trial_start']:.1f} s after the "
+              f"trial, trainer imported in {time.time() - entered:.1f} s", flush=True)
     clock = StepClock(trial_start=loop_config["trial_start"])
 
     def on_step(record: StepRecord) -> None:
