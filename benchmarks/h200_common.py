@@ -27,6 +27,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout, no instal
     sys.path.insert(0, str(REPO_ROOT))
 
 from dpo_sweep.analysis.results import RESULTS_COLUMNS  # noqa: E402  (no torch import)
+from dpo_sweep.analysis.results import read_csv_rows as read_rows  # noqa: E402,F401  (re-exported)
 
 GIB = 2**30
 GB = 1e9
@@ -271,13 +272,6 @@ def append_row(path: Path, row: dict[str, Any]) -> None:
             {c: row.get(c, "") for c in CSV_COLUMNS})
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    if not path.is_file() or path.stat().st_size == 0:
-        return []
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 def num(value: Any) -> float:

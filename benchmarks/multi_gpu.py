@@ -102,10 +102,6 @@ def append(path: Path, row: dict) -> None:
         w.writerow(row)
 
 
-def read(path: Path) -> list[dict]:
-    return list(csv.DictReader(path.open())) if path.exists() else []
-
-
 def render(rows: list[dict]) -> str:
     def f(x: str, spec: str = ",.0f") -> str:
         try:
@@ -173,7 +169,9 @@ def main() -> int:
             append(csv_path, {**row_of(c), "status": status, "error": err_line[:300],
                               "wall_s": round(time.monotonic() - t0, 1)})
         print(f"[{c.name}] exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
-    rows = read(csv_path)
+    from dpo_sweep.analysis.results import read_csv_rows
+
+    rows = read_csv_rows(csv_path)
     table = render(rows)
     gpu = torch.cuda.get_device_name(0) if have else "no GPU"
     (out / "multi_gpu.md").write_text(

@@ -108,6 +108,15 @@ def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append:
             w.writerow(_row(r, columns))
 
 
+def read_csv_rows(path: str | Path) -> list[dict[str, str]]:
+    """Rows of a CSV file as dicts of strings; [] when the file is missing or empty."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return []
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
 def write_results(out_dir: str | Path, results: Iterable[TrialResult], append: bool = False) -> Path:
     path = Path(out_dir) / "results.csv"
     write_csv(path, results, RESULTS_COLUMNS, append=append)

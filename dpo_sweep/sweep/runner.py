@@ -27,7 +27,7 @@ import ray
 from ray import tune
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.analysis.results import STEPS_COLUMNS, TrialResult, write_results, write_steps
+from dpo_sweep.analysis.results import STEPS_COLUMNS, TrialResult, read_csv_rows, write_results, write_steps
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.sweep import driver
@@ -52,23 +52,16 @@ def default_output_dir(space_name: str) -> Path:
     return Path("reports") / space_name
 
 
-def _read_rows(path: Path) -> list[dict[str, str]]:
-    if not path.is_file() or path.stat().st_size == 0:
-        return []
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
 def finished_trial_ids(out_dir: Path) -> set[str]:
     """Trial ids that already have a row in ``DIR/results.csv``."""
-    return {r["trial_id"] for r in _read_rows(out_dir / RESULTS_FILE) if r.get("trial_id")}
+    return {r["trial_id"] for r in read_csv_rows(out_dir / RESULTS_FILE) if r.get("trial_id")}
 
 
 def _drop_orphan_steps(out_dir: Path, keep_ids: set[str]) -> None:
     """A sweep killed between writing a trial's steps and its summary row leaves step rows of a
     trial that will run again: drop them so that steps.csv holds every trial exactly once."""
     path = out_dir / STEPS_FILE
-    rows = _read_rows(path)
+    rows = read_csv_rows(path)
     kept = [r for r in rows if r.get("trial_id") in keep_ids]
     if len(kept) == len(rows):
         return

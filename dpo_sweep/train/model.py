@@ -110,9 +110,10 @@ def build_model(spec: ModelSpec, precision: str, device: torch.device, seed: int
 
     dtype = weight_dtype(spec, precision)
     attn = resolve_attn_implementation(spec.attn_implementation, device)
-    liger = resolve_liger(spec, device)
+    arch = model_arch(spec)
+    liger = resolve_liger(spec, device, arch)
     if liger:
-        apply_liger(spec)
+        apply_liger(spec, arch)
     torch.manual_seed(seed)
     if spec.preset is not None:
         cfg = preset_config(spec.preset)
@@ -139,13 +140,15 @@ def model_arch(spec: ModelSpec) -> str:
     return AutoConfig.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code).model_type
 
 
-def resolve_liger(spec: ModelSpec, device: torch.device) -> bool:
-    """Whether liger-kernel is used: ``auto`` takes it on CUDA when it imports, for Llama/Qwen2."""
+def resolve_liger(spec: ModelSpec, device: torch.device, arch: str | None = None) -> bool:
+    """Whether liger-kernel is used: ``auto`` takes it on CUDA when it imports, for Llama/Qwen2.
+    ``arch``: the model type when the caller has it (it costs a config read for a checkpoint)."""
     from dpo_sweep.errors import UserError
 
     if spec.liger_kernel is False:
         return False
-    supported = model_arch(spec) in ("llama", "qwen2")
+    arch = arch or model_arch(spec)
+    supported = arch in ("llama", "qwen2")
     available = device.type == "cuda" and importlib.util.find_spec("liger_kernel") is not None
     if spec.liger_kernel == "auto":
         return supported and available
@@ -153,11 +156,11 @@ def resolve_liger(spec: ModelSpec, device: torch.device) -> bool:
         raise UserError("model.liger_kernel: true needs a CUDA GPU and the liger-kernel package "
                         "(pip install liger-kernel); use auto or false")
     if not supported:
-        raise UserError(f"model.liger_kernel: {model_arch(spec)} models are not patched; use auto or false")
+        raise UserError(f"model.liger_kernel: {arch} models are not patched; use auto or false")
     return True
 
 
-def apply_liger(spec: ModelSpec) -> None:
+def apply_liger(spec: ModelSpec, arch: str) -> None:
     """Patch liger-kernel's fused RMSNorm and RoPE (and SwiGLU) into the modelling code (GPU only).
 
     The fused cross-entropy of liger is not used: our chunked log-prob head does that job. With
@@ -167,7 +170,7 @@ def apply_liger(spec: ModelSpec) -> None:
     """
     from liger_kernel.transformers import apply_liger_kernel_to_llama, apply_liger_kernel_to_qwen2
 
-    patch = apply_liger_kernel_to_qwen2 if model_arch(spec) == "qwen2" else apply_liger_kernel_to_llama
+    patch = apply_liger_kernel_to_qwen2 if arch == "qwen2" else apply_liger_kernel_to_llama
     patch(rope=True, swiglu=not spec.lean_ops, rms_norm=True, cross_entropy=False,
           fused_linear_cross_entropy=False)
 

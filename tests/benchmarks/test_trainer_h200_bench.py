@@ -16,6 +16,18 @@ import h200_common as common  # noqa: E402
 import trainer_h200  # noqa: E402
 
 
+def run_bench(script: str, args: list[str], out: Path, csv_name: str, timeout: int) -> list[dict[str, str]]:
+    """Run a benchmark script in its tiny CPU mode; return its CSV rows (header checked)."""
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--preset-scale", "tiny", *args, "--out-dir", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with (out / csv_name).open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+        assert reader.fieldnames == common.CSV_COLUMNS
+    return rows
+
+
 def test_every_h200_space_is_valid_and_exactly_1024_tokens(tmp_path):
     from dpo_sweep import space as space_mod
     from dpo_sweep.train.data import load_pairs
@@ -56,16 +68,8 @@ def test_ratios_convert_gib_to_gb():
 
 def test_tiny_mode_writes_csv_and_markdown(tmp_path):
     out = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "trainer_h200.py"), "--preset-scale", "tiny", "--jobs", "2",
-         "--configs", "1b-mb8-none,1b-mb8-L1", "--max-minutes", "2", "--out-dir", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    with (out / "trainer_h200.csv").open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        rows = list(reader)
-        assert reader.fieldnames == common.CSV_COLUMNS
+    rows = run_bench("trainer_h200.py", ["--jobs", "2", "--configs", "1b-mb8-none,1b-mb8-L1", "--max-minutes", "2"],
+                     out, "trainer_h200.csv", timeout=120)
     assert sorted(r["config"] for r in rows) == ["1b-mb8-L1", "1b-mb8-none"]
     for r in rows:
         assert r["status"] == "ok", r["error"]
@@ -96,16 +100,7 @@ def test_trl_tiny_mode_writes_joinable_csv(tmp_path):
     pytest.importorskip("trl")
     pytest.importorskip("datasets")
     out = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "trl_dpo_h200.py"), "--preset-scale", "tiny", "--configs", "1b-mb8-full",
-         "--out-dir", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=180,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    with (out / "trl_h200.csv").open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        rows = list(reader)
-        assert reader.fieldnames == common.CSV_COLUMNS
+    rows = run_bench("trl_dpo_h200.py", ["--configs", "1b-mb8-full"], out, "trl_h200.csv", timeout=180)
     assert [(r["config"], r["trainer"], r["status"], r["checkpoint_level"]) for r in rows] == [
         ("1b-mb8-full", "trl", "ok", "full")], rows[0]["error"]
     assert int(rows[0]["measured_steps"]) == 1 and float(rows[0]["tokens_per_s"]) > 0
