@@ -147,7 +147,7 @@ class TrainSpec(_Strict):
     reference: Literal["live", "precomputed"] = Field(
         "live",
         description="live: a frozen copy of the policy runs every step; precomputed: reference "
-        "log-probs computed once before training, then the reference model is freed.",
+        "log-probs computed once before training by the untrained policy (no reference copy).",
     )
     logp_chunk_tokens: int = Field(
         1024, ge=0,

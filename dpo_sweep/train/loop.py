@@ -247,20 +247,20 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
     with sampler:
         built = build_model(cfg.model, t.precision, device, seed=t.seed)
         policy = built.model
-        reference = freeze_reference(copy.deepcopy(policy))  # before any checkpoint patching
-        if cfg.model.lean_ops:
-            # The same forward arithmetic as the policy's, so both agree exactly at step 1.
-            apply_lean_ops(reference, fused_kernels=built.liger_kernel)
-        ref_lp = SequenceLogProbs(reference, t.logp_chunk_tokens)
-        ref_table = None
-        if t.reference == "precomputed":
-            ref_table = precompute_reference(ref_lp, ds, cfg, device, tok.pad_token_id)
-            del reference, ref_lp
-            ref_lp = None
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        ref_lp = ref_table = None
+        if t.reference == "live":
+            reference = freeze_reference(copy.deepcopy(policy))  # before any checkpoint patching
+            if cfg.model.lean_ops:
+                # The same forward arithmetic as the policy's, so both agree exactly at step 1.
+                apply_lean_ops(reference, fused_kernels=built.liger_kernel)
+            ref_lp = SequenceLogProbs(reference, t.logp_chunk_tokens)
         if cfg.model.lean_ops:
             apply_lean_ops(policy, fused_kernels=built.liger_kernel)
+        if t.reference == "precomputed":
+            # Before the first update the policy *is* the reference: no copy of the weights needed.
+            policy.eval()
+            ref_table = precompute_reference(SequenceLogProbs(policy, t.logp_chunk_tokens), ds, cfg, device,
+                                             tok.pad_token_id)
         apply_checkpoint_level(policy, cfg.checkpoint_level)  # after the model is on its device
         policy.train()
         lp = _wrap_parallel(cfg, SequenceLogProbs(policy, t.logp_chunk_tokens), device, world)
