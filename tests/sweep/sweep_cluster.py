@@ -55,8 +55,11 @@ class Cluster:
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     def add_worker(self, num_cpus: float) -> None:
+        # The head's address: the node's auto-detected IP (the host's first interface) would
+        # differ from machine to machine; every node of this cluster lives on 127.0.0.1.
         self.procs.append(_start_node(
-            ["--address", self.address, "--num-cpus", str(num_cpus)], self.env,
+            ["--address", self.address, "--num-cpus", str(num_cpus), "--node-ip-address",
+             "127.0.0.1"], self.env,
             self.log_dir / f"worker{len(self.procs)}.log"))
 
     def alive_nodes(self) -> int:
@@ -145,8 +148,15 @@ def http_get(url: str, token: str | None = None, timeout_s: float = 10) -> tuple
 
 def run_sweep(args: list[str], env: dict[str, str], timeout_s: float = 240,
               **popen) -> subprocess.CompletedProcess:
-    return subprocess.run([*DPO_SWEEP, "run", *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout_s, **popen)
+    """``dpo-sweep run`` to the end; past ``timeout_s`` the failure shows the tail of its output."""
+    try:
+        return subprocess.run([*DPO_SWEEP, "run", *args], env=env, cwd=REPO, capture_output=True,
+                              text=True, timeout=timeout_s, **popen)
+    except subprocess.TimeoutExpired as err:
+        tail = [(s.decode(errors="replace") if isinstance(s, bytes) else s or "")[-4000:]
+                for s in (err.stdout, err.stderr)]
+        raise AssertionError(f"dpo-sweep run {' '.join(args)} still running after {timeout_s} s\n"
+                             f"--- stdout tail ---\n{tail[0]}\n--- stderr tail ---\n{tail[1]}") from None
 
 
 def start_sweep(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
