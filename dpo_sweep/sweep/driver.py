@@ -6,7 +6,10 @@ The story of one trial, top to bottom:
 2. It builds a Ray Train ``TorchTrainer`` (``num_workers = resources.workers_per_trial``, fractional
    CPUs per worker, one GPU per worker when GPUs are used) and calls ``fit()``. Train V2 is the
    default in Ray 2.60 and passing a trainer to ``tune.Tuner`` is deprecated, hence the function
-   trainable around ``fit()``.
+   trainable around ``fit()``. Its ``torch_config`` is :class:`~dpo_sweep.sweep.torch_backend.
+   LazyTorchConfig` (the trial's Train controller process then never imports torch), and Tune
+   reuses the trial process from one trial to the next (``reuse_actors``): only the training
+   workers, the processes that touch the GPU, are new for every trial.
 3. Every worker runs :func:`train_loop_per_worker`: ``run_trial(cfg, on_step=..., catch_failures=
    False)``. Each optimizer step is reported with ``ray.train.report`` (all ranks report, as Train
    requires; Tune sees rank 0's metrics through ``TuneReportCallback``). After the last step rank 0
@@ -124,6 +127,13 @@ def _quiet_train_reports() -> None:
     logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
 
 
+def startup_line(trial_id: str, ray_s: float, import_s: float) -> str:
+    """Rank 0's console line on where its trial's start-up went (benchmarks/sweep_overhead.py
+    reads it)."""
+    return (f"[{trial_id}] worker loop started {ray_s:.1f} s after the trial, trainer imported "
+            f"in {import_s:.1f} s")
+
+
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     """Runs inside every Ray Train worker: build, step, measure, report (the trainer does the
     first three; this function only wires its per-step callback to ``ray.train.report``)."""
@@ -137,8 +147,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     if rank == 0:
         # Where a trial's start-up goes: Ray (trial, controller, worker processes) until here,
         # then importing the trainer, then the trainer's own data and model build (it logs those).
-        print(f"[{cfg.trial_id}] worker loop started {entered - loop_config['trial_start']:.1f} s after the "
-              f"trial, trainer imported in {time.time() - entered:.1f} s", flush=True)
+        print(startup_line(cfg.trial_id, entered - loop_config["trial_start"], time.time() - entered),
+              flush=True)
     clock = StepClock(trial_start=loop_config["trial_start"])
 
     def on_step(record: StepRecord) -> None:
@@ -218,12 +228,16 @@ def tune_trainable(param: dict[str, Any]) -> None:
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    from dpo_sweep.sweep.torch_backend import LazyTorchConfig
+
     trial_start = time.time()
     cfg = TrialConfig.model_validate(param["trial"])
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"trial": param["trial"], "trial_start": trial_start,
                            "trainer": param.get("trainer", DEFAULT_TRAINER)},
+        # Ray's TorchConfig would make every trial's fresh controller process import torch first.
+        torch_config=LazyTorchConfig(),
         scaling_config=scaling_config(cfg, bool(param.get("use_gpu", False))),
         run_config=RunConfig(
             name=f"train-{cfg.trial_id}-{int(trial_start)}",

@@ -194,3 +194,56 @@ def test_cmd_run_namespace_fields_match_the_cli():
     assert isinstance(args, argparse.Namespace)
     for name in ("space", "output", "address", "resume", "max_concurrent", "no_dashboard", "memory_budget_gb"):
         assert hasattr(args, name)
+
+
+def test_lazy_torch_config_keeps_torch_out_of_the_controller_process():
+    """The controller unpickles the backend config: with ours it never imports torch."""
+    import pickle
+    import subprocess
+    import sys
+
+    from dpo_sweep.sweep.torch_backend import LazyTorchConfig
+
+    blob = pickle.dumps(LazyTorchConfig(backend="gloo", timeout_s=60)).hex()
+    code = ("import pickle, sys; cfg = pickle.loads(bytes.fromhex(%r)); "
+            "print(cfg.backend, cfg.timeout_s, cfg.backend_cls.__name__, cfg.framework.value, "
+            "'torch' in sys.modules)" % blob)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["gloo", "60", "_LazyTorchBackend", "torch", "False"]
+
+
+def test_lazy_torch_backend_calls_functions_that_ray_still_has():
+    """The worker side runs Ray's own torch set-up functions by name: a Ray upgrade that renames
+    one must fail here, not in the middle of a sweep."""
+    from ray.train.torch import config as ray_torch_config
+
+    from dpo_sweep.sweep import torch_backend
+
+    source = __import__("inspect").getsource(torch_backend)
+    names = {"_set_torch_distributed_env_vars", "_setup_torch_process_group", "_shutdown_torch"}
+    assert all(f'"{n}"' in source for n in names)
+    assert all(callable(getattr(ray_torch_config, n)) for n in names)
+    with torch_backend._TorchFuncContext():  # CPU: no device to set, must not fail
+        pass
+
+
+def test_tune_keeps_its_trial_process_between_trials():
+    from dpo_sweep.sweep.runner import tune_config
+
+    cfg = tune_config(3)
+    assert cfg.reuse_actors is True and cfg.max_concurrent_trials == 3
+    trial = type("T", (), {"config": {"trial": {"trial_id": "t007_mb2_L1_ga1_b0.1"}}})()
+    assert cfg.trial_dirname_creator(trial) == "t007_mb2_L1_ga1_b0.1"
+
+
+def test_worker_setup_quiets_a_logger_that_ray_still_has():
+    import importlib.util
+    import logging
+
+    from dpo_sweep.sweep import worker_setup
+
+    for name in worker_setup.NOISY_LOGGERS:
+        assert importlib.util.find_spec(name) is not None, name  # renamed in a Ray upgrade?
+    worker_setup.quiet_ray_train_logs()
+    assert all(logging.getLogger(n).getEffectiveLevel() == logging.ERROR for n in worker_setup.NOISY_LOGGERS)

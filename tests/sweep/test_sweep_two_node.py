@@ -1,7 +1,7 @@
 """`dpo-sweep run --address` on a 2-node Ray cluster on this machine (one CPU per node).
 
-Each trial has two DDP workers of 0.5 CPU plus 0.1 CPU for the Tune trial: 1.1 CPUs, more than
-one node has, so every trial's process group spans both nodes. One trial runs out of memory on
+Each trial has two DDP workers of 0.6 CPU: no node can hold both, so every trial's process group
+spans both nodes (with 0.5 CPU each, Ray packs both workers on one node whenever it can). One trial runs out of memory on
 rank 1 only (the other rank is then stopped by Ray Train): it must still be recorded as ``oom``.
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ def test_ddp_trials_span_two_nodes_and_an_oom_on_rank_1_is_a_result(two_nodes, t
         checkpoint_level: [L2]
         fail_at_step: [null, 2]
         """, train_extra=", fail_kind: oom, fail_rank: 1")
-    space.write_text(space.read_text().replace("workers_per_trial: 1", "workers_per_trial: 2"))
+    space.write_text(space.read_text().replace("workers_per_trial: 1", "workers_per_trial: 2")
+                     .replace("cpus_per_worker: 0.5", "cpus_per_worker: 0.6"))
     out = tmp_path / "out"
     done = run_sweep([str(space), "--address", two_nodes.address, "--output", str(out)],
                      two_nodes.env, timeout_s=300)

@@ -1,0 +1,207 @@
+"""What a sweep trial costs besides its optimizer steps: ``dpo-sweep run`` timed from outside.
+
+Runs a space of ``--trials`` identical-cost trials (they differ only in beta) through the real
+command, one trial at a time, and timestamps its console output as it arrives. Per trial:
+
+- ``wall_s``: from the previous trial's progress line (for the first: from the "trial(s) to run"
+  line) to this one's - what the user waits per trial;
+- ``ray_s``: Tune trial start -> our worker loop running (Ray: trial, Train controller, worker
+  processes), from rank 0's ``worker loop started`` line; ``import_s``: importing the trainer;
+- ``data_s``, ``model_s``: the trainer's own marks; ``startup_s`` / ``measure_s``: results.csv
+  (Tune trial start -> first optimizer step / the optimizer steps);
+- ``rest_s`` = ``wall_s - startup_s - measure_s``: Tune scheduling, ``fit()`` teardown, reporting.
+
+It needs no Ray state API (the GPU machine runs Ray without a dashboard). Prints a table, writes
+``sweep_overhead.csv``, ``sweep_overhead.md``, the sweep's results.csv and environment.json,
+its space and the timestamped console log under ``--out``.
+
+    python benchmarks/sweep_overhead.py --out benchmarks/results/sweep_overhead_cpu
+    python benchmarks/sweep_overhead.py --model llama-3.2-1b --out DIR     # on a GPU
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout, no install needed
+    sys.path.insert(0, str(REPO_ROOT))
+
+from dpo_sweep.analysis.results import read_csv_rows  # noqa: E402  (no torch import)
+
+#: model -> (space lines that make its trials, a short description). The GPU case is the 1B
+#: shape at the seed's sequence length; the CPU case the quickstart's tiny model.
+MODELS = {
+    "tiny-llama": (
+        "model: {preset: tiny-llama}\n"
+        "data: {synthetic: {pairs: 32, prompt_tokens: 24, response_tokens: 23}}\n"
+        "train: {steps: STEPS, warmup_steps: 1, lr: 1.0e-3, max_length: 64, precision: fp32, seed: 0}\n"
+        "resources: {workers_per_trial: 1, use_gpu: auto}\n"
+        "search: {micro_batch: [2], checkpoint_level: [none], grad_acc: [1], beta: BETAS}\n",
+        "tiny-llama, fp32, micro_batch 2, 64 tokens",
+    ),
+    "llama-3.2-1b": (
+        "model: {preset: llama-3.2-1b}\n"
+        "data: {synthetic: {pairs: 256, prompt_tokens: 511, response_tokens: 511}}\n"
+        "train: {steps: STEPS, warmup_steps: 1, lr: 5.0e-6, max_length: 1024, precision: bf16, seed: 0}\n"
+        "resources: {workers_per_trial: 1, use_gpu: auto}\n"
+        "search: {micro_batch: [8], checkpoint_level: [none], grad_acc: [1], beta: BETAS}\n",
+        "Llama-3.2-1B shape, bf16, micro_batch 8, 1024 tokens",
+    ),
+}
+
+PROGRESS = re.compile(r"^\[(\d+)/(\d+)\] (\S+)\s+(\S+)\s")
+WORKER = re.compile(r"\[(\S+)\] worker loop started ([\d.]+) s after the trial, trainer imported in ([\d.]+) s")
+MARK = re.compile(r"\[(\S+)\] (data|model)\b.*\[([\d.]+) s\]\s*$")
+TODO = re.compile(r"^\d+ trial\(s\) to run")
+
+
+@dataclass
+class TrialTiming:
+    trial_id: str
+    status: str
+    wall_s: float
+    ray_s: float
+    import_s: float
+    data_s: float
+    model_s: float
+    startup_s: float
+    measure_s: float
+    rest_s: float
+
+
+def write_space(path: Path, model: str, trials: int, steps: int) -> None:
+    body, _ = MODELS[model]
+    betas = "[" + ", ".join(f"{0.1 + 0.01 * i:.2f}" for i in range(trials)) + "]"
+    path.write_text(f"# benchmarks/sweep_overhead.py: {trials} trials of equal cost\nname: overhead\n"
+                    + body.replace("STEPS", str(steps)).replace("BETAS", betas)
+                    + "objectives: {memory: min, step_time: min, loss_std: min}\n")
+
+
+def run_timed(cmd: list[str], log: Path) -> list[tuple[float, str]]:
+    """Run ``cmd`` with stdout+stderr merged; every line with seconds since the start."""
+    lines: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          cwd=REPO_ROOT, env=env) as proc, log.open("w") as fh:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            t = time.monotonic() - t0
+            lines.append((t, line.rstrip("\n")))
+            fh.write(f"{t:8.2f} {line}")
+            fh.flush()
+            print(line, end="", flush=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"dpo-sweep run exited {proc.returncode}; see {log}")
+    return lines
+
+
+def _strip(line: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", line)
+
+
+def timings(lines: list[tuple[float, str]], results: list[dict[str, str]]) -> list[TrialTiming]:
+    """Per-trial timings from the timestamped console lines and the results.csv rows."""
+    start = next((t for t, line in lines if TODO.search(_strip(line))), 0.0)
+    worker: dict[str, tuple[float, float]] = {}
+    marks: dict[tuple[str, str], float] = {}
+    done: list[tuple[float, str, str]] = []
+    for t, raw in lines:
+        line = _strip(raw)
+        if m := WORKER.search(line):
+            worker[m[1]] = (float(m[2]), float(m[3]))
+        elif m := MARK.search(line):
+            marks[(m[1], m[2])] = float(m[3])
+        elif m := PROGRESS.match(line):
+            done.append((t, m[3], m[4]))
+    rows = {r["trial_id"]: r for r in results}
+    out: list[TrialTiming] = []
+    previous = start
+    nan = float("nan")
+    for t, tid, status in done:
+        r = rows.get(tid, {})
+        startup, measure = float(r.get("startup_s") or nan), float(r.get("measure_s") or nan)
+        ray_s, import_s = worker.get(tid, (nan, nan))
+        out.append(TrialTiming(tid, status, t - previous, ray_s, import_s, marks.get((tid, "data"), nan),
+                               marks.get((tid, "model"), nan), startup, measure,
+                               (t - previous) - startup - measure))
+        previous = t
+    return out
+
+
+def summarise(rows: list[TrialTiming]) -> dict[str, float]:
+    """Medians over the trials after the first (the first also starts Tune's trial process)."""
+    later = rows[1:] or rows
+    return {f.name: statistics.median(getattr(r, f.name) for r in later)
+            for f in fields(TrialTiming) if f.name not in ("trial_id", "status")}
+
+
+def markdown(rows: list[TrialTiming], cmd: str, description: str, wall_s: float, machine: str = "") -> str:
+    names = [f.name for f in fields(TrialTiming)]
+    out = [f"# Sweep overhead: {description}", "",
+           f"Command: `{cmd}`", "", *([f"Machine: {machine}", ""] if machine else []),
+           f"{len(rows)} trials one at a time, sweep wall {wall_s:.1f} s (Ray start and the final "
+           "report included). Seconds per trial; `rest_s` = wall - startup - measure.", "",
+           "| " + " | ".join(names) + " |", "|" + " --- |" * len(names)]
+    for r in rows:
+        out.append("| " + " | ".join(v if isinstance(v, str) else f"{v:.1f}" for v in asdict(r).values()) + " |")
+    med = summarise(rows)
+    out.append("| median after the first | | " + " | ".join(f"{v:.1f}" for v in med.values()) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny-llama")
+    parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per trial")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "sweep_overhead_cpu")
+    parser.add_argument("--dashboard", action="store_true", help="start Ray with its dashboard")
+    args = parser.parse_args(argv)
+    if args.trials < 1 or args.steps < 2:
+        parser.error("--trials must be at least 1 and --steps at least 2 (one warm-up step)")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    space = args.out / "space.yaml"
+    write_space(space, args.model, args.trials, args.steps)
+    with tempfile.TemporaryDirectory(prefix="sweep-overhead-") as sweep_dir:  # report.html is 5 MB
+        cmd = [sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", sweep_dir,
+               *([] if args.dashboard else ["--no-dashboard"])]
+        t0 = time.monotonic()
+        lines = run_timed(cmd, args.out / "console.log")
+        wall_s = time.monotonic() - t0
+        for name in ("results.csv", "environment.json"):
+            shutil.copy(Path(sweep_dir) / name, args.out / name)
+    rows = timings(lines, read_csv_rows(args.out / "results.csv"))
+    if len(rows) != args.trials:
+        raise SystemExit(f"found {len(rows)} finished trials in the output, expected {args.trials}")
+
+    with (args.out / "sweep_overhead.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=[f.name for f in fields(TrialTiming)])
+        w.writeheader()
+        w.writerows(asdict(r) for r in rows)
+    shown = "python benchmarks/sweep_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    env = json.loads((args.out / "environment.json").read_text())
+    machine = (f"{env.get('gpu_count') or 0} x {env.get('gpu_name')}, " if env.get("gpu_name") else "no GPU, ") + (
+        f"{env.get('cpu_count')} CPU cores, torch {env.get('torch')}, ray {env.get('ray')}, "
+        f"transformers {env.get('transformers')}")
+    md = markdown(rows, shown.strip(), MODELS[args.model][1], wall_s, machine)
+    (args.out / "sweep_overhead.md").write_text(md)
+    print("\n" + md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""benchmarks/sweep_overhead.py: its spaces are valid and its reading of the console is right.
+
+The real run (a whole `dpo-sweep run`) is the benchmark itself; here the console lines are made by
+the same functions that print them in a sweep, so a change of their format fails this test.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import sweep_overhead  # noqa: E402
+
+from dpo_sweep import space as space_mod  # noqa: E402
+from dpo_sweep.analysis.results import TrialResult  # noqa: E402
+from dpo_sweep.sweep.driver import startup_line  # noqa: E402
+from dpo_sweep.sweep.runner import progress_line  # noqa: E402
+
+
+@pytest.mark.parametrize("model", sorted(sweep_overhead.MODELS))
+def test_spaces_hold_n_trials_of_equal_cost(tmp_path, model):
+    path = tmp_path / "space.yaml"
+    sweep_overhead.write_space(path, model, trials=5, steps=4)
+    trials = space_mod.load(str(path)).trials
+    assert len(trials) == 5 and len({t.trial_id for t in trials}) == 5
+    assert {(t.micro_batch, t.checkpoint_level, t.grad_acc, t.train.steps) for t in trials} == {
+        (trials[0].micro_batch, trials[0].checkpoint_level, 1, 4)}
+    assert trials[0].model.preset == model
+
+
+def _result(tid: str, startup_s: float, measure_s: float) -> TrialResult:
+    fields = {f: float("nan") for f in TrialResult.__dataclass_fields__}
+    fields.update(trial_id=tid, status="ok", error="", startup_s=startup_s, measure_s=measure_s)
+    return TrialResult(**{k: v for k, v in fields.items() if k in TrialResult.__dataclass_fields__})
+
+
+def test_timings_from_console_lines_and_results():
+    ids = ["t000_a", "t001_b"]
+    lines = [
+        (1.0, "Ray dashboard: off"),
+        (2.0, "2 trial(s) to run, 1 at a time, 1 worker(s) each on CPU; results go to x/"),
+        (8.0, "\x1b[36m(RayTrainWorker pid=1)\x1b[0m " + startup_line(ids[0], 5.04, 0.96)),
+        (8.1, "(RayTrainWorker pid=1) [t000_a] data: 32 pairs from synthetic (0 truncated) [0.1 s]"),
+        (9.4, "(RayTrainWorker pid=1) [t000_a] model tiny-llama: 0.9M params, fp32 [1.4 s]"),
+        (12.0, progress_line(1, 2, _result(ids[0], 8.0, 0.5))),
+        (17.0, "(RayTrainWorker pid=2) " + startup_line(ids[1], 4.0, 1.0)),
+        (21.5, progress_line(2, 2, _result(ids[1], 6.5, 0.5))),
+    ]
+    results = [{"trial_id": ids[0], "startup_s": "8.0", "measure_s": "0.5"},
+               {"trial_id": ids[1], "startup_s": "6.5", "measure_s": "0.5"}]
+    rows = sweep_overhead.timings(lines, results)
+    assert [r.trial_id for r in rows] == ids
+    first, second = rows
+    assert (first.wall_s, first.ray_s, first.import_s, first.data_s, first.model_s) == (10.0, 5.0, 1.0, 0.1, 1.4)
+    assert first.rest_s == pytest.approx(10.0 - 8.0 - 0.5)
+    assert second.wall_s == pytest.approx(9.5) and math.isnan(second.model_s)
+    assert sweep_overhead.summarise(rows)["wall_s"] == pytest.approx(9.5)  # the first is left out
+    table = sweep_overhead.markdown(rows, "cmd", "desc", 30.0, "no GPU, 2 CPU cores")
+    assert "| t001_b | ok | 9.5 | 4.0 | 1.0 |" in table and "median after the first" in table
+    assert "Machine: no GPU, 2 CPU cores" in table
