@@ -15,16 +15,21 @@ worker where torch is loaded anyway. TPU set-up is not carried over (dpo-sweep r
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import ray
+from ray._private import ray_constants
 from ray.exceptions import GetTimeoutError
 from ray.train.backend import Backend, BackendConfig
+from ray.train.constants import (  # torch-free module
+    DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+    TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+)
 
-#: Seconds the controller waits for the workers to tear their process group down (Ray's default).
-SHUTDOWN_TIMEOUT_S = 30
+logger = logging.getLogger(__name__)
 
 
 def _on_worker(function: str, **kwargs: Any) -> Any:
@@ -79,10 +84,14 @@ class _LazyTorchBackend(Backend):
     def on_shutdown(self, worker_group: Any, backend_config: "LazyTorchConfig") -> None:
         futures = worker_group.execute_async(_on_worker, "_shutdown_torch",
                                              destroy_process_group=len(worker_group) > 1)
+        # The same bound (and environment variable) as Ray's torch backend.
+        timeout_s = ray_constants.env_integer(TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
+                                              DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S)
         try:
-            ray.get(futures, timeout=SHUTDOWN_TIMEOUT_S)
+            ray.get(futures, timeout=timeout_s)
         except GetTimeoutError:
-            pass  # a worker stuck in a collective (its peer died): Ray kills the actors next
+            # A worker stuck in a collective (its peer died): Ray kills the actors next.
+            logger.warning(f"Torch process group shutdown timed out after {timeout_s} seconds")
 
 
 @dataclass
