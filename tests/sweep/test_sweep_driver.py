@@ -134,12 +134,18 @@ def test_resources_arithmetic():
         runner.check_fits(make_cfg(resources={"workers_per_trial": 4, "cpus_per_worker": 1.0}), 2.0)
 
 
-def test_resume_skips_finished_and_drops_orphan_steps(tmp_path):
+def _space_and_one_finished_trial(tmp_path):
+    """A space file and an output dir whose results.csv holds trial t000."""
     space = tmp_path / "s.yaml"
     space.write_text("name: s\n")
     out = tmp_path / "out"
     cfg = make_cfg(trial_id="t000")
     write_results(out, [TrialResult(trial_id="t000", status="ok", **cfg.knobs())])
+    return space, out
+
+
+def test_resume_skips_finished_and_drops_orphan_steps(tmp_path):
+    space, out = _space_and_one_finished_trial(tmp_path)
     write_steps(out, [_step("t000", 1), _step("t001", 1)])  # t001 was killed before its row
     done = runner.prepare_output(space, out, resume=True)
     assert done == {"t000"}
@@ -149,11 +155,7 @@ def test_resume_skips_finished_and_drops_orphan_steps(tmp_path):
 
 
 def test_fresh_run_sets_earlier_results_aside(tmp_path):
-    space = tmp_path / "s.yaml"
-    space.write_text("name: s\n")
-    out = tmp_path / "out"
-    cfg = make_cfg(trial_id="t000")
-    write_results(out, [TrialResult(trial_id="t000", status="ok", **cfg.knobs())])
+    space, out = _space_and_one_finished_trial(tmp_path)
     assert runner.prepare_output(space, out, resume=False) == set()
     assert not (out / "results.csv").exists()
     assert len(list(out.glob("previous-*/results.csv"))) == 1

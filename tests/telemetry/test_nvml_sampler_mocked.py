@@ -88,9 +88,14 @@ def test_exception_in_thread_surfaces_from_stop(fake_nvml, fake_cuda, wait_for):
     sampler.stop()  # raised once, not again
 
 
-def test_body_exception_wins_over_thread_exception(fake_nvml, fake_cuda, wait_for):
+def _sampler_whose_thread_fails_soon(fake_nvml):
     sampler = make_memory_sampler(CUDA0, interval_s=0.001)
     fake_nvml.fail_memory_info_after = fake_nvml.memory_info_calls + 2
+    return sampler
+
+
+def test_body_exception_wins_over_thread_exception(fake_nvml, fake_cuda, wait_for):
+    sampler = _sampler_whose_thread_fails_soon(fake_nvml)
     with pytest.raises(KeyError, match="from the body"):
         with sampler:
             wait_for(lambda: not sampler._thread.is_alive())
@@ -98,8 +103,7 @@ def test_body_exception_wins_over_thread_exception(fake_nvml, fake_cuda, wait_fo
 
 
 def test_context_manager_reraises_thread_exception(fake_nvml, fake_cuda, wait_for):
-    sampler = make_memory_sampler(CUDA0, interval_s=0.001)
-    fake_nvml.fail_memory_info_after = fake_nvml.memory_info_calls + 2
+    sampler = _sampler_whose_thread_fails_soon(fake_nvml)
     with pytest.raises(RuntimeError, match="boom"):
         with sampler:
             wait_for(lambda: not sampler._thread.is_alive())
