@@ -11,6 +11,12 @@ import sys
 from dpo_sweep.errors import UserError
 
 
+def _safety_margin_flag(parser: argparse.ArgumentParser) -> None:
+    # None = analysis.recommend.DEFAULT_SAFETY_MARGIN (not imported here: it pulls in pandas).
+    parser.add_argument("--safety-margin", type=float, default=None,
+                        help="fraction of the budget kept free (default 0.05)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dpo-sweep",
@@ -27,8 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--max-concurrent", type=int, help="trials running at once (default: from GPUs)")
     r.add_argument("--no-dashboard", action="store_true", help="start Ray without its dashboard")
     r.add_argument("--memory-budget-gb", type=float, help="budget for the recommendation")
-    r.add_argument("--safety-margin", type=float, default=0.05,
-                   help="fraction of the budget kept free (default 0.05)")
+    _safety_margin_flag(r)
 
     v = sub.add_parser("validate", help="check a space file and print its trials; runs nothing")
     v.add_argument("space")
@@ -38,12 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("dir")
     rep.add_argument("--memory-budget-gb", type=float,
                      help="budget for the recommendation (default: the card size of space.yaml or environment.json)")
-    rep.add_argument("--safety-margin", type=float, default=0.05, help="fraction of the budget kept free")
+    _safety_margin_flag(rep)
 
     rec = sub.add_parser("recommend", help="print the recommended configuration for a memory budget")
     rec.add_argument("dir")
     rec.add_argument("--memory-budget-gb", type=float, required=True, help="GB (1e9 bytes) per GPU")
-    rec.add_argument("--safety-margin", type=float, default=0.05, help="fraction of the budget kept free")
+    _safety_margin_flag(rec)
 
     t = sub.add_parser("trial", help="run one configuration in this process, without Ray")
     t.add_argument("space")

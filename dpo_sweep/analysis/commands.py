@@ -156,7 +156,7 @@ def _frontier_document(table: str, objs: tuple[pareto.Objective, ...], rec: Reco
 def cmd_report(args: argparse.Namespace) -> int:
     """``dpo-sweep report DIR [--memory-budget-gb X]``."""
     outcome = analyse_dir(args.dir, args.memory_budget_gb,
-                          safety_margin=_safety_margin(args))
+                          safety_margin=safety_margin_of(args))
     print(outcome.frontier_markdown)
     print(outcome.recommendation["reason"])
     print(f"wrote {outcome.frontier_path}, {outcome.recommendation_path}, {outcome.report_path}")
@@ -172,7 +172,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     df = results.load_results(out_dir)
     space = load_space(out_dir)
     budget, source = resolve_budget(args.memory_budget_gb, results.load_environment(out_dir), space)
-    _, rec, _ = analyse(df, budget, objectives_of(space, out_dir), _safety_margin(args), source)
+    _, rec, _ = analyse(df, budget, objectives_of(space, out_dir), safety_margin_of(args), source)
     print(format_recommendation(rec))
     return 0
 
@@ -197,7 +197,6 @@ def format_recommendation(rec: Recommendation) -> str:
     return head + "\n" + rec.reason
 
 
-def _safety_margin(args: argparse.Namespace) -> float:
-    # The CLI has no flag for it yet; a later `--safety-margin` lands here without changes.
-    value = getattr(args, "safety_margin", None)
-    return DEFAULT_SAFETY_MARGIN if value is None else float(value)
+def safety_margin_of(args: argparse.Namespace) -> float:
+    """``--safety-margin`` of run, report and recommend; not given: the default."""
+    return DEFAULT_SAFETY_MARGIN if args.safety_margin is None else float(args.safety_margin)

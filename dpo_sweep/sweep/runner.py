@@ -360,17 +360,18 @@ def _write_environment(out_dir: Path, out: Callable[[str], None],
         out(f"note: environment.json not written ({type(err).__name__}: {err})")
 
 
-def _analyse(out_dir: Path, args: argparse.Namespace, objectives: dict[str, Any],
-             out: Callable[[str], None]) -> None:
+def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]) -> None:
+    """What ``dpo-sweep report DIR`` does, on the directory just written: the objectives come from
+    DIR/space.yaml, the copy of the space file (so the two commands always agree)."""
     try:
-        from dpo_sweep.analysis.commands import analyse_dir
+        from dpo_sweep.analysis.commands import analyse_dir, safety_margin_of
     except ImportError as err:
         out(f"note: the analyser is not available ({err}); results are in {out_dir}/, "
             f"analyse them later with `dpo-sweep report {out_dir}`")
         return
     try:
-        analysis = analyse_dir(out_dir, memory_budget_gb=getattr(args, "memory_budget_gb", None),
-                               objectives=objectives)
+        analysis = analyse_dir(out_dir, memory_budget_gb=args.memory_budget_gb,
+                               safety_margin=safety_margin_of(args))
     except Exception as err:  # noqa: BLE001 - the sweep's results are safe on disk either way
         out(f"note: analysis failed ({type(err).__name__}: {err}); results are in {out_dir}/, "
             f"retry with `dpo-sweep report {out_dir}`")
@@ -392,7 +393,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if done_ids >= {t.trial_id for t in sp.trials}:
         say(f"resume: all {len(sp.trials)} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
-        _analyse(out_dir, args, sp.spec.objectives.model_dump(), say)
+        _analyse(out_dir, args, say)
         return 0
 
     conn: RayConnection | None = None
@@ -409,7 +410,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             ray.shutdown()
     say(f"sweep finished: {summary.ran} trial(s) run, {summary.skipped} skipped; "
         f"results in {out_dir / RESULTS_FILE}")
-    _analyse(out_dir, args, sp.spec.objectives.model_dump(), say)
+    _analyse(out_dir, args, say)
     if summary.crashed:
         print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "
               f"infrastructure failure): {', '.join(summary.crashed)}", file=sys.stderr)

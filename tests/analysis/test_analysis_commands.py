@@ -142,3 +142,23 @@ def test_results_loader_fills_optional_columns(tmp_path):
 def test_markdown_cells_escape_pipes():
     text = tables.to_markdown(("a", "b"), [["x|y", "line\nbreak"]])
     assert "x\\|y" in text and "line break" in text
+
+
+def test_the_end_of_a_run_analyses_like_report_with_its_flags(tmp_path):
+    """`dpo-sweep run` ends with the same analysis as `dpo-sweep report` on its directory: the
+    objectives the space file gives (not the schema's defaults for the missing ones) and the
+    run's own --memory-budget-gb / --safety-margin."""
+    from dpo_sweep.cli import _parser
+    from dpo_sweep.sweep import runner
+
+    out_dir = write_dir(tmp_path / "r", sweep_trials())
+    (out_dir / "space.yaml").write_text("name: r\nobjectives: {memory: min}\n")
+    args = _parser().parse_args(["run", "x.yaml", "--memory-budget-gb", "20", "--safety-margin", "0.2"])
+    printed: list[str] = []
+    runner._analyse(out_dir, args, printed.append)
+    after_run = ((out_dir / "frontier.md").read_text(), json.loads((out_dir / "recommendation.json").read_text()))
+    assert "Objectives: memory min." in after_run[0]
+    assert after_run[1]["safety_margin"] == 0.2 and after_run[1]["memory_budget_gb"] == 20.0
+    assert main(["report", str(out_dir), "--memory-budget-gb", "20", "--safety-margin", "0.2"]) == 0
+    assert ((out_dir / "frontier.md").read_text(),
+            json.loads((out_dir / "recommendation.json").read_text())) == after_run

@@ -194,7 +194,8 @@ def test_cmd_run_namespace_fields_match_the_cli():
 
     args = _parser().parse_args(["run", "x.yaml"])
     assert isinstance(args, argparse.Namespace)
-    for name in ("space", "output", "address", "resume", "max_concurrent", "no_dashboard", "memory_budget_gb"):
+    for name in ("space", "output", "address", "resume", "max_concurrent", "no_dashboard", "memory_budget_gb",
+                 "safety_margin"):
         assert hasattr(args, name)
 
 
