@@ -65,10 +65,7 @@ def resolve_budget(memory_budget_gb: float | None, env: Mapping[str, Any] | None
                    space: Mapping[str, Any] | None = None) -> tuple[float | None, str]:
     """The budget to use and where it came from: the flag; else the card the sweep emulated
     (space.yaml ``resources.gpu_memory_gb``); else the GPU's memory; else none."""
-    if memory_budget_gb is not None:
-        if not (math.isfinite(memory_budget_gb) and memory_budget_gb > 0):
-            raise UserError(f"--memory-budget-gb is {memory_budget_gb}; "
-                            "give a positive number of GB (1e9 bytes)")
+    if memory_budget_gb is not None:  # recommend() refuses a non-positive budget, whatever its source
         return float(memory_budget_gb), "--memory-budget-gb"
     resources = (space or {}).get("resources")
     emulated = resources.get("gpu_memory_gb") if isinstance(resources, Mapping) else None

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpo_sweep.analysis.tables import is_finite
 from dpo_sweep.errors import UserError
 
 DEFAULT_SAFETY_MARGIN = 0.05
@@ -91,9 +92,9 @@ def config_of(row: pd.Series) -> dict[str, Any]:
     for key in CONFIG_KEYS:
         value = row.get(key)
         if key in ("micro_batch", "grad_acc", "effective_batch", "num_workers", "seq_len"):
-            out[key] = int(value) if _finite(value) else None
+            out[key] = int(value) if is_finite(value) else None
         elif key == "beta":
-            out[key] = float(value) if _finite(value) else None
+            out[key] = float(value) if is_finite(value) else None
         else:
             out[key] = "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
     return out
@@ -106,23 +107,16 @@ def describe(row: pd.Series) -> str:
             f"grad_acc {c['grad_acc']}, beta {_g(c['beta'])})")
 
 
-def _finite(value: Any) -> bool:
-    try:
-        return value is not None and value is not pd.NA and math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
-
-
 def _g(value: Any, digits: int = 4) -> str:
-    return f"{float(value):.{digits}g}" if _finite(value) else "n/a"
+    return f"{float(value):.{digits}g}" if is_finite(value) else "n/a"
 
 
 def _gb(value: Any) -> str:
-    return f"{float(value):.2f} GB" if _finite(value) else "n/a GB"
+    return f"{float(value):.2f} GB" if is_finite(value) else "n/a GB"
 
 
 def _metrics(row: pd.Series) -> dict[str, float | None]:
-    return {k: (float(row[k]) if _finite(row.get(k)) else None) for k in METRIC_KEYS}
+    return {k: (float(row[k]) if is_finite(row.get(k)) else None) for k in METRIC_KEYS}
 
 
 def rank_candidates(rows: pd.DataFrame) -> pd.DataFrame:
@@ -142,14 +136,14 @@ def runner_up_cost(winner: pd.Series, other: pd.Series) -> str:
     ``cost 16.7% of the throughput (2133 vs 2560 tokens/s) and save 1.50 GB of peak memory``."""
     parts = []
     w_tps, o_tps = winner["tokens_per_s"], other["tokens_per_s"]
-    if _finite(w_tps) and _finite(o_tps) and w_tps > 0:
+    if is_finite(w_tps) and is_finite(o_tps) and w_tps > 0:
         drop_pct = 100.0 * (w_tps - o_tps) / w_tps
         if abs(drop_pct) < 0.05:
             parts.append(f"match its throughput ({_g(o_tps)} tokens/s)")
         else:
             parts.append(f"cost {drop_pct:.1f}% of the throughput ({_g(o_tps)} vs {_g(w_tps)} tokens/s)")
     w_mem, o_mem = winner["peak_mem_gb"], other["peak_mem_gb"]
-    if _finite(w_mem) and _finite(o_mem):
+    if is_finite(w_mem) and is_finite(o_mem):
         diff_gb = float(o_mem - w_mem)
         if diff_gb < -0.005:
             parts.append(f"save {-diff_gb:.2f} GB of peak memory (peaks at {_gb(o_mem)})")
@@ -158,10 +152,10 @@ def runner_up_cost(winner: pd.Series, other: pd.Series) -> str:
         else:
             parts.append(f"use the same peak memory ({_gb(o_mem)})")
     w_time, o_time = winner["step_time_ms"], other["step_time_ms"]
-    if _finite(w_time) and _finite(o_time) and abs(o_time - w_time) > 0.05:
+    if is_finite(w_time) and is_finite(o_time) and abs(o_time - w_time) > 0.05:
         parts.append(f"take {_g(o_time)} ms per step instead of {_g(w_time)}")
     w_std, o_std = winner["loss_std"], other["loss_std"]
-    if _finite(w_std) and _finite(o_std) and abs(o_std - w_std) > 1e-12:
+    if is_finite(w_std) and is_finite(o_std) and abs(o_std - w_std) > 1e-12:
         parts.append(f"have loss std {_g(o_std, 3)} instead of {_g(w_std, 3)}")
     if not parts:
         return "have no comparable measurements"
@@ -196,7 +190,7 @@ def recommend(
     budget_source: str = "--memory-budget-gb",
 ) -> Recommendation:
     """Choose a configuration from a frame produced by ``pareto.analyse_frontier``."""
-    if memory_budget_gb is not None and not (_finite(memory_budget_gb) and memory_budget_gb > 0):
+    if memory_budget_gb is not None and not (is_finite(memory_budget_gb) and memory_budget_gb > 0):
         raise UserError(f"--memory-budget-gb is {memory_budget_gb}; give a positive number of GB (1e9 bytes)")
     if not 0.0 <= safety_margin < 1.0:
         raise UserError(f"safety margin is {safety_margin}; give a fraction in [0, 1), e.g. 0.05 for 5%")
@@ -293,16 +287,15 @@ def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
         why += (f" These fit but have a loss std above the normal range (<= {_g(limit, 3)}): "
                 f"{', '.join(unstable_ids)}.")
     cheapest = None
+    if row is not None:
+        cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row), "metrics": _metrics(row),
+                    "measured": bool(measured)}
     if row is not None and measured:
         need_gb = float(row["peak_mem_gb"]) / (1.0 - common["safety_margin"])
         why += (f" The cheapest configuration measured is {describe(row)} at {_gb(row['peak_mem_gb'])} peak; "
                 f"it needs a budget of at least {need_gb:.2f} GB.")
-        cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row), "metrics": _metrics(row),
-                    "measured": True}
     elif row is not None:
         why += (f" No trial completed; the cheapest configuration tried is {describe(row)} "
                 f"(status {row['status']}). Try a smaller micro_batch, a stronger checkpoint level "
                 "(L2, L3, full) or a GPU with more memory.")
-        cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row), "metrics": _metrics(row),
-                    "measured": False}
     return Recommendation(trial_id=None, config={}, reason=why, runner_up=None, cheapest=cheapest, **common)

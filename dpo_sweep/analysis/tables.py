@@ -29,10 +29,10 @@ TRIALS_HEADER: tuple[str, ...] = (
     "reward accuracy", "frontier rank", "distance to frontier", "error",
 )
 _NO_MEASUREMENT = {"oom": "OOM", "error": "error"}
-_BAD_LOSS_STD = ("diverged", "pruned")
 
 
-def _finite(value: Any) -> bool:
+def is_finite(value: Any) -> bool:
+    """A real, finite number (None, pd.NA, NaN, inf and non-numbers are not)."""
     try:
         return value is not None and value is not pd.NA and math.isfinite(float(value))
     except (TypeError, ValueError):
@@ -40,16 +40,16 @@ def _finite(value: Any) -> bool:
 
 
 def fmt_int(value: Any) -> str:
-    return str(int(value)) if _finite(value) else "-"
+    return str(int(value)) if is_finite(value) else "-"
 
 
 def fmt_float(value: Any, decimals: int) -> str:
-    return f"{float(value):.{decimals}f}" if _finite(value) else "-"
+    return f"{float(value):.{decimals}f}" if is_finite(value) else "-"
 
 
 def fmt_sig(value: Any, digits: int = 3) -> str:
     """Significant digits, plain notation for ordinary magnitudes (0.0213, 1840)."""
-    if not _finite(value):
+    if not is_finite(value):
         return "-"
     v = float(value)
     if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-4):
@@ -60,7 +60,7 @@ def fmt_sig(value: Any, digits: int = 3) -> str:
 
 
 def fmt_beta(value: Any) -> str:
-    return f"{float(value):g}" if _finite(value) else "-"
+    return f"{float(value):g}" if is_finite(value) else "-"
 
 
 def memory_order(df: pd.DataFrame) -> pd.DataFrame:
@@ -86,8 +86,7 @@ def frontier_rows(analysed: pd.DataFrame) -> list[list[str]]:
         if status == "ok":
             rows.append(config + metrics + ["yes" if r["on_frontier"] else "no"])
         else:
-            label = status if status in _BAD_LOSS_STD else (status or "unknown")
-            rows.append(config + metrics[:3] + [label, "-"])
+            rows.append(config + metrics[:3] + [status or "unknown", "-"])
     return rows
 
 
@@ -103,7 +102,7 @@ def trial_rows(analysed: pd.DataFrame) -> list[list[str]]:
             fmt_float(r["torch_peak_alloc_gb"], 2), fmt_float(r["step_time_ms"], 1),
             fmt_float(r["step_time_p90_ms"], 1), fmt_sig(r["tokens_per_s"], 4), fmt_sig(r["mfu"], 3),
             fmt_sig(r["loss_mean"], 4), fmt_sig(r["loss_std"], 3), fmt_sig(r["grad_norm_mean"], 3),
-            fmt_sig(r["reward_accuracy"], 3), fmt_int(rank) if _finite(rank) else "-",
+            fmt_sig(r["reward_accuracy"], 3), fmt_int(rank) if is_finite(rank) else "-",
             fmt_sig(r.get("frontier_distance"), 3), str(r["error"]),
         ])
     return rows

@@ -20,13 +20,11 @@ from typing import Any
 
 import torch
 
+from .nvml import _as_str
 from .sampler import BYTES_PER_GB
 
 ENVIRONMENT_FILE = "environment.json"
 
-
-def _as_str(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _cudnn_version() -> int | None:
