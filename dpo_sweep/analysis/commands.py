@@ -113,6 +113,19 @@ def analyse(
     return analysed, rec, objs
 
 
+def _analyse_results(out_dir: Path, memory_budget_gb: float | None,
+                     objectives: Mapping[str, Any] | None, safety_margin: float):
+    """DIR's results.csv analysed with DIR's space.yaml and environment.json (budget and
+    objectives as ``analyse_dir`` documents); returns (analysed, rec, objectives, environment)."""
+    df = results.load_results(out_dir)
+    env = results.load_environment(out_dir)
+    space = load_space(out_dir)
+    budget, source = resolve_budget(memory_budget_gb, env, space)
+    spec = objectives if objectives is not None else objectives_of(space, out_dir)
+    analysed, rec, objs = analyse(df, budget, spec, safety_margin, source)
+    return analysed, rec, objs, env
+
+
 def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
                 objectives: Mapping[str, Any] | None = None,
                 safety_margin: float = DEFAULT_SAFETY_MARGIN) -> AnalysisOutcome:
@@ -125,13 +138,8 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     from dpo_sweep.report.html import write_report
 
     out_dir = Path(out_dir)
-    df = results.load_results(out_dir)
+    analysed, rec, objs, env = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin)
     steps = results.load_steps(out_dir)
-    env = results.load_environment(out_dir)
-    space = load_space(out_dir)
-    budget, source = resolve_budget(memory_budget_gb, env, space)
-    spec = objectives if objectives is not None else objectives_of(space, out_dir)
-    analysed, rec, objs = analyse(df, budget, spec, safety_margin, source)
 
     table = tables.frontier_markdown(analysed)
     frontier_path = out_dir / "frontier.md"
@@ -165,11 +173,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     Exit 0 also when nothing fits: that is an answer, and the message says so.
     """
-    out_dir = Path(args.dir)
-    df = results.load_results(out_dir)
-    space = load_space(out_dir)
-    budget, source = resolve_budget(args.memory_budget_gb, results.load_environment(out_dir), space)
-    _, rec, _ = analyse(df, budget, objectives_of(space, out_dir), safety_margin_of(args), source)
+    _, rec, _, _ = _analyse_results(Path(args.dir), args.memory_budget_gb, None, safety_margin_of(args))
     print(format_recommendation(rec))
     return 0
 
