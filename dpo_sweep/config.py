@@ -6,12 +6,12 @@ search grid becomes one :class:`TrialConfig`, which is all a trainer worker need
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 CheckpointLevel = Literal["none", "L1", "L2", "L3", "full"]
-CHECKPOINT_LEVELS: tuple[str, ...] = ("none", "L1", "L2", "L3", "full")
+CHECKPOINT_LEVELS: tuple[str, ...] = get_args(CheckpointLevel)
 #: Levels that are refused at validation, with the reason shown to the user.
 REFUSED_LEVELS: dict[str, str] = {
     "L4": (
@@ -21,8 +21,10 @@ REFUSED_LEVELS: dict[str, str] = {
     ),
 }
 LossType = Literal["sigmoid", "ipo", "hinge"]
+LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16"]
-MODEL_PRESETS: tuple[str, ...] = ("tiny-llama", "llama-3.2-1b", "llama-3-8b", "qwen2-7b")
+ModelPreset = Literal["tiny-llama", "llama-3.2-1b", "llama-3-8b", "qwen2-7b"]
+MODEL_PRESETS: tuple[str, ...] = get_args(ModelPreset)
 
 
 class _Strict(BaseModel):
@@ -34,7 +36,7 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     """Which model to train: a random-initialised preset, or a real checkpoint."""
 
-    preset: Literal["tiny-llama", "llama-3.2-1b", "llama-3-8b", "qwen2-7b"] | None = Field(
+    preset: ModelPreset | None = Field(
         None, description="Build a random-initialised model of this shape (no download)."
     )
     name_or_path: str | None = Field(

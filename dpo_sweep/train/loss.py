@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+from dpo_sweep.config import LOSS_TYPES
 
 
 def dpo_loss(

@@ -92,16 +92,11 @@ def weight_dtype(spec: ModelSpec, precision: str) -> torch.dtype:
 
 def count_params(model: nn.Module) -> tuple[int, int]:
     """(all parameters, parameters outside the embedding and the lm_head)."""
-    seen, total, emb = set(), 0, 0
-    skip = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
-            for p in m.parameters()}
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += p.numel()
-        emb += p.numel() if id(p) in skip else 0
-    return total, total - emb
+    # parameters() yields a tied (shared) tensor once; so does this set of the head's and embedding's.
+    embedding = {p for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+                 for p in m.parameters()}
+    total = sum(p.numel() for p in model.parameters())
+    return total, total - sum(p.numel() for p in embedding)
 
 
 def build_model(spec: ModelSpec, precision: str, device: torch.device, seed: int) -> BuiltModel:

@@ -127,3 +127,16 @@ def test_detrended_std():
 def test_loss_learns_synthetic_preference(cfg_factory):
     out = run_trial(cfg_factory(micro_batch=4, steps=12, lr=2e-3), log=None)
     assert out.steps[-1].reward_accuracy >= 0.75 and out.steps[-1].loss < out.steps[0].loss
+
+
+def test_count_params_counts_a_tied_head_once_and_never_as_body():
+    from dpo_sweep.config import ModelSpec
+    from dpo_sweep.train.model import build_model, count_params
+
+    model = build_model(ModelSpec(preset="tiny-llama"), "fp32", torch.device("cpu"), seed=0).model
+    head = model.lm_head.weight.numel()
+    total, body = count_params(model)
+    assert total == sum(p.numel() for p in model.parameters())
+    assert body == total - head - model.model.embed_tokens.weight.numel()
+    model.lm_head.weight = model.model.embed_tokens.weight  # tie
+    assert count_params(model) == (total - head, body)
