@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import socket
 
 from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, TrainSpec, TrialConfig
 from dpo_sweep.train.data import TokenizedPair
@@ -31,3 +32,10 @@ def ragged_pairs(n: int, seed: int = 0) -> list[TokenizedPair]:
         return tuple(rng.randrange(256) for _ in range(k))
 
     return [TokenizedPair(ids(rng.randint(3, 12)), ids(rng.randint(2, 9)), ids(rng.randint(2, 9))) for _ in range(n)]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (for a rendezvous or a Ray node)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -9,11 +9,9 @@ written to ``~/.ray``.
 """
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,15 +23,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from testkit import free_port
+
+from dpo_sweep.analysis.results import read_csv_rows as read_csv  # noqa: F401  (the tests' name)
+
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
 DPO_SWEEP = [sys.executable, "-m", "dpo_sweep"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def auth_env(token: str) -> dict[str, str]:
@@ -163,11 +159,6 @@ def start_sweep(args: list[str], env: dict[str, str], log: Path) -> subprocess.P
     fh = log.open("w")
     return subprocess.Popen([*DPO_SWEEP, "run", *args], env=env, cwd=REPO, stdout=fh,
                             stderr=subprocess.STDOUT)
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 def write_space(path: Path, name: str, search: str, train_extra: str = "") -> Path:

@@ -119,7 +119,7 @@ def test_killed_sweep_resumes_without_repeating_a_trial(cluster, tmp_path):
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
-            if (out / "results.csv").is_file() and read_csv(out / "results.csv"):
+            if read_csv(out / "results.csv"):
                 break
             time.sleep(0.3)
         rows_at_kill = len(read_csv(out / "results.csv"))

@@ -1,19 +1,12 @@
 """Two CPU workers (gloo) give the same losses as one worker with twice the micro-batch."""
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from testkit import make_cfg
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from testkit import free_port, make_cfg
 
 
 def _worker(rank: int, world: int, port: int, parallelism: str, grad_acc: int, out: dict) -> None:
@@ -33,7 +26,7 @@ def _worker(rank: int, world: int, port: int, parallelism: str, grad_acc: int, o
 def run_world(world: int, parallelism: str, grad_acc: int) -> dict:
     with mp.Manager() as m:
         out = m.dict()
-        mp.spawn(_worker, args=(world, _free_port(), parallelism, grad_acc, out), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, free_port(), parallelism, grad_acc, out), nprocs=world, join=True)
         return dict(out)
 
 

@@ -1,18 +1,12 @@
 """`dpo-sweep trial`: one configuration in-process, the contract files, real checkpoints."""
-import csv
 
 import pytest
 import torch
 
-from dpo_sweep.analysis.results import RESULTS_COLUMNS, STEPS_COLUMNS
+from dpo_sweep.analysis.results import RESULTS_COLUMNS, STEPS_COLUMNS, read_csv_rows
 from dpo_sweep.cli import main
 from dpo_sweep.train.loop import run_trial
 from dpo_sweep.train.tokenizer import byte_level_tokenizer
-
-
-def read(path):
-    with open(path) as fh:
-        return list(csv.DictReader(fh))
 
 
 def test_quickstart_trial_writes_contract_files(tmp_path, capsys):
@@ -22,11 +16,11 @@ def test_quickstart_trial_writes_contract_files(tmp_path, capsys):
     assert rc == 0
     printed = capsys.readouterr().out
     assert "step 3/3 loss" in printed and "tok/s" in printed and "done: peak memory" in printed
-    rows = read(out / "results.csv")
+    rows = read_csv_rows(out / "results.csv")
     assert list(rows[0]) == RESULTS_COLUMNS and len(rows) == 1
     r = rows[0]
     assert (r["status"], r["micro_batch"], r["checkpoint_level"], r["model"]) == ("ok", "4", "L2", "tiny-llama")
-    steps = read(out / "steps.csv")
+    steps = read_csv_rows(out / "steps.csv")
     assert list(steps[0]) == STEPS_COLUMNS and [s["step"] for s in steps] == ["1", "2", "3"]
 
 
