@@ -1,7 +1,7 @@
 """Typed configuration: the search-space file's sections and one resolved trial.
 
 Every field carries a short doc; cross-field checks live in the model validators. The search
-space file (``search_spaces/*.yaml``) is parsed into :class:`SweepSpace`; each point of its
+space file (``search_spaces/*.yaml``) is parsed into :class:`dpo_sweep.space.SweepSpace`; each point of its
 search grid becomes one :class:`TrialConfig`, which is all a trainer worker needs.
 """
 from __future__ import annotations
@@ -193,20 +193,6 @@ class ResourcesSpec(_Strict):
         description="All-reduce gradients on every accumulation micro-step instead of once per "
         "optimizer step (no_sync on the others). Only for measuring what that costs.",
     )
-
-
-class SearchSpec(BaseModel):
-    """The swept dimensions. Values are lists; a scalar means a one-value list."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    micro_batch: list[int] = Field(default_factory=lambda: [1])
-    checkpoint_level: list[str] = Field(default_factory=lambda: ["none"])
-    grad_acc: list[int] | None = None
-    effective_batch: list[int] | None = None
-    beta: list[float] = Field(default_factory=lambda: [0.1])
-    mode: Literal["grid", "random"] = "grid"
-    num_samples: int | None = None
 
 
 class ObjectivesSpec(_Strict):

@@ -1,6 +1,6 @@
 """Search-space files: load, validate with messages that name the key, expand into trials.
 
-A space file (YAML) has the sections of :class:`dpo_sweep.config.SweepSpace`. ``search:`` holds the
+A space file (YAML) has the sections of :class:`SweepSpace`. ``search:`` holds the
 swept dimensions: ``micro_batch``, ``checkpoint_level``, ``grad_acc`` (or ``effective_batch``,
 from which grad_acc is derived), ``beta``, ``model`` (a list of model specs or preset names), and
 any ``train`` field by its name (``loss``, ``max_length``, ``precision``, ``reference``, ...).
@@ -31,7 +31,11 @@ from dpo_sweep.errors import SpaceError
 
 #: Search dimensions with their own handling; any TrainSpec field may be swept as well.
 CORE_DIMS = ("micro_batch", "checkpoint_level", "grad_acc", "effective_batch", "beta", "model")
-SEARCH_OPTIONS = ("mode", "num_samples", "seed")
+
+
+def _is_dimension(key: str) -> bool:
+    """A name ``search:`` (or ``--set``) accepts: a core dimension or a TrainSpec field."""
+    return key in CORE_DIMS or key in TrainSpec.model_fields
 
 
 class SweepSpace(BaseModel):
@@ -105,7 +109,6 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     """Apply ``KEY=VALUE`` overrides. A bare search dimension (``micro_batch=4``) pins that
     dimension to one value; a dotted key (``train.steps=3``) sets that field."""
     raw = copy.deepcopy(raw)
-    train_fields = set(TrainSpec.model_fields)
     for item in overrides:
         if "=" not in item:
             raise SpaceError(f"--set {item!r}: expected KEY=VALUE, e.g. --set micro_batch=4")
@@ -116,7 +119,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             _set_dotted(raw, key, value)
         else:
             dim = key.removeprefix("search.")
-            if dim not in CORE_DIMS and dim not in train_fields:
+            if not _is_dimension(dim):
                 raise SpaceError(
                     f"--set {key}: unknown dimension; use one of {', '.join(CORE_DIMS)}, a train "
                     "field (e.g. max_length, loss, precision) or a dotted key (train.steps=3)"
@@ -162,12 +165,11 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
     seed = search.pop("seed", 0)
     if mode not in ("grid", "random"):
         raise SpaceError(f"search.mode: {mode!r} is not allowed; allowed: grid, random")
-    train_fields = set(TrainSpec.model_fields)
     for key in search:
-        if key not in CORE_DIMS and key not in train_fields:
+        if not _is_dimension(key):
             raise SpaceError(
                 f"search.{key}: unknown dimension; allowed: {', '.join(CORE_DIMS)} or a train "
-                f"field ({', '.join(sorted(train_fields))})"
+                f"field ({', '.join(sorted(TrainSpec.model_fields))})"
             )
     if "grad_acc" in search and "effective_batch" in search:
         raise SpaceError("search: give grad_acc or effective_batch, not both")
