@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
+from dpo_sweep.errors import UserError  # standard library only
+
 STATUSES = ("ok", "oom", "diverged", "error", "pruned")
 
 
@@ -141,13 +143,6 @@ _TEXT_COLUMNS = ("trial_id", "status", "model", "checkpoint_level", "error", "me
                  "loss_type", "precision", "reference", "attn_implementation", "device")
 
 
-def _user_error(message: str) -> Exception:
-    # Imported here so that this module stays importable on its own by the writers.
-    from dpo_sweep.errors import UserError
-
-    return UserError(message)
-
-
 def _read_csv(path: Path) -> "Any":
     import pandas as pd
 
@@ -155,10 +150,10 @@ def _read_csv(path: Path) -> "Any":
         return pd.read_csv(path, dtype={c: "string" for c in _TEXT_COLUMNS}, keep_default_na=False,
                            na_values=["", "nan", "NaN"])
     except pd.errors.EmptyDataError:
-        raise _user_error(f"{path} is empty: it needs a header line with the columns "
+        raise UserError(f"{path} is empty: it needs a header line with the columns "
                           f"{', '.join(ANALYSIS_REQUIRED_COLUMNS)}; re-run the sweep to rewrite it") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise _user_error(f"{path} is not a readable CSV file ({err}); "
+        raise UserError(f"{path} is not a readable CSV file ({err}); "
                           "re-run the sweep to rewrite it") from None
 
 
@@ -173,16 +168,16 @@ def load_results(out_dir: str | Path) -> "Any":
 
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
-        raise _user_error(f"results directory {out_dir} does not exist; pass the --output directory "
+        raise UserError(f"results directory {out_dir} does not exist; pass the --output directory "
                           "of a `dpo-sweep run` (default reports/<space name>/)")
     path = out_dir / "results.csv"
     if not path.is_file():
-        raise _user_error(f"{path} not found; run `dpo-sweep run SPACE.yaml --output {out_dir}` "
+        raise UserError(f"{path} not found; run `dpo-sweep run SPACE.yaml --output {out_dir}` "
                           "or `dpo-sweep trial` first")
     df = _read_csv(path)
     missing = [c for c in ANALYSIS_REQUIRED_COLUMNS if c not in df.columns]
     if missing:
-        raise _user_error(f"{path} lacks the column(s) {', '.join(missing)}; the results.csv "
+        raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; the results.csv "
                           f"contract needs at least {', '.join(ANALYSIS_REQUIRED_COLUMNS)}")
     for col in RESULTS_COLUMNS:
         if col not in df.columns:
@@ -206,7 +201,7 @@ def load_steps(out_dir: str | Path) -> "Any | None":
     df = _read_csv(path)
     missing = [c for c in ("trial_id", "step") if c not in df.columns]
     if missing:
-        raise _user_error(f"{path} lacks the column(s) {', '.join(missing)}; the steps.csv contract "
+        raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; the steps.csv contract "
                           f"has {', '.join(STEPS_COLUMNS)}")
     df["trial_id"] = df["trial_id"].fillna("").astype(str)
     for col in df.columns:
