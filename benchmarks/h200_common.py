@@ -31,6 +31,11 @@ from dpo_sweep.analysis.results import read_csv_rows as read_rows  # noqa: E402,
 
 GIB = 2**30
 GB = 1e9
+
+
+def to_gib(gb: float) -> float:
+    """GB (1e9 bytes, our results) -> GiB (2^30 bytes, TRL's table); NaN when not finite."""
+    return gb * GB / GIB if math.isfinite(gb) else math.nan
 DEFAULT_RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 

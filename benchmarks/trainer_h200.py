@@ -40,8 +40,6 @@ from h200_common import (  # noqa: E402
     CONFIGS,
     CONFIGS_BY_NAME,
     DEFAULT_RESULTS_DIR,
-    GB,
-    GIB,
     GOALS,
     SCALES,
     TRL_REFERENCE,
@@ -58,6 +56,7 @@ from h200_common import (  # noqa: E402
     run_with_timeout,
     select_configs,
     start_csv,
+    to_gib,
 )
 
 CSV_NAME = "trainer_h200.csv"
@@ -115,7 +114,7 @@ def run_config(cfg: BenchConfig, scale: Scale, gpu: str, timeout_s: float, work:
         if key not in ("trial_id",):
             row[key] = value
     peak_gb = num(row.get("peak_mem_gb"))
-    row["peak_mem_gib"] = peak_gb * GB / GIB if math.isfinite(peak_gb) else math.nan
+    row["peak_mem_gib"] = to_gib(peak_gb)
     step_peaks = [num(r.get("peak_mem_gb")) for r in read_rows(out / "steps.csv")]
     step_peaks = [p for p in step_peaks if math.isfinite(p)]
     row["peak_mem_all_steps_gb"] = max(step_peaks) if step_peaks else math.nan
@@ -163,7 +162,7 @@ def comparison_rows(ours: list[dict[str, str]], trl_measured: list[dict[str, str
         out.append({
             "config": r["config"], "status": r.get("status", ""), "error": r.get("error", ""),
             "step_ms": num(r.get("step_time_ms")), "tokens_per_s": tok, "peak_gb": peak_gb,
-            "peak_gib": peak_gb * GB / GIB if math.isfinite(peak_gb) else math.nan,
+            "peak_gib": to_gib(peak_gb),
             "alloc_gb": num(r.get("torch_peak_alloc_gb")), "all_gb": num(r.get("peak_mem_all_steps_gb")),
             "trl_key": cfg.trl_ref if cfg else None,
             "ref": ref, "mem_x_ref": mem_x_ref, "tok_x_ref": tok_x_ref,
@@ -259,7 +258,7 @@ def render_markdown(ours: list[dict[str, str]], trl_measured: list[dict[str, str
             else:
                 pg = num(m.get("peak_mem_gb"))
                 cells += [f"{r['trl_key']}: {_f(num(m.get('step_time_ms')))} / {_f(num(m.get('tokens_per_s')))}"
-                          f" / {_f(pg * GB / GIB if math.isfinite(pg) else math.nan, '.1f')}",
+                          f" / {_f(to_gib(pg), '.1f')}",
                           _f(r["mem_x_meas"], ".2f"), _f(r["tok_x_meas"], ".2f"), r["goal_meas"]]
         lines.append("| " + " | ".join(cells) + " |")
 
@@ -292,7 +291,7 @@ def render_markdown(ours: list[dict[str, str]], trl_measured: list[dict[str, str
                   f"{_f(_ratio(tok, ref.tokens_per_s), '.2f')} / {_f(_ratio(pg, ref.peak_gb), '.2f')}") if ref else "-"
             st = m.get("status", "") if m.get("status") == "ok" else f"{m.get('status')}: {m.get('error', '')[:80]}"
             lines.append(f"| {m['config']} | {st.replace('|', '/')} | {_f(num(m.get('step_time_ms')))} | {_f(tok)} | "
-                         f"{_f(pg * GB / GIB if math.isfinite(pg) else math.nan, '.1f')} | {_f(pg, '.1f')} | "
+                         f"{_f(to_gib(pg), '.1f')} | {_f(pg, '.1f')} | "
                          f"{_f(num(m.get('torch_peak_alloc_gb')), '.1f')} | "
                          f"{_f(num(m.get('peak_mem_all_steps_gb')), '.1f')} | {vs} |")
 
@@ -316,7 +315,7 @@ def summary_text(out_dir: Path) -> str:
                      + ("" if r["status"] == "ok" else f"  [{r['error'][:100]}]"))
     for m in read_rows(out_dir / TRL_CSV_NAME):
         pg = num(m.get("peak_mem_gb"))
-        gib = pg * GB / GIB if math.isfinite(pg) else math.nan
+        gib = to_gib(pg)
         lines.append(f"TRL {m['config']:<22}{m.get('status', '')[:8]:<9}{_f(num(m.get('step_time_ms'))):>9}"
                      f"{_f(num(m.get('tokens_per_s'))):>9}{_f(gib, '.1f'):>10}"
                      f"{_f(pg, '.1f'):>9}" + ("" if m.get("status") == "ok" else f"  [{m.get('error', '')[:100]}]"))

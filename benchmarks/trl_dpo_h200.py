@@ -41,8 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from h200_common import (  # noqa: E402
     CONFIGS_BY_NAME,
     DEFAULT_RESULTS_DIR,
-    GB,
-    GIB,
     SCALES,
     TRL_CONFIG_NAMES,
     BenchConfig,
@@ -57,6 +55,7 @@ from h200_common import (  # noqa: E402
     run_with_timeout,
     select_configs,
     start_csv,
+    to_gib,
 )
 
 CSV_NAME = "trl_h200.csv"
@@ -203,7 +202,7 @@ def run_child(cfg: BenchConfig, scale: Scale, gpu: str, result_path: Path) -> in
         logs = [v for k, v in sorted(timer.logs.items()) if k > scale.warmup_steps]
         peak = timer.peak_gb
         row.update(
-            peak_mem_gb=peak, peak_mem_gib=peak * GB / GIB if math.isfinite(peak) else math.nan,
+            peak_mem_gb=peak, peak_mem_gib=to_gib(peak),
             peak_mem_all_steps_gb=max(timer.pre_measure_peak_gb, peak)
             if math.isfinite(timer.pre_measure_peak_gb) else peak,
             torch_peak_alloc_gb=timer.torch_peaks[0], torch_peak_reserved_gb=timer.torch_peaks[1],

@@ -1,5 +1,4 @@
 """Chunked log-probs equal the naive full-logits path; padding never changes a log-prob."""
-import copy
 
 import pytest
 import torch
