@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -216,6 +217,18 @@ def run_with_timeout(cmd: list[str], timeout_s: float, log_path: Path, env: dict
     timed_out = timed_out or rc in (124, 137)
     text = log_path.read_text(errors="replace")
     return ProcResult(rc, time.monotonic() - t0, timed_out, text[-4000:])
+
+
+def child_failure(proc: ProcResult, timeout_s: float) -> dict[str, str]:
+    """``status`` and ``error`` of a child that left no result: killed at its limit or exited."""
+    if proc.timed_out:
+        return {"status": "timeout", "error": f"killed after {timeout_s:.0f} s (timeout)"}
+    return {"status": "error", "error": f"exit {proc.returncode}: {last_error_line(proc.output_tail)}"}
+
+
+def command_line(argv: list[str] | None) -> str:
+    """How this script was started, for the run's meta file (``argv`` None: sys.argv)."""
+    return "python3 " + " ".join(shlex.quote(a) for a in [sys.argv[0]] + (argv if argv is not None else sys.argv[1:]))
 
 
 def child_env() -> dict[str, str]:

@@ -28,7 +28,6 @@ import datetime as dt
 import json
 import math
 import os
-import shlex
 import sys
 import tempfile
 import threading
@@ -49,8 +48,9 @@ from h200_common import (  # noqa: E402
     append_row,
     base_row,
     child_env,
+    child_failure,
+    command_line,
     gpu_name,
-    last_error_line,
     num,
     read_rows,
     run_with_timeout,
@@ -106,9 +106,7 @@ def run_config(cfg: BenchConfig, scale: Scale, gpu: str, timeout_s: float, work:
     row["wall_s"] = round(proc.wall_s, 1)
     results = read_rows(out / "results.csv")
     if not results:
-        row["status"] = "timeout" if proc.timed_out else "error"
-        row["error"] = (f"killed after {timeout_s:.0f} s (timeout)" if proc.timed_out
-                        else f"exit {proc.returncode}: {last_error_line(proc.output_tail)}")
+        row.update(child_failure(proc, timeout_s))
         return row
     for key, value in results[0].items():
         if key not in ("trial_id",):
@@ -374,8 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     csv_path = out_dir / CSV_NAME
     start_csv(csv_path, args.append)
     meta: dict[str, Any] = {
-        "command": "python3 " + " ".join(shlex.quote(a) for a in
-                                         [sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
+        "command": command_line(argv),
         "gpu": gpu, "scale": scale.name, "started": dt.datetime.now().isoformat(timespec="seconds"),
         "not_run": {}, "entry": os.environ.get("H200_ENTRY", ""),
     }

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import random
-import shlex
 import sys
 import tempfile
 import time
@@ -49,8 +48,9 @@ from h200_common import (  # noqa: E402
     append_row,
     base_row,
     child_env,
+    child_failure,
+    command_line,
     gpu_name,
-    last_error_line,
     num,
     run_with_timeout,
     select_configs,
@@ -256,8 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(args.max_minutes)
     gpu = gpu_name()
     meta: dict[str, Any] = {
-        "command": "python3 " + " ".join(shlex.quote(a) for a in
-                                         [sys.argv[0]] + (argv if argv is not None else sys.argv[1:])),
+        "command": command_line(argv),
         "gpu": gpu, "scale": scale.name, "started": dt.datetime.now().isoformat(timespec="seconds"),
         "versions": "", "not_run": {},
     }
@@ -288,9 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 meta["versions"] = row.pop("_versions", meta["versions"])
             else:
                 row = base_row(cfg, scale, "trl", gpu)
-                row["status"] = "timeout" if proc.timed_out else "error"
-                row["error"] = (f"killed after {timeout_s:.0f} s (timeout)" if proc.timed_out
-                                else f"exit {proc.returncode}: {last_error_line(proc.output_tail)}")
+                row.update(child_failure(proc, timeout_s))
             row["wall_s"] = round(proc.wall_s, 1)
             append_row(csv_path, row)
             meta_path.write_text(json.dumps(meta, indent=1))

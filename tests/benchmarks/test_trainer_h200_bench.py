@@ -104,3 +104,12 @@ def test_trl_tiny_mode_writes_joinable_csv(tmp_path):
     assert [(r["config"], r["trainer"], r["status"], r["checkpoint_level"]) for r in rows] == [
         ("1b-mb8-full", "trl", "ok", "full")], rows[0]["error"]
     assert int(rows[0]["measured_steps"]) == 1 and float(rows[0]["tokens_per_s"]) > 0
+
+
+def test_a_child_without_a_result_is_timeout_or_error_with_its_last_error_line():
+    killed = common.ProcResult(returncode=124, wall_s=60.0, timed_out=True, output_tail="step 3\n")
+    assert common.child_failure(killed, 59.6) == {"status": "timeout", "error": "killed after 60 s (timeout)"}
+    crashed = common.ProcResult(1, 2.0, False, "loading\nRuntimeError: CUDA error: out of memory\nbye\n")
+    assert common.child_failure(crashed, 60) == {
+        "status": "error", "error": "exit 1: RuntimeError: CUDA error: out of memory"}
+    assert common.command_line(["--configs", "a b"]).endswith(" --configs 'a b'")
