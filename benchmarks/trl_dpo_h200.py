@@ -90,7 +90,7 @@ def run_child(cfg: BenchConfig, scale: Scale, gpu: str, result_path: Path) -> in
     """Train with TRL for ``scale.steps`` steps; write the CSV row as JSON to ``result_path``."""
     import torch
 
-    from dpo_sweep.telemetry import make_memory_sampler, percentile
+    from dpo_sweep.telemetry import StepTimer, make_memory_sampler, percentile
     from dpo_sweep.train import metrics
 
     row: dict[str, Any] = base_row(cfg, scale, "trl", gpu)
@@ -116,33 +116,28 @@ def run_child(cfg: BenchConfig, scale: Scale, gpu: str, result_path: Path) -> in
         row["_versions"] = (f"trl {trl.__version__}, transformers {transformers.__version__}, "
                             f"torch {torch.__version__}, datasets {datasets.__version__}")
 
-        def sync() -> None:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)  # a CPU-GPU sync point: the step's kernels are done
-
-        class StepTimer(TrainerCallback):
-            """Wall time per optimizer step, and the NVML peak over the measured steps."""
+        class StepCallback(TrainerCallback):
+            """Wall time per optimizer step (our StepTimer: a sync at each step boundary), and the
+            NVML peak over the measured steps."""
 
             def __init__(self) -> None:
-                self.step_ms: list[float] = []
+                self.steps = StepTimer(device, scale.warmup_steps)
                 self.logs: dict[int, dict[str, float]] = {}
                 self.pre_measure_peak_gb = math.nan
                 self.peak_gb = math.nan
                 self.torch_peaks = (math.nan, math.nan)
                 self.t_measure = math.nan
-                self._t0 = 0.0
+                self.t_end = math.nan
 
             def on_step_begin(self, args, state, control, **kwargs):
                 if state.global_step == scale.warmup_steps:  # the measured steps start now
                     self.pre_measure_peak_gb = sampler.peak_gb()
                     sampler.reset_peak()
                     self.t_measure = time.perf_counter()
-                sync()
-                self._t0 = time.perf_counter()
+                self.steps.start_step()
 
             def on_step_end(self, args, state, control, **kwargs):
-                sync()
-                self.step_ms.append((time.perf_counter() - self._t0) * 1e3)
+                self.steps.end_step()
                 if state.global_step == scale.steps:  # read before train()'s own teardown
                     self.peak_gb = sampler.peak_gb()
                     self.torch_peaks = sampler.torch_peaks_gb()
@@ -172,7 +167,7 @@ def run_child(cfg: BenchConfig, scale: Scale, gpu: str, result_path: Path) -> in
             learning_rate=5e-6, beta=0.1, loss_type="sigmoid", seed=0, disable_tqdm=True,
             use_cpu=device.type == "cpu", dataloader_num_workers=0,
         )
-        timer = StepTimer()
+        timer = StepCallback()
         trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=ds,
                              processing_class=tok, callbacks=[timer])
         first = trainer.train_dataset[0]
@@ -196,8 +191,8 @@ def run_child(cfg: BenchConfig, scale: Scale, gpu: str, result_path: Path) -> in
         except Exception:  # noqa: BLE001
             pass
 
-    if timer is not None and timer.step_ms:
-        measured = timer.step_ms[scale.warmup_steps:]
+    if timer is not None and timer.steps.step_times_ms:
+        measured = timer.steps.measured_ms()
         tokens = 2 * scale.seq_len * cfg.micro_batch  # no padding: every sequence is seq_len long
         logs = [v for k, v in sorted(timer.logs.items()) if k > scale.warmup_steps]
         peak = timer.peak_gb
@@ -213,12 +208,12 @@ def run_child(cfg: BenchConfig, scale: Scale, gpu: str, result_path: Path) -> in
             grad_norm_mean=metrics.mean([lg.get("grad_norm", math.nan) for lg in logs]),
             reward_accuracy=metrics.mean([lg.get("rewards/accuracies", math.nan) for lg in logs]),
             reward_margin=metrics.mean([lg.get("rewards/margins", math.nan) for lg in logs]),
-            steps=len(timer.step_ms), measured_steps=len(measured), pairs_used=scale.pairs(cfg),
+            steps=len(timer.steps.step_times_ms), measured_steps=len(measured), pairs_used=scale.pairs(cfg),
             startup_s=timer.t_measure - t_start if math.isfinite(timer.t_measure) else math.nan,
-            measure_s=getattr(timer, "t_end", math.nan) - timer.t_measure,
+            measure_s=timer.t_end - timer.t_measure,
         )
         if row["status"] == "ok" and len(measured) < scale.steps - scale.warmup_steps:
-            row["status"], row["error"] = "error", f"only {len(timer.step_ms)} of {scale.steps} steps ran"
+            row["status"], row["error"] = "error", f"only {len(timer.steps.step_times_ms)} of {scale.steps} steps ran"
     result_path.write_text(json.dumps(row, default=str))
     print(f"[{cfg.name}] TRL {row['status']}: step {row.get('step_time_ms', math.nan):.0f} ms, "
           f"{row.get('tokens_per_s', math.nan):,.0f} tok/s, NVML peak {row.get('peak_mem_gb', math.nan):.2f} GB "
