@@ -363,7 +363,7 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
     sampler.close()
 
     measured = [r for r in records if r.measured]
-    step_ms = metrics.median([r.step_time_ms for r in measured])
+    step_ms = timer.median_ms()  # the same measured steps as step_time_p90_ms below
     tokens = metrics.mean([r.tokens_per_s * r.step_time_ms / 1e3 for r in measured])
     flops = dpo_step_flops(fwd_flops_per_token=fwd_flops, policy_tokens=int(tokens) if math.isfinite(tokens) else 0,
                            reference=t.reference,
