@@ -18,13 +18,40 @@ from dpo_sweep.analysis.results import STATUSES
 from dpo_sweep.report import figures
 
 
+#: Longest error shown in full; a longer or multi-line one shows its first line, cut to this, and
+#: folds the whole text behind a toggle.
+ERROR_SUMMARY_CHARS = 160
+#: Set-up columns of the all-trials table that are stated once above it when every trial has the
+#: same value (one model, one beta ...), so the columns that vary have the room.
+SHARED_COLUMNS = ("model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta", "effective batch")
+#: Trials named per status in the failure summary before "and N more".
+MAX_IDS_PER_FAILURE = 10
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table cell: the text shown, the full value on hover, a long value behind a toggle."""
+
+    text: str
+    title: str = ""
+    """Shown on hover: the full value when ``text`` is a short form of it."""
+    detail: str = ""
+    """The whole value, behind a <details> toggle whose summary is ``text`` (long errors)."""
+
+
 @dataclass(frozen=True)
 class Table:
-    """A table as strings: header, rows, and one CSS class per row (its status)."""
+    """A table as cells: header, rows, and one CSS class per row (its status)."""
 
     header: tuple[str, ...]
-    rows: list[list[str]]
+    rows: list[list[Cell]]
     row_classes: list[str] = field(default_factory=list)
+    row_notes: list[Cell] = field(default_factory=list)
+    """Per row, a line across the whole table under it (a failed trial's error), or an empty Cell.
+    Errors get a full-width line, not a column: a column wide enough to read one would push the
+    table off the page."""
+    shared: list[tuple[str, str]] = field(default_factory=list)
+    """(column, value) for the columns left out because every row has the same value."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +73,10 @@ class ReportData:
     recommendation_reason: str
     recommendation_json: dict[str, Any]
     figures: list[Figure]
+    plots_note: str
+    """Why there are no plots (nothing completed); empty when there are."""
+    failures: list[str]
+    """One line per failed status: how many, which trials, the first error."""
     frontier_table: Table
     trials_table: Table
     environment: list[tuple[str, str]]
@@ -67,6 +98,79 @@ def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
             out += flatten(value, f"{prefix}[{i}]")
         return out
     return [(prefix, "" if data is None else str(data))]
+
+
+def compact_trial_ids(trial_ids: Any) -> dict[str, str]:
+    """Short ids for the tables: the part before the first ``_`` (``t004`` of
+    ``t004_mb16_none_ga1_b0.1``, whose knobs have their own columns) when those parts tell every
+    trial apart; else the full ids."""
+    ids = list(dict.fromkeys(str(t) for t in trial_ids))
+    heads = [t.split("_", 1)[0] for t in ids]
+    if all(heads) and len(set(heads)) == len(ids):
+        return dict(zip(ids, heads))
+    return {t: t for t in ids}
+
+
+def _first_line(text: str, max_chars: int) -> str:
+    first = text.strip().split("\n", 1)[0].strip()
+    return first if len(first) <= max_chars else first[:max_chars - 1] + "\u2026"
+
+
+def error_cell(error: str, max_chars: int = ERROR_SUMMARY_CHARS) -> Cell:
+    """A short one-line error as it is; a long or multi-line one (a CUDA OOM message with its
+    traceback) as its first line, cut to max_chars, with the whole text behind a toggle."""
+    text = error.strip()
+    if len(text) <= max_chars and "\n" not in text:
+        return Cell(text)
+    return Cell(_first_line(text, max_chars), detail=text)
+
+
+def _trial_table(analysed: pd.DataFrame, short_ids: dict[str, str], row_classes: list[str]) -> Table:
+    """The all-trials table: compact ids (the full id on hover), each error on a line of its own."""
+    trial_col, error_col = tables.TRIALS_HEADER.index("trial"), tables.TRIALS_HEADER.index("error")
+    rows, notes = [], []
+    for row in tables.trial_rows(analysed):
+        cells = [Cell(c) for i, c in enumerate(row) if i != error_col]
+        cells[trial_col] = Cell(short_ids[row[trial_col]], title=row[trial_col])
+        rows.append(cells)
+        notes.append(error_cell(row[error_col]))
+    header, rows, shared = _drop_shared_columns(
+        [h for i, h in enumerate(tables.TRIALS_HEADER) if i != error_col], rows)
+    return Table(header, rows, row_classes, row_notes=notes, shared=shared)
+
+
+def _drop_shared_columns(header: list[str], rows: list[list[Cell]]
+                         ) -> tuple[tuple[str, ...], list[list[Cell]], list[tuple[str, str]]]:
+    """Header and rows without the SHARED_COLUMNS whose value is the same in every row (two rows
+    or more), and those columns with their one value."""
+    shared = [i for i, h in enumerate(header) if h in SHARED_COLUMNS and len(rows) > 1
+              and len({row[i].text for row in rows}) == 1]
+    keep = [i for i in range(len(header)) if i not in shared]
+    return (tuple(header[i] for i in keep), [[row[i] for i in keep] for row in rows],
+            [(header[i], rows[0][i].text) for i in shared])
+
+
+def failure_lines(analysed: pd.DataFrame, short_ids: dict[str, str]) -> list[str]:
+    """What failed, one line per status that is not ok: ``3 oom: t000, t001, t002. First error: ...``."""
+    lines = []
+    for status, rows in analysed[analysed["status"] != "ok"].groupby("status", sort=False):
+        ids = [short_ids[str(t)] for t in rows["trial_id"]]
+        named = ", ".join(ids[:MAX_IDS_PER_FAILURE]) + (
+            f" and {len(ids) - MAX_IDS_PER_FAILURE} more" if len(ids) > MAX_IDS_PER_FAILURE else "")
+        errors = [str(e) for e in rows["error"] if str(e).strip()]
+        first = f". First error: {_first_line(errors[0], ERROR_SUMMARY_CHARS)}" if errors else ""
+        lines.append(f"{len(ids)} {status or 'unknown'}: {named}{first}")
+    return lines
+
+
+def _plots_note(completed: bool, has_curves: bool) -> str:
+    if completed:
+        return ""
+    if has_curves:
+        return ("No trial completed, so the memory and step-time plots are left out; the per-step "
+                "curves show how the trials went. What failed is listed above.")
+    return ("No trial completed, so there is nothing to plot: what failed is listed above and each "
+            "error is in the All trials table.")
 
 
 def _figure(dom_id: str, caption: str, spec: dict[str, Any]) -> Figure:
@@ -106,9 +210,12 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
                       environment: dict[str, Any] | None = None) -> ReportData:
     """Assemble the report from the analysed frame (pareto.analyse_frontier) and a recommendation."""
     notes = ["GB = 1e9 bytes (not GiB) everywhere in this report."]
+    # With nothing completed the scatter and the panels would be empty axes (or OOM marks on
+    # made-up step times): the report says what failed instead.
+    completed = bool((analysed["status"] == "ok").any())
     unplotted = analysed[(analysed["status"] != "oom")
                          & (analysed["peak_mem_gb"].isna() | analysed["step_time_ms"].isna())]
-    if len(unplotted):
+    if len(unplotted) and completed:
         notes.append(f"{len(unplotted)} trial(s) without a memory and step-time measurement are not in "
                      "the scatter plot; they are listed in the tables: "
                      + ", ".join(f"{t} ({s})" for t, s in zip(unplotted["trial_id"], unplotted["status"])))
@@ -124,7 +231,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
                figures.memory_time_scatter(analysed, rec.memory_budget_gb, rec.usable_memory_gb, names)),
         _figure("plot-dimensions", "Memory and step time against each of the four swept dimensions.",
                figures.dimension_panels(analysed, rec.memory_budget_gb)),
-    ]
+    ] if completed else []
     if steps is not None and len(steps):
         figs.append(_figure("plot-loss", "DPO loss per optimizer step, one line per trial (dotted: not ok).",
                            figures.step_curves(steps, analysed, "loss", "Loss per step", "loss")))
@@ -137,6 +244,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     row_classes = [(f"status-{s}" if s in STATUSES else "status-other") + (" frontier" if on else "")
                    for s, on in zip(ordered["status"], ordered["on_frontier"])]
     models = sorted({m for m in analysed["model"] if m})
+    short_ids = compact_trial_ids(analysed["trial_id"])
     return ReportData(
         title="DPO sweep report" + (f": {', '.join(models)}" if models else ""),
         summary=_summary(analysed, rec, objectives, steps),
@@ -144,10 +252,12 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         recommendation_reason=rec.reason,
         recommendation_json=rec.to_json_dict(),
         figures=figs,
-        frontier_table=Table(tables.FRONTIER_HEADER, tables.frontier_rows(analysed),
+        plots_note=_plots_note(completed, bool(figs)),
+        failures=failure_lines(analysed, short_ids),
+        frontier_table=Table(tables.FRONTIER_HEADER,
+                             [[Cell(c) for c in row] for row in tables.frontier_rows(analysed)],
                              row_classes),
-        trials_table=Table(tables.TRIALS_HEADER, tables.trial_rows(analysed),
-                           row_classes),
+        trials_table=_trial_table(analysed, short_ids, row_classes),
         environment=flatten(environment) if environment else [],
         notes=notes,
     )

@@ -107,6 +107,20 @@ def _spread(n: int, low: float | None, high: float | None) -> list[float | None]
     return [num(low + (high - low) * i / (n - 1)) for i in range(n)]
 
 
+def level_legend_key(level: str, symbol: str) -> dict[str, Any]:
+    """The legend entry of a checkpoint level in the scatter: its shape, in neutral grey.
+
+    The level's points are coloured by loss std through the shared colour axis, and plotly cannot
+    colour a legend symbol from a colour-axis number (it logs "Invalid color specifier: number
+    0.0224" and draws the symbol black). So the points' trace stays out of the legend and this
+    empty trace stands for it; the shared legend group makes one click toggle the level's points.
+    """
+    return {"type": "scatter", "mode": "markers", "name": f"checkpoint {esc(level)}",
+            "legendgroup": f"checkpoint {esc(level)}", "x": [None], "y": [None], "hoverinfo": "skip",
+            "marker": {"symbol": symbol, "size": 12, "color": "#999999",
+                       "line": {"width": 1, "color": "#333"}}}
+
+
 def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_gb: float | None,
                         objective_names: list[str]) -> dict[str, Any]:
     """Peak memory (x) vs step time (y); colour = loss std, shape = checkpoint level.
@@ -125,12 +139,15 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
         rows = ok[ok["checkpoint_level"] == level]
         traces.append({
             "type": "scatter", "mode": "markers", "name": f"checkpoint {esc(level)}",
+            "showlegend": False, "legendgroup": f"checkpoint {esc(level)}",  # level_legend_key's
             "x": nums(rows["peak_mem_gb"]), "y": nums(rows["step_time_ms"]),
             "text": [_hover(r) for _, r in rows.iterrows()], "hoverinfo": "text",
             "marker": {"symbol": checkpoint_symbol(level, others), "size": 12,
                        "color": nums(rows["loss_std"]), "coloraxis": "coloraxis",
                        "line": {"width": 1, "color": "#333"}},
         })
+    traces += [level_legend_key(level, checkpoint_symbol(level, others))
+               for level in level_order(ok["checkpoint_level"])]
     front = ok[ok["on_frontier"]].sort_values(["peak_mem_gb", "step_time_ms"])
     if len(front):
         traces.append({

@@ -44,9 +44,11 @@ class PageLog:
     dialogs: list[dict[str, Any]] = field(default_factory=list)  # Page.javascriptDialogOpening params
 
     def errors(self) -> list[str]:
+        # plotly.js logs its warnings ("WARN: Invalid color specifier ...") with console.trace,
+        # so a trace counts as a warning here; the page itself never calls console.trace.
         out = [f"console.{c['type']}: " + " ".join(str(a.get("value", a.get("description", "")))
                                                    for a in c.get("args", []))
-               for c in self.console if c.get("type") in ("error", "assert", "warning")]
+               for c in self.console if c.get("type") in ("error", "assert", "warning", "trace")]
         out += [f"exception: {e.get('exceptionDetails', {})}" for e in self.exceptions]
         out += [f"log {e.get('level')}: {e.get('text')} {e.get('url', '')}" for e in self.log_entries
                 if e.get("level") in ("error", "warning")]
@@ -165,13 +167,15 @@ class Chromium:
             self._record(msg)
 
     # -- page -----------------------------------------------------------------------------------
-    def open(self, url: str) -> None:
-        """Attach to a fresh page with logging on, then navigate to url."""
+    def open(self, url: str, width_px: int = 1280, height_px: int = 900) -> None:
+        """Attach to a fresh page with logging on, size its viewport, then navigate to url."""
         target = self.call("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
         self._session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True},
                                   session=False)["sessionId"]
         for domain in ("Runtime", "Log", "Network", "Page"):
             self.call(f"{domain}.enable")
+        self.call("Emulation.setDeviceMetricsOverride",
+                  {"width": width_px, "height": height_px, "deviceScaleFactor": 1, "mobile": False})
         self.call("Page.navigate", {"url": url})
 
     def evaluate(self, expression: str) -> Any:

@@ -1,5 +1,6 @@
-"""Open report.html in headless Chromium from a file:// URL: no console errors, no network
-requests, no script injection, and every plot rendered as non-empty SVG.
+"""Open report.html in headless Chromium from a file:// URL at 1280 px: no console errors or
+warnings, no network requests, no script injection, every plot rendered as non-empty SVG, tables
+within the page, and a sweep in which everything failed says what failed instead of plotting.
 
 Skipped when Chromium is absent; CI installs Debian's `chromium` first (.ci/run).
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from cdp_chromium import Chromium, find_chromium
+from report_frames import CUDA_OOM, all_oom_sweep, llama_sweep
 from sweep_frames import HOSTILE, steps_for, sweep_trials, trial, write_dir
 
 from dpo_sweep.analysis.commands import analyse_dir
@@ -22,6 +24,24 @@ Array.from(document.querySelectorAll('div.plot')).map(function (div) {
           width: div.getBoundingClientRect().width};
 })
 """
+
+
+# For every table: its width against the page and its scroll box, and its tallest row.
+TABLE_FIT_JS = """
+Array.from(document.querySelectorAll('table')).map(function (t) {
+  var box = t.parentElement, rows = Array.from(t.querySelectorAll('tbody tr'));
+  return {right: t.getBoundingClientRect().right, page: document.documentElement.clientWidth,
+          scrollWidth: box.scrollWidth, boxWidth: box.clientWidth,
+          tallestRow: Math.max.apply(null, rows.map(function (r) { return r.getBoundingClientRect().height; }))};
+})
+"""
+OPEN_ALL_DETAILS_JS = "document.querySelectorAll('td details').forEach(function (d) { d.open = true; })"
+
+
+def assert_tables_fit(tables, max_row_px):
+    for t in tables:
+        assert t["right"] <= t["page"] and t["scrollWidth"] <= t["boxWidth"], t
+        assert t["tallestRow"] <= max_row_px, t
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +81,50 @@ def test_report_renders_offline_in_chromium(tmp_path, chromium_binary):
         assert p["svgs"] >= 1 and p["nonEmpty"] and p["marks"] > 0 and p["width"] > 0, p
 
 
-def test_all_oom_results_only_report_renders_without_errors(tmp_path, chromium_binary):
-    # Edge case: nothing completed, no steps.csv, no environment.json, no budget.
-    trials = [trial(f"t{i}", status="oom", mb=2 ** i, level="none") for i in range(3)]
-    report = analyse_dir(write_dir(tmp_path / "results", trials)).report_path
+def test_tables_fit_1280px_and_long_errors_sit_behind_a_toggle(tmp_path, chromium_binary):
+    trials = llama_sweep()
+    steps = [s for t in trials if t.status == "ok" for s in steps_for(t.trial_id, 4, t.peak_mem_gb)]
+    report = analyse_dir(write_dir(tmp_path / "results", trials, steps)).report_path
+    oom_id = trials[-1].trial_id
     with Chromium(chromium_binary, tmp_path / "profile", timeout_s=60) as browser:
-        browser.open(report.resolve().as_uri())
+        browser.open(report.resolve().as_uri(), width_px=1280)
+        ready = browser.wait_for("document.body && document.body.getAttribute('data-plots-ready')", 45)
+        closed = browser.evaluate(TABLE_FIT_JS)
+        oom_row = browser.evaluate(
+            f"(function () {{ var c = document.querySelector('td[title=\"{oom_id}\"]');"
+            " var d = c.parentElement.nextElementSibling.querySelector('details');"
+            " return {shown: c.textContent, open: d.open, summary: d.querySelector('summary').textContent,"
+            " full: d.textContent}; })()")
+        browser.evaluate(OPEN_ALL_DETAILS_JS)
+        opened = browser.evaluate(TABLE_FIT_JS)
+        browser.pump(0.5)
+        log = browser.log
+    assert ready == "4", f"plots not drawn: {ready!r}; errors: {log.errors()}"
+    assert log.errors() == []  # includes plotly's own warnings (console.trace)
+    assert len(closed) == 2
+    assert_tables_fit(closed, max_row_px=45)  # a line per trial (two for its error), the rest folded
+    assert oom_row["shown"] == "t005" and not oom_row["open"]  # compact id, the full one on hover
+    assert oom_row["summary"].startswith("error: rank 0: CUDA out of memory.")  # on the line under it
+    assert "torch.OutOfMemoryError" in oom_row["full"]  # the whole error is one click away
+    assert_tables_fit(opened, max_row_px=600)  # unfolded, it wraps inside its column
+
+
+def test_all_failed_report_says_what_failed_instead_of_plotting(tmp_path, chromium_binary):
+    # Nothing completed, no steps.csv, no environment.json, no budget.
+    report = analyse_dir(write_dir(tmp_path / "results", all_oom_sweep())).report_path
+    with Chromium(chromium_binary, tmp_path / "profile", timeout_s=60) as browser:
+        browser.open(report.resolve().as_uri(), width_px=1280)
         ready = browser.wait_for("document.body && document.body.getAttribute('data-plots-ready')", 45)
         text = browser.evaluate("document.body.innerText")
+        plots = browser.evaluate("document.querySelectorAll('div.plot, svg.main-svg').length")
+        tables = browser.evaluate(TABLE_FIT_JS)
         browser.pump(0.3)
         log = browser.log
-    assert ready == "2", f"plots not drawn: {ready!r}; errors: {log.errors()}"
+    assert ready == "0", f"unexpected plots: {ready!r}; errors: {log.errors()}"
+    assert plots == 0  # no empty scatter on default axes, no stray subplot
     assert log.errors() == [] and log.dialogs == []
-    assert "No configuration fits" in text and "No trial completed" in text
+    assert "No configuration fits" in text
+    assert "No trial completed, so there is nothing to plot" in text
+    assert "3 oom: t000, t001, t002" in text
+    assert CUDA_OOM.splitlines()[0][:60] in text
+    assert_tables_fit(tables, max_row_px=45)

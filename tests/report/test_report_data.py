@@ -4,12 +4,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from report_frames import CUDA_OOM, all_oom_sweep, llama_sweep
 from sweep_frames import HOSTILE, frame, steps_for, sweep_trials, trial
 
 from dpo_sweep.analysis.pareto import analyse_frontier, objectives_from_spec
 from dpo_sweep.analysis.recommend import recommend
-from dpo_sweep.analysis.results import load_steps
-from dpo_sweep.report.data import build_report_data, flatten
+from dpo_sweep.analysis.results import load_steps, write_steps
+from dpo_sweep.report.data import (ERROR_SUMMARY_CHARS, Cell, build_report_data, compact_trial_ids,
+                                   error_cell, flatten)
 
 OBJS = objectives_from_spec(None)
 
@@ -35,16 +37,31 @@ def test_scatter_draws_frontier_budget_and_oom(tmp_path):
     assert front["mode"] == "lines+markers"
     oom = traces["OOM (no step time; drawn at the budget)"]
     assert oom["x"] == [20.0, 20.0]  # both OOM trials sit on the budget line
-    # One trace per checkpoint level, shaped by level and coloured by loss std on one colour axis.
-    levels = {n: t for n, t in traces.items() if n.startswith("checkpoint ")}
-    assert set(levels) == {"checkpoint none", "checkpoint L1", "checkpoint L2"}
-    assert {t["marker"]["symbol"] for t in levels.values()} == {"circle", "square", "diamond"}
-    assert all(t["marker"]["coloraxis"] == "coloraxis" for t in levels.values())
+    # One trace per checkpoint level, shaped by level and coloured by loss std on one colour axis;
+    # each level's legend entry is a separate key (its shape in grey) in the same legend group.
+    levels = [t for t in scatter.spec["data"] if t["name"].startswith("checkpoint ")]
+    points = {t["name"]: t for t in levels if t.get("showlegend") is False}
+    keys = {t["name"]: t for t in levels if t.get("showlegend") is not False}
+    assert set(points) == set(keys) == {"checkpoint none", "checkpoint L1", "checkpoint L2"}
+    assert {t["marker"]["symbol"] for t in points.values()} == {"circle", "square", "diamond"}
+    assert all(t["marker"]["coloraxis"] == "coloraxis" for t in points.values())
+    assert all(keys[n]["legendgroup"] == points[n]["legendgroup"] for n in keys)
+    assert all(keys[n]["marker"]["symbol"] == points[n]["marker"]["symbol"] for n in keys)
     layout = scatter.spec["layout"]
     assert layout["coloraxis"]["colorbar"]["title"]["text"] == "loss std"
     assert [s["x0"] for s in layout["shapes"]] == [20.0, 19.0]  # budget and usable budget
     assert "1e9 bytes" in layout["xaxis"]["title"]["text"]
     assert traces["diverged / pruned / error"]["x"] == [9.0]  # the diverged trial measured 9 GB
+
+
+def test_every_legend_symbol_has_a_colour_string(tmp_path):
+    # plotly cannot colour a legend symbol from a colour-axis number: it logs "Invalid color
+    # specifier: number 0.0224" and draws it black. Whatever shows in a legend has a colour string.
+    _, data = build(tmp_path, sweep_trials(), steps=None)
+    for fig in data.figures:
+        for t in fig.spec["data"]:
+            if t.get("showlegend") is not False and "marker" in t:
+                assert isinstance(t["marker"]["color"], str), (fig.dom_id, t["name"])
 
 
 def test_dimension_panels_cover_the_four_swept_dimensions(tmp_path):
@@ -62,7 +79,6 @@ def test_step_curves_only_with_steps_csv(tmp_path):
     assert [f.dom_id for f in without.figures] == ["plot-memory-time", "plot-dimensions"]
     assert any("steps.csv is absent" in n for n in without.notes)
     (tmp_path / "s").mkdir()
-    from dpo_sweep.analysis.results import write_steps
     write_steps(tmp_path / "s", steps_for("a", 5, 10.0) + steps_for("b", 500, 12.0))
     _, with_steps = build(tmp_path, trials, steps=load_steps(tmp_path / "s"))
     loss = with_steps.figures[2]
@@ -101,6 +117,77 @@ def test_data_strings_are_escaped_for_plotly(tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     # Plain data (tables, title) stays raw here; the template's autoescape handles it.
     assert HOSTILE in data.title
+
+
+def test_trials_table_compacts_ids_and_puts_long_errors_behind_a_toggle(tmp_path):
+    trials = llama_sweep()
+    _, data = build(tmp_path, trials, budget=40.0)
+    table = data.trials_table
+    trial_col = table.header.index("trial")
+    assert "error" not in table.header  # each error is a full-width line under its trial
+    assert len(table.row_notes) == len(table.rows)
+    notes = {row[trial_col].title: note for row, note in zip(table.rows, table.row_notes)}
+    shown = {row[trial_col].title: row[trial_col].text for row in table.rows}
+    assert shown[trials[-1].trial_id] == "t005"  # the knobs have their own columns
+    error = notes[trials[-1].trial_id]
+    assert error.detail == CUDA_OOM and error.text.startswith("rank 0: CUDA out of memory.")
+    assert len(error.text) <= ERROR_SUMMARY_CHARS and "\n" not in error.text
+    assert notes[trials[0].trial_id] == Cell("")
+    assert all(isinstance(c, Cell) for row in data.frontier_table.rows for c in row)
+
+
+def test_trials_table_states_columns_shared_by_every_trial_once(tmp_path):
+    _, data = build(tmp_path, llama_sweep(), budget=40.0)
+    table = data.trials_table
+    assert table.shared == [("model", "meta-llama/Llama-3.2-1B-Instruct"), ("seq_len", "128"),
+                            ("beta", "0.1"), ("effective batch", "16")]
+    assert {"model", "seq_len", "beta", "effective batch"}.isdisjoint(table.header)
+    assert {"micro_batch", "checkpoint", "grad_acc"} <= set(table.header)  # these vary
+    assert all(len(row) == len(table.header) for row in table.rows)
+    assert data.frontier_table.shared == []  # frontier.md's shape, every column kept
+
+
+def test_compact_trial_ids_fall_back_to_full_ids_when_prefixes_clash():
+    assert compact_trial_ids(["t000_mb1_none", "t001_mb2_none"]) == {
+        "t000_mb1_none": "t000", "t001_mb2_none": "t001"}
+    ids = ["trial_000_abc", "trial_001_abc", "_x"]
+    assert compact_trial_ids(ids) == {i: i for i in ids}
+
+
+def test_error_cell_keeps_short_errors_and_folds_long_or_multiline_ones():
+    assert error_cell("worker died") == Cell("worker died")
+    assert error_cell("") == Cell("")
+    assert error_cell("CUDA out of memory\ntraceback") == Cell("CUDA out of memory",
+                                                                 detail="CUDA out of memory\ntraceback")
+    assert error_cell("x" * ERROR_SUMMARY_CHARS) == Cell("x" * ERROR_SUMMARY_CHARS)
+    long = error_cell("x" * 200, max_chars=80)
+    assert long.text == "x" * 79 + "\u2026" and long.detail == "x" * 200
+
+
+def test_all_failed_report_names_the_failures_and_draws_no_plot(tmp_path):
+    _, data = build(tmp_path, all_oom_sweep() + [trial("t009", status="error", error="worker died")],
+                    budget=None)
+    assert data.figures == []  # no empty scatter on default axes, no stray subplot
+    assert data.plots_note.startswith("No trial completed, so there is nothing to plot")
+    assert data.failures == [
+        "3 oom: t000, t001, t002. First error: "
+        + CUDA_OOM.splitlines()[0][:ERROR_SUMMARY_CHARS - 1] + "\u2026",
+        "1 error: t009. First error: worker died"]
+
+
+def test_all_failed_report_keeps_the_per_step_curves_of_failed_trials(tmp_path):
+    trials = [trial("d1", 9.0, 80.0, 3.0, status="diverged"), trial("o1", status="oom", error=CUDA_OOM)]
+    (tmp_path / "s").mkdir()
+    write_steps(tmp_path / "s", steps_for("d1", 4, 9.0))
+    _, data = build(tmp_path, trials, steps=load_steps(tmp_path / "s"))
+    assert [f.dom_id for f in data.figures] == ["plot-loss", "plot-memory-steps"]
+    assert data.plots_note.startswith("No trial completed, so the memory and step-time plots are left out")
+
+
+def test_normal_report_still_lists_its_failures(tmp_path):
+    _, data = build(tmp_path, llama_sweep(), budget=40.0)
+    assert data.plots_note == ""
+    assert [f.split(":")[0] for f in data.failures] == ["1 oom"]
 
 
 def test_flatten():
