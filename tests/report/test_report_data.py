@@ -29,11 +29,13 @@ def test_scatter_draws_frontier_budget_and_oom(tmp_path):
     scatter = data.figures[0]
     assert scatter.dom_id == "plot-memory-time"
     traces = traces_by_name(scatter)
-    front = traces["Pareto frontier (memory, step_time, loss_std)"]
-    expected = analysed[analysed["on_frontier"]].sort_values(["peak_mem_gb", "step_time_ms"])
+    front = traces["Pareto frontier (memory, throughput, loss_std)"]
+    expected = analysed[analysed["on_frontier"]].sort_values(["peak_mem_gb", "tokens_per_s"])
     assert front["x"] == pytest.approx(expected["peak_mem_gb"].tolist(), rel=1e-4)
+    assert front["y"] == pytest.approx(expected["tokens_per_s"].tolist(), rel=1e-4)  # throughput axis
     assert front["mode"] == "lines+markers"
-    oom = traces["OOM (no step time; drawn at the budget)"]
+    assert "throughput (tokens/s" in scatter.spec["layout"]["yaxis"]["title"]["text"]
+    oom = traces["OOM (no throughput; drawn at the budget)"]
     assert oom["x"] == [20.0, 20.0]  # both OOM trials sit on the budget line
     # One trace per checkpoint level, shaped by level and coloured by loss std on one colour axis.
     levels = {n: t for n, t in traces.items() if n.startswith("checkpoint ")}
@@ -45,6 +47,15 @@ def test_scatter_draws_frontier_budget_and_oom(tmp_path):
     assert [s["x0"] for s in layout["shapes"]] == [20.0, 19.0]  # budget and usable budget
     assert "1e9 bytes" in layout["xaxis"]["title"]["text"]
     assert traces["diverged / pruned / error"]["x"] == [9.0]  # the diverged trial measured 9 GB
+
+
+def test_scatter_bars_show_the_throughput_noise(tmp_path):
+    from dataclasses import replace
+    trials = [replace(trial("a", 10.0, 100.0, 0.02, tps=1000.0), step_time_p10_ms=80.0, step_time_p90_ms=125.0),
+              trial("b", 12.0, 90.0, 0.03, tps=1200.0)]  # no spread: a zero-length bar
+    _, data = build(tmp_path, trials)
+    bars = traces_by_name(data.figures[0])["checkpoint none"]["error_y"]
+    assert bars["arrayminus"] == pytest.approx([200.0, 0.0]) and bars["array"] == pytest.approx([250.0, 0.0])
 
 
 def test_dimension_panels_cover_the_four_swept_dimensions(tmp_path):
