@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from dpo_sweep.analysis import pareto, results, tables
+from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.errors import UserError
 
@@ -206,7 +207,7 @@ def format_recommendation(rec: Recommendation) -> str:
                 f"beta={tables.fmt_beta(c['beta'])}\n"
                 f"  peak {tables.fmt_float(m.get('peak_mem_gb'), 2)} GB, "
                 f"{tables.fmt_float(m.get('step_time_ms'), 1)} ms/step, "
-                f"{tables.fmt_sig(m.get('tokens_per_s'), 4)} tokens/s, "
+                f"{amount(m.get('tokens_per_s'))} tokens/s, "
                 f"loss std {tables.fmt_sig(m.get('loss_std'))}")
     if rec.memory_budget_gb is not None:
         head += (f"\n  budget {rec.memory_budget_gb:.2f} GB ({rec.budget_source}), usable "

@@ -255,7 +255,7 @@ def recommend(
         runner_up = {"trial_id": str(second["trial_id"]), "config": config_of(second),
                      "metrics": _metrics(second), "cost": cost}
     else:
-        reason += " No other configuration qualifies, so there is no runner-up."
+        reason += f" No other {pool_name} qualifies, so there is no runner-up."
     if unstable_ids:
         reason += (f" Left out for a loss std above the normal range: {', '.join(unstable_ids)}.")
     return Recommendation(trial_id=str(winner["trial_id"]), config=config_of(winner), reason=reason,

@@ -38,6 +38,10 @@ def test_issue_example_recommends_the_configuration_that_moves_the_most_tokens(t
     # Both trade memory for throughput: both on the frontier; the seed's table shape is kept.
     assert "| 2 | full | 1 | 0.1 | 10.00 | 60.0 | 68267 | 0.02 | yes |" in frontier
     assert "| 8 | none | 1 | 0.1 | 20.00 | 200.0 | 81920 | 0.02 | yes |" in frontier
+    capsys.readouterr()
+    assert main(["recommend", str(out_dir), "--memory-budget-gb", "40"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("recommended: t_mb8") and "81,920 tokens/s" in printed and "e+0" not in printed
 
 
 def quickstart_pair(tps_l1: float, tps_none: float):
@@ -58,6 +62,7 @@ def test_the_same_answer_twice_when_throughputs_differ_inside_the_noise(tmp_path
     reason = first.recommendation["reason"]
     assert "A tie decided: t008_mb4_L1_ga1 measured more tokens/s (1,010 vs 1,000)" in reason
     assert "inside the step-time noise" in reason and "less peak memory" in reason
+    assert "No other frontier configuration qualifies" in reason  # t008 is off it: the tie dominated it
     assert "A tie decided" not in second.recommendation["reason"]
 
 
