@@ -196,11 +196,28 @@ class ResourcesSpec(_Strict):
 
 
 class ObjectivesSpec(_Strict):
-    """What the Pareto frontier minimises (or maximises)."""
+    """What the Pareto frontier minimises (or maximises); null leaves an objective out."""
 
-    memory: Literal["min", "max"] | None = "min"
-    step_time: Literal["min", "max"] | None = "min"
-    loss_std: Literal["min", "max"] | None = "min"
+    memory: Literal["min", "max"] | None = Field("min", description="peak_mem_gb.")
+    throughput: Literal["min", "max"] | None = Field(
+        "max",
+        description="tokens_per_s, compared within its measured step-time noise (analysis/noise.py). "
+        "Not time per optimizer step: a step of a larger effective batch does more work.",
+    )
+    loss_std: Literal["min", "max"] | None = Field("min", description="loss_std (stability).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _step_time_became_throughput(cls, data: Any) -> Any:
+        # Refused rather than silently mapped: a space file is about to be run, and its author
+        # should see that the time axis changed meaning (a results dir's copy is read as throughput).
+        if isinstance(data, dict) and "step_time" in data:
+            raise ValueError(
+                f"objectives.step_time is no longer an objective (got step_time: {data['step_time']!r}); "
+                "the time objective is throughput (tokens/s), so a step that does more work does not "
+                "count as slower: write `throughput: max` instead (allowed: memory, throughput, loss_std)"
+            )
+        return data
 
 
 class TrialConfig(_Strict):

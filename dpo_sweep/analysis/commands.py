@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from dpo_sweep.analysis import pareto, results, tables
+from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.errors import UserError
 
@@ -38,6 +39,8 @@ class AnalysisOutcome:
     """recommendation.json's content."""
     analysed: pd.DataFrame = field(compare=False, repr=False)
     """results.csv plus the frontier columns (eligible, on_frontier, frontier_distance, frontier_rank)."""
+    objectives: tuple[pareto.Objective, ...] = ()
+    """The objectives the frontier was taken over."""
 
 
 def gpu_memory_gb_from_environment(env: Mapping[str, Any] | None) -> float | None:
@@ -98,7 +101,7 @@ def objectives_of(space: Mapping[str, Any] | None, out_dir: Path) -> dict[str, A
     if spec is not None and not isinstance(spec, dict):
         path = out_dir / "space.yaml"
         raise UserError(f"{path}: objectives must be a mapping like "
-                        "{memory: min, step_time: min, loss_std: min}")
+                        "{memory: min, throughput: max, loss_std: min}")
     return spec
 
 
@@ -132,7 +135,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     """Analyse DIR/results.csv and (re)write frontier.md, recommendation.json, report.html.
 
     ``memory_budget_gb`` None: the GPU's memory from environment.json, if any. ``objectives``
-    None: DIR/space.yaml's ``objectives:``, else memory, step time and loss std, all minimised.
+    None: DIR/space.yaml's ``objectives:``, else memory min, throughput max, loss std min.
     """
     from dpo_sweep.report.data import build_report_data
     from dpo_sweep.report.html import write_report
@@ -148,11 +151,22 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     rec_path = out_dir / "recommendation.json"
     rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     report_path = write_report(out_dir / "report.html", build_report_data(analysed, rec, objs, steps, env))
-    return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed)
+    return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed, objs)
+
+
+def describe_objectives(objs: tuple[pareto.Objective, ...]) -> str:
+    """``memory min, throughput max (read from the old step_time: min), loss_std min``."""
+    return ", ".join(f"{o.name} {o.direction}" + (f" ({o.note})" if o.note else "") for o in objs)
+
+
+def objective_notes(objs: tuple[pareto.Objective, ...]) -> list[str]:
+    """One line per objective read other than as written (printed by report and recommend)."""
+    return [f"note: objectives.{o.note.removeprefix('read from the old ')} of DIR/space.yaml read as "
+            f"{o.name}: {o.direction} (the time objective is throughput now)" for o in objs if o.note]
 
 
 def _frontier_document(table: str, objs: tuple[pareto.Objective, ...], rec: Recommendation) -> str:
-    objectives = ", ".join(f"{o.name} {o.direction}" for o in objs)
+    objectives = describe_objectives(objs)
     return (f"# Pareto frontier\n\nObjectives: {objectives}. GB = 1e9 bytes. Sorted by peak memory; "
             "`on frontier` is `-` for trials that did not finish ok.\n\n"
             f"{table}\n**Recommendation:** {rec.reason}\n")
@@ -162,6 +176,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     """``dpo-sweep report DIR [--memory-budget-gb X]``."""
     outcome = analyse_dir(args.dir, args.memory_budget_gb,
                           safety_margin=safety_margin_of(args))
+    for note in objective_notes(outcome.objectives):
+        print(note)
     print(outcome.frontier_markdown)
     print(outcome.recommendation["reason"])
     print(f"wrote {outcome.frontier_path}, {outcome.recommendation_path}, {outcome.report_path}")
@@ -173,7 +189,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     Exit 0 also when nothing fits: that is an answer, and the message says so.
     """
-    _, rec, _, _ = _analyse_results(Path(args.dir), args.memory_budget_gb, None, safety_margin_of(args))
+    _, rec, objs, _ = _analyse_results(Path(args.dir), args.memory_budget_gb, None, safety_margin_of(args))
+    for note in objective_notes(objs):
+        print(note)
     print(format_recommendation(rec))
     return 0
 
@@ -189,7 +207,7 @@ def format_recommendation(rec: Recommendation) -> str:
                 f"beta={tables.fmt_beta(c['beta'])}\n"
                 f"  peak {tables.fmt_float(m.get('peak_mem_gb'), 2)} GB, "
                 f"{tables.fmt_float(m.get('step_time_ms'), 1)} ms/step, "
-                f"{tables.fmt_sig(m.get('tokens_per_s'), 4)} tokens/s, "
+                f"{amount(m.get('tokens_per_s'))} tokens/s, "
                 f"loss std {tables.fmt_sig(m.get('loss_std'))}")
     if rec.memory_budget_gb is not None:
         head += (f"\n  budget {rec.memory_budget_gb:.2f} GB ({rec.budget_source}), usable "

@@ -1,13 +1,23 @@
-"""The Pareto frontier over a sweep's objectives (memory, step time, loss std by default).
+"""The Pareto frontier over a sweep's objectives (memory min, throughput max, loss std min by default).
 
 Pure functions on numpy arrays and DataFrames; nothing here reads files.
 
 Definitions used throughout:
 
 * Every objective is turned into "smaller is better" (``max`` objectives are negated).
-* ``a`` dominates ``b`` when ``a`` is no worse on every objective and strictly better on one.
-  Two trials with exactly the same values therefore do not dominate each other: exact ties are
-  both on the frontier (neither is worse, so dropping either would hide a valid choice).
+* Throughput is the time objective, not time per optimizer step: a step of a larger effective
+  batch does more work, and with equal effective batches both order the trials the same way.
+* Each objective value is an interval: throughput's is its p10-p90 interval in tokens/s
+  (:mod:`dpo_sweep.analysis.noise`), every other objective's the single measured value.
+  ``a`` is *better* than ``b`` on an objective when ``a``'s whole interval is better than
+  ``b``'s, and *no worse* when ``b`` is not better than ``a``.
+* ``a`` dominates ``b`` when ``a`` is no worse on every objective and better on one. So a trial
+  whose throughput is inside another's noise and that needs more memory (or has a higher loss
+  std) is dominated: which of two indistinguishable throughputs measured higher never decides
+  whether a trial is on the frontier. Rows without a spread compare exactly, and two trials
+  with exactly the same values do not dominate each other: exact ties are both on the frontier
+  (neither is worse, so dropping either would hide a valid choice). The relation has no cycles
+  (only one objective has intervals), so an eligible sweep always has a frontier.
 * Only *eligible* trials compete: status ``ok`` and a finite value in every objective. An ``ok``
   trial with a NaN metric cannot be compared, so it is kept, shown and marked off the frontier.
   ``oom``, ``diverged``, ``error`` and ``pruned`` rows are kept too; they are never on it.
@@ -23,15 +33,21 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from dpo_sweep.analysis import noise
+from dpo_sweep.config import ObjectivesSpec
 from dpo_sweep.errors import UserError
 
 #: Space-file objective name -> results.csv column.
 OBJECTIVE_COLUMNS: dict[str, str] = {
     "memory": "peak_mem_gb",
-    "step_time": "step_time_ms",
+    "throughput": "tokens_per_s",
     "loss_std": "loss_std",
 }
-DEFAULT_OBJECTIVES: dict[str, str] = {"memory": "min", "step_time": "min", "loss_std": "min"}
+DEFAULT_OBJECTIVES: dict[str, str | None] = ObjectivesSpec().model_dump()
+#: The objective whose values carry a measured noise interval (noise.throughput_interval).
+NOISY_COLUMN = "tokens_per_s"
+#: An old name still found in results dirs' space.yaml: read as throughput, the other way round.
+_LEGACY_STEP_TIME = {"min": "max", "max": "min", None: None}
 
 
 @dataclass(frozen=True)
@@ -39,31 +55,39 @@ class Objective:
     """One axis of the frontier."""
 
     name: str
-    """Space-file name: memory, step_time or loss_std."""
+    """Space-file name: memory, throughput or loss_std."""
     column: str
     """results.csv column it reads."""
     direction: str
     """``min`` or ``max``."""
+    note: str = ""
+    """How it was read when not as written (an old ``step_time`` objective), for the output."""
 
 
 def objectives_from_spec(spec: Mapping[str, Any] | None) -> tuple[Objective, ...]:
     """Turn a space file's ``objectives:`` mapping into Objectives (None -> the defaults).
 
-    Values are ``min``, ``max`` or None (not used). Raises UserError on an unknown name or
-    direction, or when nothing is left to optimise.
+    Values are ``min``, ``max`` or None (not used). An old ``step_time: min`` (a results dir's
+    space.yaml from before throughput) is read as ``throughput: max``, with a note saying so.
+    Raises UserError on an unknown name or direction, or when nothing is left to optimise.
     """
     spec = DEFAULT_OBJECTIVES if spec is None else spec
     if hasattr(spec, "model_dump"):  # a config.ObjectivesSpec passed as is
         spec = spec.model_dump()
     out = []
     for name, direction in spec.items():
+        note = ""
+        legacy = name == "step_time" and "throughput" not in spec
+        if legacy and (direction is None or direction in ("min", "max")):
+            note = f"read from the old step_time: {direction}"
+            name, direction = "throughput", _LEGACY_STEP_TIME[direction]
         if name not in OBJECTIVE_COLUMNS:
             raise UserError(f"objectives.{name} is unknown; allowed: {', '.join(OBJECTIVE_COLUMNS)}")
         if direction is None:
             continue
         if direction not in ("min", "max"):
             raise UserError(f"objectives.{name} is {direction!r}; allowed: min, max or null")
-        out.append(Objective(name, OBJECTIVE_COLUMNS[name], direction))
+        out.append(Objective(name, OBJECTIVE_COLUMNS[name], direction, note))
     if not out:
         raise UserError("objectives: every objective is null; set at least one of "
                         + ", ".join(f"{n}: min" for n in OBJECTIVE_COLUMNS))
@@ -83,21 +107,34 @@ def as_minimisation(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> np.n
     return values * signs
 
 
+def intervals_as_minimisation(df: pd.DataFrame, objectives: tuple[Objective, ...]
+                              ) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) matrices like :func:`as_minimisation`: throughput's noise interval, every
+    other objective its value (low == high)."""
+    low, high = as_minimisation(df, objectives), as_minimisation(df, objectives)
+    tps_low, tps_high = noise.throughput_interval(df)
+    for k, o in enumerate(objectives):
+        if o.column == NOISY_COLUMN:
+            low[:, k], high[:, k] = (tps_low, tps_high) if o.direction == "min" else (-tps_high, -tps_low)
+    return low, high
+
+
 def dominates(a: np.ndarray, b: np.ndarray) -> bool:
     """True when point ``a`` dominates ``b`` (both "smaller is better" vectors)."""
     return bool(np.all(a <= b) and np.any(a < b))
 
 
-def frontier_mask(points: np.ndarray) -> np.ndarray:
-    """Non-dominated rows of a finite (n x k) "smaller is better" matrix; exact ties all kept.
+def frontier_mask(low: np.ndarray, high: np.ndarray | None = None) -> np.ndarray:
+    """Non-dominated rows of finite (n x k) "smaller is better" intervals [low, high] (high
+    None: exact points); exact ties all kept. Dominance as the module doc defines it.
 
     O(n^2 k), which is nothing for sweeps of a few hundred trials.
     """
-    n = len(points)
-    if n == 0:
+    high = low if high is None else high
+    if len(low) == 0:
         return np.zeros(0, dtype=bool)
-    no_worse = np.all(points[:, None, :] <= points[None, :, :], axis=2)  # [i, j]: i <= j everywhere
-    better = np.any(points[:, None, :] < points[None, :, :], axis=2)  # [i, j]: i < j somewhere
+    no_worse = np.all(low[:, None, :] <= high[None, :, :], axis=2)  # [i, j]: j nowhere better than i
+    better = np.any(high[:, None, :] < low[None, :, :], axis=2)  # [i, j]: i better than j somewhere
     dominated = np.any(no_worse & better, axis=0)  # column j dominated by some row i
     return ~dominated
 
@@ -117,6 +154,7 @@ def analyse_frontier(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> pd.
     """A copy of ``df`` with the frontier columns added; no row is dropped.
 
     * ``eligible``: could be compared (ok and finite objectives).
+    * ``throughput_low`` / ``throughput_high``: the tokens/s noise interval (noise.py), for every row.
     * ``on_frontier``: bool, True only for eligible non-dominated rows.
     * ``frontier_distance``: float, 0 on the frontier, NaN for ineligible rows.
     * ``frontier_rank``: 1 for every frontier row, then 2, 3, ... by distance (ties share a
@@ -125,10 +163,12 @@ def analyse_frontier(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> pd.
     out = df.copy()
     eligible = eligible_mask(df, objectives)
     points = as_minimisation(df, objectives)[eligible]
-    on = frontier_mask(points)
+    low, high = intervals_as_minimisation(df, objectives)
+    on = frontier_mask(low[eligible], high[eligible])
     dist = frontier_distances(points, on)
 
     out["eligible"] = eligible
+    out["throughput_low"], out["throughput_high"] = noise.throughput_interval(df)
     out["on_frontier"] = False
     out.loc[eligible, "on_frontier"] = on
     out["on_frontier"] = out["on_frontier"].astype(bool)

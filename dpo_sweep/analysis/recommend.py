@@ -2,9 +2,13 @@
 
 The rule: among the frontier configurations whose peak memory stays under the budget minus a
 safety margin and whose loss std lies within the sweep's normal range, take the one with the most
-tokens/s. Ties on tokens/s go to lower peak memory, then lower step time, then lower loss std,
-then the trial id (so the answer never depends on row order). If none fits, say so and name the
-cheapest configuration measured (or, when nothing completed, the cheapest one tried).
+tokens/s, with throughput compared within its measured noise (:mod:`dpo_sweep.analysis.noise`):
+every candidate whose p10-p90 throughput interval overlaps that of the candidate with the highest
+median tokens/s is tied with it, and the tie goes to the least peak memory, then the lowest loss
+std, then the most tokens/s, then the trial id (so the answer never depends on row order). The
+reason says when a tie decided, and when throughputs were compared exactly for want of a spread.
+If none fits, say so and name the cheapest configuration measured (or, when nothing completed,
+the cheapest one tried, with advice that fits how the trials failed: memory advice for ``oom``).
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpo_sweep.analysis import noise
+from dpo_sweep.analysis.reasons import amount, exactness_sentence, failure_summary, interval, tie_sentence, tied_faster
 from dpo_sweep.analysis.tables import is_finite
 from dpo_sweep.errors import UserError
 
@@ -120,15 +126,25 @@ def _metrics(row: pd.Series) -> dict[str, float | None]:
 
 
 def rank_candidates(rows: pd.DataFrame) -> pd.DataFrame:
-    """Best first: most tokens/s (NaN last), then least memory, step time, loss std, trial id."""
+    """Best first, for rows of ``pareto.analyse_frontier`` (with the throughput interval columns):
+    the rows tied with the highest median tokens/s (their intervals overlap its interval; it
+    included) by least memory, lowest loss std, most tokens/s, trial id; then the others by most
+    tokens/s, least memory, lowest loss std, trial id. NaN metrics sort last."""
     key = rows.assign(
         _tps=-rows["tokens_per_s"].astype(float).fillna(-np.inf),
         _mem=rows["peak_mem_gb"].astype(float).fillna(np.inf),
-        _time=rows["step_time_ms"].astype(float).fillna(np.inf),
         _std=rows["loss_std"].astype(float).fillna(np.inf),
     )
-    key = key.sort_values(["_tps", "_mem", "_time", "_std", "trial_id"], kind="mergesort")
-    return key.drop(columns=["_tps", "_mem", "_time", "_std"])
+    if key.empty:
+        return rows
+    best = key.sort_values(["_tps", "_mem", "_std", "trial_id"], kind="mergesort").iloc[0]
+    tied = noise.overlaps(key["throughput_low"], key["throughput_high"],
+                          best["throughput_low"], best["throughput_high"])
+    ranked = pd.concat([
+        key[tied].sort_values(["_mem", "_std", "_tps", "trial_id"], kind="mergesort"),
+        key[~tied].sort_values(["_tps", "_mem", "_std", "trial_id"], kind="mergesort"),
+    ])
+    return ranked.drop(columns=["_tps", "_mem", "_std"])
 
 
 def runner_up_cost(winner: pd.Series, other: pd.Series) -> str:
@@ -138,10 +154,14 @@ def runner_up_cost(winner: pd.Series, other: pd.Series) -> str:
     w_tps, o_tps = winner["tokens_per_s"], other["tokens_per_s"]
     if is_finite(w_tps) and is_finite(o_tps) and w_tps > 0:
         drop_pct = 100.0 * (w_tps - o_tps) / w_tps
+        tied = bool(noise.overlaps(winner.get("throughput_low"), winner.get("throughput_high"),
+                                   other.get("throughput_low"), other.get("throughput_high")))
+        within = ", inside the step-time noise" if tied and abs(drop_pct) >= 0.05 else ""
         if abs(drop_pct) < 0.05:
-            parts.append(f"match its throughput ({_g(o_tps)} tokens/s)")
+            parts.append(f"match its throughput ({amount(o_tps)} tokens/s)")
         else:
-            parts.append(f"cost {drop_pct:.1f}% of the throughput ({_g(o_tps)} vs {_g(w_tps)} tokens/s)")
+            change = f"cost {drop_pct:.1f}% of the throughput" if drop_pct > 0 else f"add {-drop_pct:.1f}% throughput"
+            parts.append(f"{change} ({amount(o_tps)} vs {amount(w_tps)} tokens/s{within})")
     w_mem, o_mem = winner["peak_mem_gb"], other["peak_mem_gb"]
     if is_finite(w_mem) and is_finite(o_mem):
         diff_gb = float(o_mem - w_mem)
@@ -153,7 +173,7 @@ def runner_up_cost(winner: pd.Series, other: pd.Series) -> str:
             parts.append(f"use the same peak memory ({_gb(o_mem)})")
     w_time, o_time = winner["step_time_ms"], other["step_time_ms"]
     if is_finite(w_time) and is_finite(o_time) and abs(o_time - w_time) > 0.05:
-        parts.append(f"take {_g(o_time)} ms per step instead of {_g(w_time)}")
+        parts.append(f"take {amount(o_time)} ms per step instead of {amount(w_time)}")
     w_std, o_std = winner["loss_std"], other["loss_std"]
     if is_finite(w_std) and is_finite(o_std) and abs(o_std - w_std) > 1e-12:
         parts.append(f"have loss std {_g(o_std, 3)} instead of {_g(w_std, 3)}")
@@ -220,7 +240,12 @@ def recommend(
     ranked = rank_candidates(stable)
     winner = ranked.iloc[0]
     second = ranked.iloc[1] if len(ranked) > 1 else None
-    reason = _why_it_won(winner, len(ranked), pool_name, memory_budget_gb, usable, safety_margin, limit)
+    # Ties are looked for among every fitting, stable trial: one off the frontier may be off it
+    # only because its higher median throughput is inside the noise of a leaner trial's.
+    faster = tied_faster(winner, _stable(_fits(ok[ok["eligible"]], usable), limit))
+    reason = _why_it_won(winner, len(ranked), pool_name, memory_budget_gb, usable, safety_margin, limit,
+                         tie=not faster.empty)
+    reason += tie_sentence(winner, faster) + exactness_sentence(ranked)
     if off_frontier:
         reason += " No frontier configuration qualifies, so the choice falls on a measured one off it."
     runner_up = None
@@ -230,7 +255,7 @@ def recommend(
         runner_up = {"trial_id": str(second["trial_id"]), "config": config_of(second),
                      "metrics": _metrics(second), "cost": cost}
     else:
-        reason += " No other configuration qualifies, so there is no runner-up."
+        reason += f" No other {pool_name} qualifies, so there is no runner-up."
     if unstable_ids:
         reason += (f" Left out for a loss std above the normal range: {', '.join(unstable_ids)}.")
     return Recommendation(trial_id=str(winner["trial_id"]), config=config_of(winner), reason=reason,
@@ -238,7 +263,7 @@ def recommend(
 
 
 def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: float | None,
-                usable_gb: float | None, safety_margin: float, limit: float | None) -> str:
+                usable_gb: float | None, safety_margin: float, limit: float | None, tie: bool) -> str:
     """``t3 (...) has the highest throughput (...) of the 4 frontier configurations that ...``."""
     peak, have = ("peaks", "has") if n_qualified == 1 else ("peak", "have")
     conditions = []
@@ -248,12 +273,14 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
     if limit is not None:
         conditions.append(f"{have} a loss std within the sweep's normal range (<= {_g(limit, 3)})")
     that = (" that " + " and ".join(conditions)) if conditions else ""
-    speed = f"{_g(winner['tokens_per_s'])} tokens/s at {_g(winner['step_time_ms'])} ms per step"
+    spread = (f" ({interval(winner)} over its p10-p90 step times)"
+              if noise.has_spread(winner.to_frame().T)[0] else "")
+    speed = f"{amount(winner['tokens_per_s'])} tokens/s{spread} at {amount(winner['step_time_ms'])} ms per step"
+    highest = "the highest throughput within the measurement noise" if tie else "the highest throughput"
     if n_qualified == 1:
         text = f"{describe(winner)} is the only {pool_name}{that}: {speed}."
     else:
-        text = (f"{describe(winner)} has the highest throughput, {speed}, of the {n_qualified} "
-                f"{pool_name}s{that}.")
+        text = f"{describe(winner)} has {highest}, {speed}, of the {n_qualified} {pool_name}s{that}."
     text += f" It peaks at {_gb(winner['peak_mem_gb'])} with loss std {_g(winner['loss_std'], 3)}."
     if usable_gb is None:
         text += (" No memory budget was given (pass --memory-budget-gb, or keep environment.json with "
@@ -296,6 +323,5 @@ def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
                 f"it needs a budget of at least {need_gb:.2f} GB.")
     elif row is not None:
         why += (f" No trial completed; the cheapest configuration tried is {describe(row)} "
-                f"(status {row['status']}). Try a smaller micro_batch, a stronger checkpoint level "
-                "(L2, L3, full) or a GPU with more memory.")
+                f"(status {row['status']}).") + failure_summary(df)
     return Recommendation(trial_id=None, config={}, reason=why, runner_up=None, cheapest=cheapest, **common)

@@ -57,6 +57,7 @@ class TrialResult:
     torch_peak_alloc_gb: float = math.nan
     torch_peak_reserved_gb: float = math.nan
     step_time_ms: float = math.nan
+    step_time_p10_ms: float = math.nan
     step_time_p90_ms: float = math.nan
     tokens_per_s: float = math.nan
     mfu: float = math.nan

@@ -196,12 +196,14 @@ def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Obje
         ("model", ", ".join(models) or "-"),
         ("trials", f"{len(analysed)} (" + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")"),
         ("on the frontier", str(int(analysed["on_frontier"].sum()))),
-        ("objectives", ", ".join(f"{o.name} ({o.column}) {o.direction}" for o in objectives)),
+        ("objectives", ", ".join(f"{o.name} ({o.column}) {o.direction}" + (f", {o.note}" if o.note else "")
+                                 for o in objectives)),
         ("memory budget", budget),
         ("normal loss std range",
          "-" if rec.loss_std_limit is None else f"<= {tables.fmt_sig(rec.loss_std_limit)}"),
         ("per-step data", "steps.csv" if steps is not None else "absent (results.csv only)"),
-        ("units", "GB = 1e9 bytes; step time is the median optimizer step in ms (warm-up excluded)"),
+        ("units", "GB = 1e9 bytes; step time is the median optimizer step in ms (warm-up excluded); "
+                  "tokens/s the median of the measured steps' throughputs"),
     ]
 
 
@@ -214,9 +216,9 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     # made-up step times): the report says what failed instead.
     completed = bool((analysed["status"] == "ok").any())
     unplotted = analysed[(analysed["status"] != "oom")
-                         & (analysed["peak_mem_gb"].isna() | analysed["step_time_ms"].isna())]
+                         & (analysed["peak_mem_gb"].isna() | analysed["tokens_per_s"].isna())]
     if len(unplotted) and completed:
-        notes.append(f"{len(unplotted)} trial(s) without a memory and step-time measurement are not in "
+        notes.append(f"{len(unplotted)} trial(s) without a memory and throughput measurement are not in "
                      "the scatter plot; they are listed in the tables: "
                      + ", ".join(f"{t} ({s})" for t, s in zip(unplotted["trial_id"], unplotted["status"])))
     ineligible_ok = analysed[(analysed["status"] == "ok") & ~analysed["eligible"]]
@@ -226,10 +228,12 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     names = [o.name for o in objectives]
     figs = [
         _figure("plot-memory-time", "Each point is a trial; the ringed points joined by the dotted line are "
-               "the Pareto frontier. Colour: loss std. Shape: checkpoint level. OOM trials have no step "
-               "time and are drawn on the budget line.",
+               "the Pareto frontier. Throughput, not step time: a step of a larger effective batch does "
+               "more work. Bars: the throughput over the p10-p90 step times; trials whose bars overlap "
+               "are tied, and ties go to less memory. Colour: loss std. Shape: checkpoint level. OOM "
+               "trials have no throughput and are drawn on the budget line.",
                figures.memory_time_scatter(analysed, rec.memory_budget_gb, rec.usable_memory_gb, names)),
-        _figure("plot-dimensions", "Memory and step time against each of the four swept dimensions.",
+        _figure("plot-dimensions", "Memory and throughput against each of the four swept dimensions.",
                figures.dimension_panels(analysed, rec.memory_budget_gb)),
     ] if completed else []
     if steps is not None and len(steps):

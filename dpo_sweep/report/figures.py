@@ -121,15 +121,26 @@ def level_legend_key(level: str, symbol: str) -> dict[str, Any]:
                        "line": {"width": 1, "color": "#333"}}}
 
 
+def _noise_bars(rows: pd.DataFrame) -> dict[str, Any]:
+    """Error bars from each point's tokens/s down and up to its p10-p90 throughput interval
+    (analysis/noise.py): points whose bars overlap are ties. Zero-length without a spread."""
+    tps = rows["tokens_per_s"].astype(float)
+    return {"type": "data", "symmetric": False, "visible": True, "thickness": 1, "width": 3,
+            "color": "#555", "array": nums(rows["throughput_high"].astype(float) - tps),
+            "arrayminus": nums(tps - rows["throughput_low"].astype(float))}
+
+
 def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_gb: float | None,
                         objective_names: list[str]) -> dict[str, Any]:
-    """Peak memory (x) vs step time (y); colour = loss std, shape = checkpoint level.
+    """Peak memory (x) vs throughput (y, tokens/s, with p10-p90 noise bars); colour = loss std,
+    shape = checkpoint level. Throughput, not step time: a step of a larger effective batch does
+    more work (the frontier's objective, analysis/pareto.py).
 
-    The frontier points are ringed and joined in memory order; OOM trials (no step time) sit on
-    the budget line, spread over the measured step-time range; diverged/pruned rows that measured
+    The frontier points are ringed and joined in memory order; OOM trials (no throughput) sit on
+    the budget line, spread over the measured throughput range; diverged/pruned rows that measured
     something are grey rings. Rows with nothing to plot are left to the tables.
     """
-    measured = analysed[analysed["peak_mem_gb"].notna() & analysed["step_time_ms"].notna()]
+    measured = analysed[analysed["peak_mem_gb"].notna() & analysed["tokens_per_s"].notna()]
     ok = measured[measured["status"] == "ok"]
     others = [lv for lv in level_order(analysed["checkpoint_level"]) if lv not in _SYMBOLS]
     std = ok["loss_std"].astype(float)
@@ -140,7 +151,7 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
         traces.append({
             "type": "scatter", "mode": "markers", "name": f"checkpoint {esc(level)}",
             "showlegend": False, "legendgroup": f"checkpoint {esc(level)}",  # level_legend_key's
-            "x": nums(rows["peak_mem_gb"]), "y": nums(rows["step_time_ms"]),
+            "x": nums(rows["peak_mem_gb"]), "y": nums(rows["tokens_per_s"]), "error_y": _noise_bars(rows),
             "text": [_hover(r) for _, r in rows.iterrows()], "hoverinfo": "text",
             "marker": {"symbol": checkpoint_symbol(level, others), "size": 12,
                        "color": nums(rows["loss_std"]), "coloraxis": "coloraxis",
@@ -148,12 +159,12 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
         })
     traces += [level_legend_key(level, checkpoint_symbol(level, others))
                for level in level_order(ok["checkpoint_level"])]
-    front = ok[ok["on_frontier"]].sort_values(["peak_mem_gb", "step_time_ms"])
+    front = ok[ok["on_frontier"]].sort_values(["peak_mem_gb", "tokens_per_s"])
     if len(front):
         traces.append({
             "type": "scatter", "mode": "lines+markers",
             "name": "Pareto frontier (" + ", ".join(esc(n) for n in objective_names) + ")",
-            "x": nums(front["peak_mem_gb"]), "y": nums(front["step_time_ms"]), "hoverinfo": "skip",
+            "x": nums(front["peak_mem_gb"]), "y": nums(front["tokens_per_s"]), "hoverinfo": "skip",
             "line": {"color": "#d62728", "width": 1.5, "dash": "dot"},
             "marker": {"symbol": "circle-open", "size": 20, "color": "#d62728", "line": {"width": 2}},
         })
@@ -161,18 +172,18 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
     if len(bad):
         traces.append({
             "type": "scatter", "mode": "markers", "name": "diverged / pruned / error",
-            "x": nums(bad["peak_mem_gb"]), "y": nums(bad["step_time_ms"]),
+            "x": nums(bad["peak_mem_gb"]), "y": nums(bad["tokens_per_s"]),
             "text": [_hover(r) for _, r in bad.iterrows()], "hoverinfo": "text",
             "marker": {"symbol": "circle-open", "size": 11, "color": "#7f7f7f", "line": {"width": 2}},
         })
     oom = analysed[analysed["status"] == "oom"].sort_values(["micro_batch", "trial_id"])
     x_oom = oom_x_gb(analysed, budget_gb)
     if len(oom) and x_oom is not None:
-        times = ok["step_time_ms"].astype(float)
-        low, high = (num(times.min()), num(times.max())) if len(times) else (None, None)
+        rates = ok["tokens_per_s"].astype(float)
+        low, high = (num(rates.min()), num(rates.max())) if len(rates) else (None, None)
         traces.append({
             "type": "scatter", "mode": "markers",
-            "name": "OOM (no step time; drawn " + ("at the budget)" if budget_gb is not None
+            "name": "OOM (no throughput; drawn " + ("at the budget)" if budget_gb is not None
                                                    else "right of the largest measured peak)"),
             "x": [num(x_oom)] * len(oom), "y": _spread(len(oom), low, high),
             "text": [_hover(r) for _, r in oom.iterrows()], "hoverinfo": "text",
@@ -189,9 +200,10 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
                                 "xanchor": side, "text": f"{label} {num(x)} GB", "showarrow": False,
                                 "font": {"size": 11}})
     layout = {
-        "title": {"text": "Peak memory vs step time"},
+        "title": {"text": "Peak memory vs throughput"},
         "xaxis": {"title": {"text": "peak memory (GB = 1e9 bytes)"}, "zeroline": False},
-        "yaxis": {"title": {"text": "step time (ms, median)"}, "zeroline": False},
+        "yaxis": {"title": {"text": "throughput (tokens/s, median; bars: p10-p90 step times)"},
+                  "zeroline": False},
         "coloraxis": {"colorscale": "Viridis", "cmin": num(std.min()) if len(std) else None,
                       "cmax": num(std.max()) if len(std) else None,
                       "colorbar": {"title": {"text": "loss std"}, "x": 1.02}},
@@ -224,7 +236,7 @@ def _status_group(row: pd.Series) -> str:
 
 
 def dimension_panels(analysed: pd.DataFrame, budget_gb: float | None) -> dict[str, Any]:
-    """Small multiples: peak memory (top row) and step time (bottom row) against each swept
+    """Small multiples: peak memory (top row) and throughput (bottom row) against each swept
     dimension, coloured by status. OOM trials sit at the budget in the memory row."""
     groups = analysed.assign(_group=[_status_group(r) for _, r in analysed.iterrows()])
     x_oom = oom_x_gb(analysed, budget_gb)
@@ -232,14 +244,14 @@ def dimension_panels(analysed: pd.DataFrame, budget_gb: float | None) -> dict[st
     gap = 0.04
     width = (1.0 - gap * (n - 1)) / n
     traces: list[dict[str, Any]] = []
-    layout: dict[str, Any] = {"title": {"text": "Each swept dimension against memory and step time"},
+    layout: dict[str, Any] = {"title": {"text": "Each swept dimension against memory and throughput"},
                               "height": 560, "legend": {"orientation": "h", "y": -0.12},
                               "margin": {"t": 60}, "annotations": []}
     for col, (dim, label) in enumerate(SWEPT_DIMENSIONS):
         cats, order = _category(groups[dim], dim)
         groups_cat = groups.assign(_cat=cats)
         for row_i, (metric, title) in enumerate((("peak_mem_gb", "peak memory (GB)"),
-                                                 ("step_time_ms", "step time (ms)"))):
+                                                 ("tokens_per_s", "tokens/s"))):
             k = row_i * n + col + 1
             sfx = _axis_suffix(k)
             layout[f"xaxis{sfx}"] = {

@@ -4,7 +4,7 @@ CUDA kernels run asynchronously: without a synchronise, ``perf_counter`` around 
 how fast Python queued the kernels, not how long the GPU took. Both ends of a step therefore
 synchronise (a CPU-GPU sync point: it drains the queue, which is what a step's wall time means).
 Warm-up steps (allocator growth, cuBLAS heuristics, autotuning) are recorded but left out of the
-median and p90.
+median and the p10/p90 spread.
 """
 
 from __future__ import annotations
@@ -81,6 +81,9 @@ class StepTimer:
     def median_ms(self) -> float:
         measured = self.measured_ms()
         return statistics.median(measured) if measured else math.nan
+
+    def p10_ms(self) -> float:
+        return percentile(self.measured_ms(), 10)
 
     def p90_ms(self) -> float:
         return percentile(self.measured_ms(), 90)

@@ -373,7 +373,7 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
         trial_id=cfg.trial_id, status=status, **cfg.knobs(),
         peak_mem_gb=peak_gb, torch_peak_alloc_gb=alloc_gb, torch_peak_reserved_gb=reserved_gb,
         step_time_ms=step_ms,
-        step_time_p90_ms=timer.p90_ms(),
+        step_time_p10_ms=timer.p10_ms(), step_time_p90_ms=timer.p90_ms(),
         tokens_per_s=metrics.median([r.tokens_per_s for r in measured]),
         mfu=mfu(flops, step_ms / 1e3, gpu_name, world) if measured else math.nan,
         loss_mean=metrics.mean([r.loss for r in measured]),

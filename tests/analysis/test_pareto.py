@@ -13,18 +13,21 @@ from dpo_sweep.analysis import pareto
 from dpo_sweep.analysis.pareto import Objective, analyse_frontier, frontier_mask, objectives_from_spec
 from dpo_sweep.errors import UserError
 
-MEM_TIME = objectives_from_spec({"memory": "min", "step_time": "min", "loss_std": None})
+MEM_TIME = objectives_from_spec({"memory": "min", "throughput": "max", "loss_std": None})
 DEFAULT = objectives_from_spec(None)
 
 
 def rows(*points, statuses=None) -> pd.DataFrame:
-    """A frame of (peak_mem_gb, step_time_ms, loss_std) points, trial ids p0, p1, ..."""
+    """A frame of (peak_mem_gb, step_time_ms, loss_std) points, trial ids p0, p1, ...; every
+    step moves 1e6 tokens (equal effective batches), so a shorter step is more tokens/s."""
     statuses = statuses or ["ok"] * len(points)
+    times_ms = [float(p[1]) for p in points]
     return pd.DataFrame({
         "trial_id": [f"p{i}" for i in range(len(points))],
         "status": statuses,
         "peak_mem_gb": [float(p[0]) for p in points],
-        "step_time_ms": [float(p[1]) for p in points],
+        "step_time_ms": times_ms,
+        "tokens_per_s": [1e6 / t if t > 0 else math.nan for t in times_ms],
         "loss_std": [float(p[2]) if len(p) > 2 else 0.01 for p in points],
     })
 
@@ -47,7 +50,7 @@ def test_three_objectives_keep_a_point_that_only_wins_on_stability():
 
 
 def test_max_direction_flips_the_axis():
-    objs = objectives_from_spec({"memory": "max", "step_time": "min", "loss_std": None})
+    objs = objectives_from_spec({"memory": "max", "throughput": "max", "loss_std": None})
     df = rows((10, 100), (20, 100), (30, 300))
     assert on(df, objs) == ["p1", "p2"]
 
@@ -114,12 +117,17 @@ def test_distance_grows_with_how_far_a_point_is_behind():
 
 def test_objectives_from_spec():
     assert objectives_from_spec(None) == (
-        Objective("memory", "peak_mem_gb", "min"), Objective("step_time", "step_time_ms", "min"),
+        Objective("memory", "peak_mem_gb", "min"), Objective("throughput", "tokens_per_s", "max"),
         Objective("loss_std", "loss_std", "min"))
-    assert [o.name for o in objectives_from_spec({"memory": "min", "step_time": None})] == ["memory"]
+    assert [o.name for o in objectives_from_spec({"memory": "min", "throughput": None})] == ["memory"]
     from dpo_sweep.config import ObjectivesSpec
     assert objectives_from_spec(ObjectivesSpec(loss_std=None)) == objectives_from_spec(
-        {"memory": "min", "step_time": "min"})
+        {"memory": "min", "throughput": "max"})
+    # A results dir's old space.yaml: step time read as throughput, the other way round, saying so.
+    legacy = objectives_from_spec({"memory": "min", "step_time": "min"})
+    assert legacy[1] == Objective("throughput", "tokens_per_s", "max", "read from the old step_time: min")
+    with pytest.raises(UserError, match="objectives.step_time is unknown"):
+        objectives_from_spec({"throughput": "max", "step_time": "min"})
     with pytest.raises(UserError, match="objectives.speed is unknown"):
         objectives_from_spec({"speed": "max"})
     with pytest.raises(UserError, match="allowed: min, max"):
@@ -143,8 +151,8 @@ metric = st.one_of(st.integers(0, 4).map(float), st.just(math.nan))  # small ran
     directions=st.tuples(*[st.sampled_from(["min", "max", None])] * 3).filter(lambda d: any(d)),
 )
 def test_property_frontier_is_exactly_the_non_dominated_ok_points(points, statuses, directions):
-    objs = objectives_from_spec(dict(zip(("memory", "step_time", "loss_std"), directions)))
-    df = rows(*points, statuses=statuses[: len(points)])
+    objs = objectives_from_spec(dict(zip(("memory", "throughput", "loss_std"), directions)))
+    df = rows(*points, statuses=statuses[: len(points)]).assign(tokens_per_s=[p[1] for p in points])
     out = analyse_frontier(df, objs)
     assert len(out) == len(df)  # nothing dropped
     values = pareto.as_minimisation(out, objs)
@@ -159,3 +167,42 @@ def test_property_frontier_is_exactly_the_non_dominated_ok_points(points, status
         assert any(pareto.dominates(f, p) for f in front)
         assert out.loc[(values == p).all(axis=1) & eligible, "frontier_distance"].gt(0).all()
     assert list(frontier_mask(competitors)) == brute_force_frontier(competitors)
+
+
+def noisy(*points) -> pd.DataFrame:
+    """(peak_mem_gb, tokens_per_s, p10_ms, p90_ms) points around a 100 ms median step."""
+    return pd.DataFrame({
+        "trial_id": [f"p{i}" for i in range(len(points))], "status": "ok",
+        "peak_mem_gb": [float(p[0]) for p in points], "tokens_per_s": [float(p[1]) for p in points],
+        "step_time_ms": 100.0, "step_time_p10_ms": [float(p[2]) for p in points],
+        "step_time_p90_ms": [float(p[3]) for p in points], "loss_std": 0.01,
+    })
+
+
+def test_a_throughput_inside_the_noise_does_not_buy_a_place_on_the_frontier():
+    # p1's median is 1% higher, inside both +-10% spreads, and it needs more memory: dominated.
+    # p2 is 50% faster, outside the noise: it trades memory for throughput and stays.
+    df = noisy((10, 1000, 90, 110), (12, 1010, 90, 110), (20, 1500, 90, 110))
+    assert on(df) == ["p0", "p2"]
+    # The same rows with the medians swapped inside the noise: the same frontier.
+    assert on(noisy((10, 1010, 90, 110), (12, 1000, 90, 110), (20, 1500, 90, 110))) == ["p0", "p2"]
+    # Without a spread the same medians compare exactly: p1 is a trade-off again.
+    assert on(noisy((10, 1000, 100, 100), (12, 1010, 100, 100), (20, 1500, 100, 100))) == ["p0", "p1", "p2"]
+    out = analyse_frontier(df, MEM_TIME)
+    assert out["throughput_low"].tolist() == pytest.approx([1000 / 1.1, 1010 / 1.1, 1500 / 1.1])
+    assert out.loc[1, "frontier_distance"] > 0
+
+
+spread_ms = st.tuples(st.floats(50, 100), st.floats(100, 150))
+
+
+@settings(max_examples=150, deadline=None)
+@given(points=st.lists(st.tuples(st.integers(1, 4), st.integers(900, 1100), spread_ms), min_size=1,
+                       max_size=15),
+       seed=st.integers(0, 1000))
+def test_property_noisy_frontier_is_never_empty_and_ignores_row_order(points, seed):
+    df = noisy(*[(m, t, s[0], s[1]) for m, t, s in points])
+    front = on(df)
+    assert front  # dominance within the noise has no cycles
+    shuffled = df.sample(frac=1.0, random_state=seed).reset_index(drop=True)
+    assert on(shuffled) == front

@@ -35,7 +35,7 @@ def test_budget_between_points_picks_the_fastest_that_fits(tmp_path):
     assert rec.usable_memory_gb == pytest.approx(28.5)
     assert rec.runner_up["trial_id"] == "small"
     assert rec.reason.startswith("mid (micro_batch 2, checkpoint L2, grad_acc 1, beta 0.1) has the highest "
-                                 "throughput, 5000 tokens/s at 200 ms per step, of the 2 frontier "
+                                 "throughput, 5,000 tokens/s at 200 ms per step, of the 2 frontier "
                                  "configurations that peak under 28.50 GB")
     assert "runner-up, small" in rec.reason
     assert "cost 50.0% of the throughput" in rec.reason and "save 10.00 GB" in rec.reason
@@ -133,3 +133,29 @@ def test_stability_limit():
     values = np.array([0.01, 0.02, 0.03, 0.04, math.nan])
     q1, q3 = np.percentile(values[:4], [25, 75])
     assert stability_limit(values) == pytest.approx(q3 + 1.5 * (q3 - q1))
+
+
+def test_throughput_and_step_time_are_written_with_thousands_separators(tmp_path):
+    trials = [trial("big", 30.0, 12_345.0, 0.02, tps=51_640.0, mb=8),
+              trial("small", 10.0, 4_000.0, 0.02, tps=20_480.0, mb=2, level="full")]
+    rec = recommend(analysed(tmp_path, trials), memory_budget_gb=40.0)
+    assert "51,640 tokens/s at 12,345 ms per step" in rec.reason
+    assert "(20,480 vs 51,640 tokens/s)" in rec.reason and "take 4,000 ms per step instead of 12,345" in rec.reason
+    assert "e+0" not in rec.reason
+
+
+def test_advice_fits_the_failure_when_no_trial_completed(tmp_path):
+    data_error = [trial("a", status="error", mb=2, level="full", error="data.path: row 3 has no 'chosen'"),
+                  trial("b", status="error", mb=4, error="data.path: row 3 has no 'chosen'")]
+    rec = recommend(analysed(tmp_path, data_error), memory_budget_gb=80.0)
+    assert "2 failed with an error (a, b): data.path: row 3 has no 'chosen'" in rec.reason
+    assert "micro_batch" not in rec.reason.split("(status error).")[-1]  # no memory advice
+    assert "more memory" not in rec.reason
+    diverged = [trial("d", status="diverged", mb=2, error="non-finite loss at step 3")]
+    rec = recommend(analysed(tmp_path, diverged), memory_budget_gb=80.0)
+    assert "1 diverged (d): non-finite loss at step 3" in rec.reason and "more memory" not in rec.reason
+    mixed = data_error + [trial("o", status="oom", mb=8, error="CUDA out of memory")]
+    rec = recommend(analysed(tmp_path, mixed), memory_budget_gb=80.0)
+    assert ("1 ran out of memory (o): try a smaller micro_batch, a stronger checkpoint level (L2, L3, full) "
+            "or a GPU with more memory") in rec.reason
+    assert "2 failed with an error (a, b)" in rec.reason

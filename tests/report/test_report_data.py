@@ -23,7 +23,11 @@ def build(tmp_path, trials, budget=20.0, steps=None, env=None):
 
 
 def traces_by_name(fig):
-    return {t["name"]: t for t in fig.spec["data"]}
+    """Name -> trace; a level's points come before its legend key (figures.level_legend_key)."""
+    out = {}
+    for t in fig.spec["data"]:
+        out.setdefault(t["name"], t)
+    return out
 
 
 def test_scatter_draws_frontier_budget_and_oom(tmp_path):
@@ -31,11 +35,13 @@ def test_scatter_draws_frontier_budget_and_oom(tmp_path):
     scatter = data.figures[0]
     assert scatter.dom_id == "plot-memory-time"
     traces = traces_by_name(scatter)
-    front = traces["Pareto frontier (memory, step_time, loss_std)"]
-    expected = analysed[analysed["on_frontier"]].sort_values(["peak_mem_gb", "step_time_ms"])
+    front = traces["Pareto frontier (memory, throughput, loss_std)"]
+    expected = analysed[analysed["on_frontier"]].sort_values(["peak_mem_gb", "tokens_per_s"])
     assert front["x"] == pytest.approx(expected["peak_mem_gb"].tolist(), rel=1e-4)
+    assert front["y"] == pytest.approx(expected["tokens_per_s"].tolist(), rel=1e-4)  # throughput axis
     assert front["mode"] == "lines+markers"
-    oom = traces["OOM (no step time; drawn at the budget)"]
+    assert "throughput (tokens/s" in scatter.spec["layout"]["yaxis"]["title"]["text"]
+    oom = traces["OOM (no throughput; drawn at the budget)"]
     assert oom["x"] == [20.0, 20.0]  # both OOM trials sit on the budget line
     # One trace per checkpoint level, shaped by level and coloured by loss std on one colour axis;
     # each level's legend entry is a separate key (its shape in grey) in the same legend group.
@@ -62,6 +68,15 @@ def test_every_legend_symbol_has_a_colour_string(tmp_path):
         for t in fig.spec["data"]:
             if t.get("showlegend") is not False and "marker" in t:
                 assert isinstance(t["marker"]["color"], str), (fig.dom_id, t["name"])
+
+
+def test_scatter_bars_show_the_throughput_noise(tmp_path):
+    from dataclasses import replace
+    trials = [replace(trial("a", 10.0, 100.0, 0.02, tps=1000.0), step_time_p10_ms=80.0, step_time_p90_ms=125.0),
+              trial("b", 12.0, 90.0, 0.03, tps=1200.0)]  # no spread: a zero-length bar
+    _, data = build(tmp_path, trials)
+    bars = traces_by_name(data.figures[0])["checkpoint none"]["error_y"]
+    assert bars["arrayminus"] == pytest.approx([200.0, 0.0]) and bars["array"] == pytest.approx([250.0, 0.0])
 
 
 def test_dimension_panels_cover_the_four_swept_dimensions(tmp_path):

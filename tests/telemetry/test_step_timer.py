@@ -42,15 +42,17 @@ def test_warmup_excluded_median_and_p90():
     assert timer.median_ms() == pytest.approx(25.0)
     # p90 of [10, 20, 30, 40]: position 0.9 * 3 = 2.7 -> 30 + 0.7 * (40 - 30) = 37
     assert timer.p90_ms() == pytest.approx(37.0)
+    # p10: position 0.1 * 3 = 0.3 -> 10 + 0.3 * (20 - 10) = 13
+    assert timer.p10_ms() == pytest.approx(13.0)
 
 
 def test_no_measured_steps_gives_nan():
     clock = FakeClock()
     timer = StepTimer("cpu", warmup_steps=3, clock=clock)
-    assert math.isnan(timer.median_ms()) and math.isnan(timer.p90_ms())
+    assert math.isnan(timer.median_ms()) and math.isnan(timer.p90_ms()) and math.isnan(timer.p10_ms())
     run_steps(timer, clock, [5.0, 5.0, 5.0])
     assert timer.measured_ms() == []
-    assert math.isnan(timer.median_ms()) and math.isnan(timer.p90_ms())
+    assert math.isnan(timer.median_ms()) and math.isnan(timer.p90_ms()) and math.isnan(timer.p10_ms())
     run_steps(timer, clock, [7.0])
     assert timer.median_ms() == pytest.approx(7.0) and timer.p90_ms() == pytest.approx(7.0)
 

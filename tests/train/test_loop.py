@@ -66,6 +66,8 @@ def test_results_rows_carry_contract_fields(cfg_factory):
     assert r.status == "ok" and r.steps == 4 and r.measured_steps == 3
     assert r.mem_source == "rss" and r.peak_mem_gb > 0.05
     assert r.step_time_ms > 0 and r.tokens_per_s > 0 and r.effective_batch == 2
+    measured_ms = [s.step_time_ms for s in out.steps[1:]]  # the spread the analysis ranks with
+    assert min(measured_ms) <= r.step_time_p10_ms <= r.step_time_ms <= r.step_time_p90_ms <= max(measured_ms)
     assert r.loss_std == pytest.approx(detrended_std([s.loss for s in out.steps[1:]]))
     assert [s.measured for s in out.steps] == [False, True, True, True]
     for col in ("trial_id", "status", "peak_mem_gb", "step_time_ms", "step_time_p90_ms", "tokens_per_s", "mfu",
