@@ -199,6 +199,19 @@ def layer_recompute_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, 
     return max(mlp, _attention_internal_bytes(s, b, attn, seq_len))
 
 
+def model_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
+                                liger: bool = False, attn: str = "sdpa", seq_len: int = 1024) -> float:
+    """Bytes autograd keeps per token for the whole policy forward: the decoder layers, the final
+    norm, the hidden states the chunked head keeps (every token counted as a response token: the
+    worst case), RoPE's cos/sin (shared by the layers; rebuilt under ``full``) and the int64 token
+    ids, labels and row indices."""
+    layers = s.n_layers * layer_saved_bytes_per_token(s, b, level, lean=lean, liger=liger, attn=attn,
+                                                      seq_len=seq_len)
+    head = _norm_bytes(s, b, lean, liger) + b.activation * s.hidden
+    rope = 0 if level == "full" else 2 * b.activation * (s.q_dim // s.n_heads)
+    return layers + head + rope + 3 * 8
+
+
 def _head_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_tokens: int) -> float:
     """Backward transient of the log-prob head, including the lm_head weight's gradient."""
     grad_w = s.vocab * s.hidden * b.weight
@@ -245,8 +258,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     cast_params = s.attn_proj_params + (0 if lean else s.mlp_params)
     casts = cast_params * 2 / shard if b.autocast else 0.0
     static = weights + optimizer + reference + casts
-    per_token = s.n_layers * layer_saved_bytes_per_token(s, b, cfg.checkpoint_level, **kw)
-    per_token += b.residual * s.hidden + b.activation * s.hidden  # final norm input, head's hidden
+    per_token = model_saved_bytes_per_token(s, b, cfg.checkpoint_level, **kw)
     activations = tokens * per_token
     head = _head_bytes(s, b, tokens, t.logp_chunk_tokens)
     end_transient = max(tokens * layer_recompute_bytes_per_token(s, b, cfg.checkpoint_level, **kw),
