@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, SyntheticData, TrainSpec, TrialConfig  # noqa: E402
+from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted  # noqa: E402
 from dpo_sweep.plan.memory import predict_peak_gb  # noqa: E402
+from dpo_sweep.plan.rules import memory_family  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ SOURCES = (
 )
 COLUMNS = ["source", "row", "status", "model", "micro_batch", "checkpoint_level", "grad_acc", "reference",
            "lean_ops", "liger_kernel", "logp_chunk_tokens", "measured_peak_gb", "predicted_peak_gb",
-           "peak_rel_err", "measured_alloc_gb", "predicted_alloc_gb", "alloc_rel_err", "peak_at", "cap_gb"]
+           "peak_rel_err", "calibrated_peak_gb", "calibrated_rel_err", "measured_alloc_gb", "predicted_alloc_gb", "alloc_rel_err", "peak_at", "cap_gb"]
 
 
 def _flag(value: str) -> bool:
@@ -98,8 +100,25 @@ def check_row(source: Source, row: dict[str, str]) -> dict[str, object]:
         "predicted_peak_gb": est.total_gb, "peak_rel_err": _rel(est.total_gb, measured),
         "measured_alloc_gb": alloc, "predicted_alloc_gb": predicted_alloc,
         "alloc_rel_err": _rel(predicted_alloc, alloc), "peak_at": est.peak_at,
-        "cap_gb": cfg.resources.gpu_memory_gb or "",
+        "cap_gb": cfg.resources.gpu_memory_gb or "", "calibrated_peak_gb": math.nan,
+        "calibrated_rel_err": math.nan, "_cfg": cfg,
     }
+
+
+def add_calibrated(rows: list[dict[str, object]]) -> None:
+    """Per file and memory family: calibrate on the first two measured rows (as a sweep would,
+    once two trials are done) and predict the family's other measured rows."""
+    by_family: dict[tuple, list[dict[str, object]]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            by_family.setdefault((r["source"], memory_family(r["_cfg"])), []).append(r)
+    for family in by_family.values():
+        if len(family) < 3:
+            continue
+        fit = calibrate([Measurement(r["_cfg"], float(r["measured_peak_gb"])) for r in family[:2]])
+        for r in family[2:]:
+            r["calibrated_peak_gb"] = predicted(fit, r["_cfg"])
+            r["calibrated_rel_err"] = _rel(float(r["calibrated_peak_gb"]), float(r["measured_peak_gb"]))
 
 
 def check_all(root: Path = ROOT) -> list[dict[str, object]]:
@@ -113,13 +132,16 @@ def check_all(root: Path = ROOT) -> list[dict[str, object]]:
                 if row.get("trainer", "dpo-sweep") != "dpo-sweep":
                     continue
                 out.append(check_row(source, row))
+    add_calibrated(out)
     return out
 
 
 def summary(rows: list[dict[str, object]]) -> dict[str, float]:
     """Error statistics over the ok rows (relative errors of the NVML peak)."""
     errs = [float(r["peak_rel_err"]) for r in rows if r["status"] == "ok"]
+    cal = [float(r["calibrated_rel_err"]) for r in rows if math.isfinite(float(r["calibrated_rel_err"]))]
     return {"rows": len(errs), "max_abs_err": max(abs(e) for e in errs),
+            "calibrated_rows": len(cal), "calibrated_max_abs_err": max((abs(e) for e in cal), default=math.nan),
             "median_abs_err": statistics.median(abs(e) for e in errs), "max_over": max(errs),
             "max_under": min(errs), "within_5pct": sum(abs(e) <= 0.05 for e in errs),
             "within_15pct": sum(abs(e) <= 0.15 for e in errs)}
@@ -137,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = check_all()
     shown = ["row", "status", "micro_batch", "checkpoint_level", "grad_acc", "reference", "lean_ops",
-             "logp_chunk_tokens", "measured_peak_gb", "predicted_peak_gb", "peak_rel_err", "alloc_rel_err",
-             "peak_at"]
+             "logp_chunk_tokens", "measured_peak_gb", "predicted_peak_gb", "peak_rel_err", "calibrated_rel_err",
+             "alloc_rel_err", "peak_at"]
     table = [[_fmt(r[c]) for c in shown] for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(shown)]
     print("  ".join(c.ljust(w) for c, w in zip(shown, widths)))
@@ -151,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     s = summary(rows)
     print(f"{s['rows']} measured rows: max |error| {s['max_abs_err']:.1%}, median {s['median_abs_err']:.1%}, "
           f"largest over-prediction {s['max_over']:+.1%}, largest under-prediction {s['max_under']:+.1%}; "
-          f"{s['within_5pct']} within 5 %, {s['within_15pct']} within 15 %")
+          f"{s['within_5pct']} within 5 %, {s['within_15pct']} within 15 %; calibrated on the first two rows of "
+          f"their file and family: {s['calibrated_rows']} rows, max |error| {s['calibrated_max_abs_err']:.1%}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "memory_model_check.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
     print(f"wrote {out / 'memory_model_check.csv'}")
