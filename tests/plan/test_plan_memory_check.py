@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -12,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _check_module():
     spec = importlib.util.spec_from_file_location("memory_model_check", ROOT / "benchmarks/memory_model_check.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
