@@ -282,3 +282,17 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
         casts_gb=casts / GB, activations_gb=acts / GB, head_gb=head_part / GB, allocator_gb=allocator / GB,
         context_gb=context / GB, total_gb=(allocated + allocator + context) / GB, peak_at=peak_at,
     )
+
+
+def planning_device(cfg: TrialConfig) -> str:
+    """Where ``cfg`` would run, for the prediction: the CPU only when the config says so."""
+    return "cpu" if cfg.train.device == "cpu" or cfg.resources.use_gpu is False else "cuda"
+
+
+def predicted_peak_label(cfg: TrialConfig) -> str:
+    """The predicted peak in GB for a table, or ``-`` when the model's config cannot be read here
+    (a hub id that is not cached, a checkpoint without a config)."""
+    try:
+        return f"{predict_peak_gb(cfg, device=planning_device(cfg)).total_gb:.1f}"
+    except (OSError, ValueError, KeyError):
+        return "-"
