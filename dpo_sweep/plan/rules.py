@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from dpo_sweep.config import CHECKPOINT_LEVELS, TrialConfig
+from dpo_sweep.plan.memory import MemoryEstimate
 
 #: Paths into ``TrialConfig.model_dump()`` that cannot change peak memory or step time.
 NOT_MEMORY_FIELDS: tuple[tuple[str, ...], ...] = (
@@ -181,9 +182,17 @@ def prune_after_oom(oom_cfg: TrialConfig, pending: Sequence[TrialConfig]) -> lis
 BUDGET_MARGIN = 0.05
 
 
+def budgeted_gb(cfg: TrialConfig, estimate: MemoryEstimate) -> float:
+    """The part of the estimate that a budget bounds. ``resources.gpu_memory_gb`` caps torch's
+    allocator only (``set_per_process_memory_fraction``), so against that cap the CUDA context is
+    left out; a real card's memory bounds the whole NVML peak."""
+    return estimate.total_gb - (estimate.context_gb if cfg.resources.gpu_memory_gb else 0.0)
+
+
 def prune_over_budget(cfg: TrialConfig, estimate_gb: float, budget_gb: float,
                       margin: float = BUDGET_MARGIN) -> str | None:
-    """The reason ``cfg`` is not run, or None: predicted above ``budget_gb x (1 + margin)``."""
+    """The reason ``cfg`` is not run, or None: predicted above ``budget_gb x (1 + margin)``.
+    ``estimate_gb``: :func:`budgeted_gb` of the memory model's estimate."""
     limit = budget_gb * (1 + margin)
     if estimate_gb <= limit:
         return None

@@ -120,6 +120,16 @@ def test_prune_over_budget_only_past_the_margin():
     assert rules.prune_over_budget(_cfg(0), 84.1, 80.0, margin=0.10) is None
 
 
+def test_a_memory_cap_bounds_the_allocator_and_a_card_the_nvml_peak():
+    capped = _cfg(0, resources={"use_gpu": False, "gpu_memory_gb": 80})
+    card = _cfg(1)
+    for cfg in (capped, card):
+        est = predict_peak_gb(cfg)
+        assert est.context_gb > 1.0
+        expected = est.total_gb - est.context_gb if cfg is capped else est.total_gb
+        assert rules.budgeted_gb(cfg, est) == expected
+
+
 # --- short accumulation and step time ----------------------------------------------------------
 
 def test_short_grad_acc():
