@@ -16,7 +16,7 @@ Parts and where they come from (``dpo_sweep/train``):
 
 ===========  ===============================================================================
 weights      ``n_params x`` weight bytes (``model.weight_dtype``: bf16 for ``bf16``, else fp32)
-grads        gradients in the weights' dtype; DDP adds a bucket copy of them (``world > 1``)
+grads        gradients in the weights' dtype; DDP adds its buckets (a copy of them, always alive)
 optimizer    fused AdamW: two states per parameter in the weights' dtype
 reference    a live reference is a second copy of the weights; a precomputed table is on the CPU
 casts        bf16-mixed / fp16: autocast caches a bf16 copy of each trained weight it casts (the
@@ -252,9 +252,10 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len)
 
     weights = s.n_params * b.weight / shard
-    grads_all = weights * (2 if (world > 1 and shard == 1) else 1)  # DDP: + its bucket copy
+    buckets = weights if (world > 1 and shard == 1) else 0.0  # DDP's gradient buckets, from construction on
+    grads_all = weights + buckets
     optimizer = 2 * weights
-    reference = weights if t.reference == "live" else 0.0
+    reference = s.n_params * b.weight if t.reference == "live" else 0.0  # FSDP does not shard it
     cast_params = s.attn_proj_params + (0 if lean else s.mlp_params)
     casts = cast_params * 2 / shard if b.autocast else 0.0
     static = weights + optimizer + reference + casts
@@ -263,7 +264,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     head = _head_bytes(s, b, tokens, t.logp_chunk_tokens)
     end_transient = max(tokens * layer_recompute_bytes_per_token(s, b, cfg.checkpoint_level, **kw),
                         s.vocab * s.hidden * b.weight if s.tied else 0.0)  # tied: the embedding's grad
-    grads_in_step = grads_all if cfg.grad_acc >= 2 else 0.0
+    grads_in_step = grads_all if cfg.grad_acc >= 2 else buckets
     moments = {
         "backward start": (grads_in_step, activations, head),
         "backward end": (grads_all, end_transient, 0.0),

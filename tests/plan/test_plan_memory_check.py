@@ -21,7 +21,7 @@ def _check_module():
 def test_every_committed_row_is_predicted_within_the_goals():
     check = _check_module()
     rows = check.check_all()
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if r["status"] == "ok" and r["gpus"] == 1]
     assert len(ok) >= 25  # every committed single-GPU measurement is read
     assert all(abs(r["peak_rel_err"]) <= 0.15 for r in ok)
     calibrated = [r for r in ok if math.isfinite(r["calibrated_rel_err"])]
