@@ -1,0 +1,299 @@
+"""Predicted peak memory of one trial, from the model's shapes (no weights, nothing run).
+
+The peak is the largest of three moments of an optimizer step, each a sum of parts (GB = 1e9 B):
+
+* **backward start** - the policy's forward is done: every saved activation is alive and the
+  chunked head's backward runs first. At ``grad_acc >= 2`` the gradients of the previous
+  micro-step are alive too; at ``grad_acc == 1`` they are not (``zero_grad(set_to_none=True)``),
+  which is why grad_acc 1 peaks lower (8B mb 4 L1 on the H200: 83.3 GB vs 98.6 GB at 2/4/8).
+* **backward end** (grad_acc 1) - the activations are freed layer by layer while the gradients
+  grow: at the end all gradients exist, plus one layer's recompute transient. It wins for small
+  micro-batches (8B mb 1: 80.4 GB allocated ~ 64.2 static + 16.1 gradients).
+* **reference forward** - a live reference runs a no-grad forward first; only its head's
+  logits are transient.
+
+Parts and where they come from (``dpo_sweep/train``):
+
+===========  ===============================================================================
+weights      ``n_params x`` weight bytes (``model.weight_dtype``: bf16 for ``bf16``, else fp32)
+grads        gradients in the weights' dtype; DDP adds its buckets (a copy of them, always alive)
+optimizer    fused AdamW: two states per parameter in the weights' dtype
+reference    a live reference is a second copy of the weights; a precomputed table is on the CPU
+casts        bf16-mixed / fp16: autocast caches a bf16 copy of each trained weight it casts (the
+             attention projections; the MLP too without lean ops)
+activations  per decoder layer and token, what autograd saves at the checkpoint level
+             (:func:`layer_saved_bytes_per_token`), plus the final norm's input and the hidden
+             states the chunked head keeps
+head         the log-prob head's backward transient: one chunk of float32 logits and their
+             gradient, plus the lm_head weight's gradient (``logprobs.ChunkedTokenLogProbs``);
+             ``logp_chunk_tokens: 0``: ``12 x tokens x vocab`` bytes (log-softmax output, its
+             gradient and the gather's gradient, all float32)
+allocator    what the caching allocator reserves above what is allocated: 3.0 %, the median of
+             ``torch_peak_reserved_gb / torch_peak_alloc_gb - 1`` over the 22 committed H200 rows
+             (range 0.6 - 6.3 %)
+context      CUDA context and kernel images, outside torch's allocator: NVML peak minus torch's
+             reserved peak is 1.449 GB in all 22 committed H200 rows (torch 2.11, driver 580);
+             0 on the CPU (RSS is not modelled there)
+===========  ===============================================================================
+
+Tokens per micro-step are ``2 x micro_batch x max_length`` (chosen and rejected, padded to the
+longest: the worst case that ``peak_mem_gb`` reports). Attention through sdpa or flash-attn saves
+q, k, v (GQA-sized), the output and the log-sum-exp, linear in tokens; ``eager`` also saves the
+``T x T`` probabilities. ``benchmarks/memory_model_check.py`` compares this with every committed
+H200 measurement.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+
+from dpo_sweep.config import ModelSpec, TrialConfig
+
+GB = 1e9
+#: NVML device-used minus torch's reserved peak on the H200 (see the module doc).
+CUDA_CONTEXT_GB = 1.449
+#: Reserved above allocated, as a fraction of allocated (median of the committed H200 rows).
+ALLOCATOR_OVERHEAD = 0.030
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory model needs of a causal LM's config."""
+
+    n_params: int          # every parameter once (a tied head and embedding count once)
+    n_layers: int
+    hidden: int            # H
+    intermediate: int      # I, the MLP width
+    n_heads: int
+    q_dim: int             # n_heads x head_dim
+    kv_dim: int            # n_kv_heads x head_dim
+    vocab: int
+    tied: bool             # lm_head shares the embedding's weight
+    attn_proj_params: int  # q/k/v/o weights of all layers (what autocast caches under lean ops)
+    mlp_params: int        # gate/up/down weights of all layers
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """One configuration's predicted peak, by part (GB = 1e9 B), at the moment ``peak_at``."""
+
+    weights_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    reference_gb: float
+    casts_gb: float
+    activations_gb: float
+    head_gb: float
+    allocator_gb: float
+    context_gb: float
+    total_gb: float
+    peak_at: str  # backward start | backward end | reference forward
+
+    def parts(self) -> dict[str, float]:
+        """The parts that add up to ``total_gb``."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("total_gb", "peak_at")}
+
+
+def _hf_config(spec: ModelSpec):
+    if spec.preset is not None:
+        from dpo_sweep.train.model import preset_config
+
+        return preset_config(spec.preset)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code)
+
+
+@functools.lru_cache(maxsize=16)  # a cache of a pure function: the meta build costs ~1 s the first time
+def model_shape(spec: ModelSpec) -> ModelShape:
+    """The shape of ``spec``'s model, built on the meta device (no weights are allocated)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = _hf_config(spec)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=spec.trust_remote_code)
+    n_heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    named = dict(model.named_parameters())
+    attn = sum(p.numel() for n, p in named.items() if any(f"self_attn.{k}_proj.weight" in n for k in "qkvo"))
+    mlp = sum(p.numel() for n, p in named.items() if any(f"mlp.{k}_proj.weight" in n for k in ("gate", "up", "down")))
+    return ModelShape(
+        n_params=sum(p.numel() for p in model.parameters()), n_layers=cfg.num_hidden_layers,
+        hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, n_heads=n_heads,
+        q_dim=n_heads * head_dim, kv_dim=getattr(cfg, "num_key_value_heads", n_heads) * head_dim,
+        vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+        attn_proj_params=attn, mlp_params=mlp,
+    )
+
+
+@dataclass(frozen=True)
+class ElementBytes:
+    """Bytes per element: trained weights (and their grads, AdamW state), matmul activations,
+    and the residual stream (fp32 under autocast: the embedding output is fp32)."""
+
+    weight: int
+    activation: int
+    residual: int
+    autocast: bool
+
+
+def element_bytes(spec: ModelSpec, precision: str) -> ElementBytes:
+    """The README's precision table in bytes."""
+    weight = _BYTES[spec.dtype] if spec.dtype else (2 if precision == "bf16" else 4)
+    autocast = precision in ("bf16-mixed", "fp16")
+    activation = 2 if autocast else weight
+    return ElementBytes(weight=weight, activation=activation, residual=weight, autocast=autocast)
+
+
+def _norm_bytes(s: ModelShape, b: ElementBytes, lean: bool, liger: bool) -> float:
+    # Lean and liger RMSNorm save the input and one float32 per token; the stock one a float32
+    # copy of the input and the normalised tensor (lean.py).
+    if lean or liger:
+        return b.residual * s.hidden + 4
+    return (4 + b.residual) * s.hidden
+
+
+def _mlp_internal_bytes(s: ModelShape, b: ElementBytes, lean: bool, liger: bool) -> float:
+    # lean: gate and up; liger's SwiGLU: also the product; stock: gate, silu(gate), up, product.
+    widths = 2 if lean else (3 if liger else 4)
+    return b.activation * widths * s.intermediate
+
+
+def _attention_internal_bytes(s: ModelShape, b: ElementBytes, attn: str, seq_len: int) -> float:
+    """What the attention sub-block saves beyond its input, per token. sdpa/flash: q, k, v at
+    their GQA sizes, the output (whose storage is the o_proj input) and the float32 log-sum-exp."""
+    if attn == "eager":  # k/v repeated to every head, float32 softmax output and its bf16 copy
+        return b.activation * (4 * s.q_dim) + (4 + b.activation) * s.n_heads * seq_len
+    return b.activation * (2 * s.q_dim + 2 * s.kv_dim) + 4 * s.n_heads
+
+
+def layer_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
+                                liger: bool = False, attn: str = "sdpa", seq_len: int = 1024) -> float:
+    """Bytes autograd keeps per token for one decoder layer between forward and backward."""
+    norms = 2 * _norm_bytes(s, b, lean, liger)
+    region_inputs = 2 * b.activation * s.hidden  # the normed inputs of attention and the MLP
+    attention = _attention_internal_bytes(s, b, attn, seq_len)
+    if level in ("L2", "L3"):
+        # The attention region keeps only the kernel's output and log-sum-exp (checkpointing.py);
+        # eager's matmul/softmax are not kernel ops, so all of it is recomputed.
+        attention = 0.0 if attn == "eager" else b.activation * s.q_dim + 4 * s.n_heads
+    mlp = 0.0 if level in ("L1", "L2", "L3") else _mlp_internal_bytes(s, b, lean, liger)
+    if level == "full":
+        return b.residual * s.hidden  # only the layer's input
+    return norms + region_inputs + attention + mlp
+
+
+def layer_recompute_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
+                                    liger: bool = False, attn: str = "sdpa", seq_len: int = 1024) -> float:
+    """The transient of rebuilding one layer's checkpointed regions in its backward, per token."""
+    kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len)
+    if level == "none":
+        return 0.0
+    if level == "full":
+        return layer_saved_bytes_per_token(s, b, "none", **kw)
+    mlp = _mlp_internal_bytes(s, b, lean, liger)
+    if level == "L1":
+        return mlp
+    return max(mlp, _attention_internal_bytes(s, b, attn, seq_len))
+
+
+def model_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
+                                liger: bool = False, attn: str = "sdpa", seq_len: int = 1024) -> float:
+    """Bytes autograd keeps per token for the whole policy forward: the decoder layers, the final
+    norm, the hidden states the chunked head keeps (every token counted as a response token: the
+    worst case), RoPE's cos/sin (shared by the layers; rebuilt under ``full``) and the int64 token
+    ids, labels and row indices."""
+    layers = s.n_layers * layer_saved_bytes_per_token(s, b, level, lean=lean, liger=liger, attn=attn,
+                                                      seq_len=seq_len)
+    head = _norm_bytes(s, b, lean, liger) + b.activation * s.hidden
+    rope = 0 if level == "full" else 2 * b.activation * (s.q_dim // s.n_heads)
+    return layers + head + rope + 3 * 8
+
+
+def _head_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_tokens: int) -> float:
+    """Backward transient of the log-prob head, including the lm_head weight's gradient."""
+    grad_w = s.vocab * s.hidden * b.weight
+    if chunk_tokens == 0:
+        return 12.0 * tokens * s.vocab + grad_w
+    return min(chunk_tokens, tokens) * s.vocab * (4 + b.activation) + grad_w
+
+
+def _reference_forward_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_tokens: int, seq_len: int,
+                             attn: str) -> float:
+    """A no-grad forward holds one layer's tensors and the head's logits at a time."""
+    layer = tokens * layer_saved_bytes_per_token(s, b, "none", lean=True, attn=attn, seq_len=seq_len)
+    rows = tokens if chunk_tokens == 0 else min(chunk_tokens, tokens)
+    head = rows * s.vocab * ((b.activation + 4 + 4) if chunk_tokens == 0 else (b.activation + 4))
+    return layer + head
+
+
+def resolved_attn(spec: ModelSpec) -> str:
+    """``auto`` is flash-attn or sdpa on a GPU: the same tensors are saved either way."""
+    return "sdpa" if spec.attn_implementation == "auto" else spec.attn_implementation
+
+
+def resolved_liger(spec: ModelSpec, device: str) -> bool:
+    """``auto`` is on for CUDA (the GPU kit ships liger-kernel), never on the CPU."""
+    return device == "cuda" and spec.liger_kernel is not False
+
+
+def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape | None = None) -> MemoryEstimate:
+    """The predicted NVML peak of ``cfg`` on one worker (``device``: ``cuda`` or ``cpu``)."""
+    s = shape or model_shape(cfg.model)
+    t = cfg.train
+    b = element_bytes(cfg.model, t.precision)
+    lean, liger, attn = cfg.model.lean_ops, resolved_liger(cfg.model, device), resolved_attn(cfg.model)
+    world = cfg.resources.workers_per_trial
+    shard = world if (world > 1 and cfg.resources.parallelism == "fsdp") else 1  # FSDP: a rough 1/world
+    seq_len = t.max_length
+    tokens = 2 * cfg.micro_batch * seq_len
+    kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len)
+
+    weights = s.n_params * b.weight / shard
+    buckets = weights if (world > 1 and shard == 1) else 0.0  # DDP's gradient buckets, from construction on
+    grads_all = weights + buckets
+    optimizer = 2 * weights
+    reference = s.n_params * b.weight if t.reference == "live" else 0.0  # FSDP does not shard it
+    cast_params = s.attn_proj_params + (0 if lean else s.mlp_params)
+    casts = cast_params * 2 / shard if b.autocast else 0.0
+    static = weights + optimizer + reference + casts
+    per_token = model_saved_bytes_per_token(s, b, cfg.checkpoint_level, **kw)
+    activations = tokens * per_token
+    head = _head_bytes(s, b, tokens, t.logp_chunk_tokens)
+    end_transient = max(tokens * layer_recompute_bytes_per_token(s, b, cfg.checkpoint_level, **kw),
+                        s.vocab * s.hidden * b.weight if s.tied else 0.0)  # tied: the embedding's grad
+    grads_in_step = grads_all if cfg.grad_acc >= 2 else buckets
+    moments = {
+        "backward start": (grads_in_step, activations, head),
+        "backward end": (grads_all, end_transient, 0.0),
+        "reference forward": (grads_in_step, 0.0,
+                              _reference_forward_bytes(s, b, tokens, t.logp_chunk_tokens, seq_len, attn)
+                              if t.reference == "live" else 0.0),
+    }
+    peak_at = max(moments, key=lambda k: sum(moments[k]))  # dict order breaks ties: backward start
+    grads, acts, head_part = moments[peak_at]
+    allocated = static + grads + acts + head_part
+    cuda = device == "cuda"
+    allocator = ALLOCATOR_OVERHEAD * allocated if cuda else 0.0
+    context = CUDA_CONTEXT_GB * GB if cuda else 0.0
+    return MemoryEstimate(
+        weights_gb=weights / GB, grads_gb=grads / GB, optimizer_gb=optimizer / GB, reference_gb=reference / GB,
+        casts_gb=casts / GB, activations_gb=acts / GB, head_gb=head_part / GB, allocator_gb=allocator / GB,
+        context_gb=context / GB, total_gb=(allocated + allocator + context) / GB, peak_at=peak_at,
+    )
+
+
+def planning_device(cfg: TrialConfig) -> str:
+    """Where ``cfg`` would run, for the prediction: the CPU only when the config says so."""
+    return "cpu" if cfg.train.device == "cpu" or cfg.resources.use_gpu is False else "cuda"
+
+
+def predicted_peak_label(cfg: TrialConfig) -> str:
+    """The predicted peak in GB for a table, or ``-`` when the model's config cannot be read here
+    (a hub id that is not cached, a checkpoint without a config)."""
+    try:
+        return f"{predict_peak_gb(cfg, device=planning_device(cfg)).total_gb:.1f}"
+    except (OSError, ValueError, KeyError):
+        return "-"

@@ -1,0 +1,256 @@
+"""The planner's rules over a sweep's configurations: what shares a measurement, the order, what
+is pruned, how short a memory/time trial may be, and which trial measures the learning.
+
+Which fields can change a trial's peak memory or step time (``measurement_key``). Conservative:
+a field not listed on the "cannot" side is on the "can" side, so a field added to the config
+later splits measurements until someone argues it away.
+
+=======================================  ====  ================================================
+field                                    can?  why
+=======================================  ====  ================================================
+model.* (preset/path, dtype, attention,  yes   shapes, bytes per element, saved tensors, kernels
+liger_kernel, lean_ops, remote code)
+data.* (source, sizes, columns, seeds)   yes   sequence lengths and padding (synthetic seeds too:
+                                               conservative, they are cheap to keep)
+train.max_length, padding_side,          yes   tokens per micro-step, head memory, what a trial
+logp_chunk_tokens, precision, reference,       runs on, how the measurement is taken
+device, warmup_steps
+train.fail_at_step / fail_kind /         yes   test hooks that change the outcome
+fail_rank
+train.seed                               yes*  *only for non-synthetic data: the data order sets
+                                               which pairs share a padded micro-batch
+resources.*                              yes   workers, parallelism, the memory cap, CPUs
+micro_batch, checkpoint_level            yes   activations and recompute
+grad_acc                                 as    ``short_grad_acc``: 1 vs >= 2 changes the peak;
+                                               the step time is extrapolated (t_opt + G t_micro)
+beta, train.loss, label_smoothing        no    a few scalar ops per pair
+train.lr, lr_warmup_steps, lr_schedule   no    a scalar in the fused AdamW step
+train.weight_decay, adam_betas,          no    the same fused AdamW kernel
+adam_eps
+train.max_grad_norm                      no    the norm is computed either way (inf: no clip)
+train.steps                              no    the measurement's own step count decides
+train.seed (synthetic data)              no    weights' values and the order of equal lengths
+trial_id, space_name                     no    names
+=======================================  ====  ================================================
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from dpo_sweep.config import CHECKPOINT_LEVELS, TrialConfig
+from dpo_sweep.plan.memory import MemoryEstimate
+
+#: Paths into ``TrialConfig.model_dump()`` that cannot change peak memory or step time.
+NOT_MEMORY_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("trial_id",), ("space_name",), ("beta",), ("grad_acc",),  # grad_acc enters as short_grad_acc
+    ("train", "loss"), ("train", "label_smoothing"), ("train", "lr"), ("train", "lr_warmup_steps"),
+    ("train", "lr_schedule"), ("train", "weight_decay"), ("train", "adam_betas"), ("train", "adam_eps"),
+    ("train", "max_grad_norm"), ("train", "steps"),
+)
+#: Fields that set what the loss trajectory is (point 5 of issue 15), besides the effective batch.
+LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("model", "preset"), ("model", "name_or_path"), ("model", "dtype"), ("data",), ("beta",),
+    ("train", "lr"), ("train", "lr_warmup_steps"), ("train", "lr_schedule"), ("train", "loss"),
+    ("train", "label_smoothing"), ("train", "precision"), ("train", "reference"), ("train", "seed"),
+    ("train", "steps"), ("train", "warmup_steps"), ("train", "max_length"), ("train", "weight_decay"),
+    ("train", "adam_betas"), ("train", "adam_eps"), ("train", "max_grad_norm"), ("train", "device"),
+    ("train", "fail_at_step"), ("train", "fail_kind"), ("train", "fail_rank"),
+)
+#: Checkpoint levels from most activations kept to fewest (README: none > L1 > L2 >= L3 > full).
+LEVELS_BY_MEMORY: tuple[str, ...] = ("none", "L1", "L2", "L3", "full")
+assert set(LEVELS_BY_MEMORY) == set(CHECKPOINT_LEVELS)
+#: Knobs along which memory only grows, compared by ``dominates_in_memory``.
+_GROWING = (("micro_batch",), ("checkpoint_level",), ("train", "max_length"))
+
+Predict = Callable[[TrialConfig], float]
+
+
+def _drop(tree: dict, path: tuple[str, ...]) -> None:
+    node = tree
+    for key in path[:-1]:
+        node = node.get(key, {})
+    node.pop(path[-1], None)
+
+
+def _get(tree: dict, path: tuple[str, ...]):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _canonical(tree: dict) -> str:
+    return json.dumps(tree, sort_keys=True, default=str)
+
+
+def short_grad_acc(cfg: TrialConfig) -> int:
+    """Micro-steps per optimizer step of the memory/time trial that stands for ``cfg``.
+
+    At grad_acc >= 2 the gradients of the first micro-step are alive through every later one, so
+    the second micro-step already reaches the peak of any longer accumulation (8B mb 4 L1: 98.6 GB
+    at 2, 4 and 8, identical to the byte); 2 measures them all. grad_acc 1 frees the gradients
+    between steps and peaks lower: only a grad_acc-1 configuration is measured at 1.
+    """
+    return min(cfg.grad_acc, 2)
+
+
+def _memory_tree(cfg: TrialConfig) -> dict:
+    tree = cfg.model_dump(mode="json")
+    for path in NOT_MEMORY_FIELDS:
+        _drop(tree, path)
+    if cfg.data.synthetic is not None:
+        _drop(tree, ("train", "seed"))
+    tree["short_grad_acc"] = short_grad_acc(cfg)
+    return tree
+
+
+def measurement_key(cfg: TrialConfig) -> str:
+    """Equal for configurations that must have the same peak memory and micro-step time."""
+    return _canonical(_memory_tree(cfg))
+
+
+def memory_family(cfg: TrialConfig) -> str:
+    """``measurement_key`` without the knobs along which memory grows and the grad_acc class:
+    configurations of one family differ only in micro_batch, level, max_length and grad_acc."""
+    tree = _memory_tree(cfg)
+    for path in (*_GROWING, ("short_grad_acc",)):
+        _drop(tree, path)
+    return _canonical(tree)
+
+
+@dataclass(frozen=True)
+class MeasurementGroup:
+    """Configurations that share one memory/time measurement, taken by ``measuring``."""
+
+    measuring: TrialConfig
+    members: tuple[TrialConfig, ...]  # measuring included, in input order
+
+    def measured_by(self) -> dict[str, str]:
+        """``trial_id -> trial_id`` of the trial whose measurement the row carries."""
+        return {m.trial_id: self.measuring.trial_id for m in self.members}
+
+
+def dedupe(trials: Sequence[TrialConfig]) -> list[MeasurementGroup]:
+    """One group per ``measurement_key``, in order of first appearance. The measuring trial is the
+    member with the smallest grad_acc (the cheapest to run at its short accumulation), then the
+    first in input order."""
+    by_key: dict[str, list[TrialConfig]] = {}
+    for cfg in trials:
+        by_key.setdefault(measurement_key(cfg), []).append(cfg)
+    return [MeasurementGroup(measuring=min(members, key=lambda c: c.grad_acc), members=tuple(members))
+            for members in by_key.values()]
+
+
+def order(trials: Sequence[TrialConfig], predict: Predict) -> list[TrialConfig]:
+    """Cheapest predicted peak first; equal predictions keep their input order (sorted is stable)."""
+    return sorted(trials, key=predict)
+
+
+def _level_rank(level: str) -> int:
+    return len(LEVELS_BY_MEMORY) - LEVELS_BY_MEMORY.index(level)  # none keeps the most
+
+
+def dominates_in_memory(a: TrialConfig, b: TrialConfig) -> bool:
+    """True when ``a`` needs at least the memory of ``b``: the same configuration in every other
+    memory field, and a micro_batch, max_length and grad_acc class at least ``b``'s and a level
+    that keeps at least as many activations. (At grad_acc 1 a small micro-batch can peak at the
+    end of backward, where a checkpointed level adds one layer's recompute; ``none`` still holds
+    that layer's activations then, so the order holds.)"""
+    if memory_family(a) != memory_family(b):
+        return False
+    return (a.micro_batch >= b.micro_batch and a.train.max_length >= b.train.max_length
+            and _level_rank(a.checkpoint_level) >= _level_rank(b.checkpoint_level)
+            and short_grad_acc(a) >= short_grad_acc(b))
+
+
+def prune_after_oom(oom_cfg: TrialConfig, pending: Sequence[TrialConfig]) -> list[tuple[TrialConfig, str]]:
+    """The pending configurations that must run out of memory too, each with its reason."""
+    return [(cfg, f"pruned: needs at least the memory of {oom_cfg.trial_id}, which ran out of memory "
+                  f"(micro_batch {cfg.micro_batch} >= {oom_cfg.micro_batch}, checkpoint "
+                  f"{cfg.checkpoint_level} keeps at least the activations of {oom_cfg.checkpoint_level}, "
+                  f"max_length {cfg.train.max_length} >= {oom_cfg.train.max_length})")
+            for cfg in pending if cfg.trial_id != oom_cfg.trial_id and dominates_in_memory(cfg, oom_cfg)]
+
+
+#: Prune over budget only when the prediction exceeds it by this fraction. The memory model
+#: over-predicts the committed H200 NVML peaks by at most +2.4 % (and under-predicts by up to
+#: -6.8 %; benchmarks/memory_model_check.py), and repeated runs of one configuration differ by up
+#: to 1.6 % (8B mb 4 full: 84.49 vs 83.12 GB). 5 % is twice the worst over-prediction: a
+#: configuration it prunes would have needed more than the budget in every committed case.
+BUDGET_MARGIN = 0.05
+
+
+def budgeted_gb(cfg: TrialConfig, estimate: MemoryEstimate) -> float:
+    """The part of the estimate that a budget bounds. ``resources.gpu_memory_gb`` caps torch's
+    allocator only (``set_per_process_memory_fraction``), so against that cap the CUDA context is
+    left out; a real card's memory bounds the whole NVML peak."""
+    return estimate.total_gb - (estimate.context_gb if cfg.resources.gpu_memory_gb else 0.0)
+
+
+def prune_over_budget(cfg: TrialConfig, estimate_gb: float, budget_gb: float,
+                      margin: float = BUDGET_MARGIN) -> str | None:
+    """The reason ``cfg`` is not run, or None: predicted above ``budget_gb x (1 + margin)``.
+    ``estimate_gb``: :func:`budgeted_gb` of the memory model's estimate."""
+    limit = budget_gb * (1 + margin)
+    if estimate_gb <= limit:
+        return None
+    return (f"pruned: predicted peak {estimate_gb:.1f} GB is over the {budget_gb:.1f} GB budget by more than "
+            f"the model's {margin:.0%} margin ({limit:.1f} GB)")
+
+
+# --- step time -------------------------------------------------------------------------------
+# What the trainer must record for this fit (loop.py is being split; it does not record it yet):
+# per optimizer step, the wall time of each micro-step (forward + backward, synchronised at its
+# end, e.g. CUDA events around each micro-step) and of the optimizer phase (unscale, clip, step,
+# zero_grad). Then t_micro is the median micro-step and t_opt the median optimizer phase.
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """``step_ms = t_opt_ms + grad_acc x t_micro_ms``."""
+
+    t_opt_ms: float
+    t_micro_ms: float
+
+
+def extrapolate_step_ms(t_opt_ms: float, t_micro_ms: float, grad_acc: int) -> float:
+    """The optimizer-step time at ``grad_acc`` micro-steps: micro-steps run back to back, the
+    optimizer phase once per step."""
+    return t_opt_ms + grad_acc * t_micro_ms
+
+
+def fit_step_time(step_ms: Sequence[float], micro_ms: Sequence[Sequence[float]]) -> StepTimeModel:
+    """From a short trial's measured steps: ``step_ms[i]`` and the times of its micro-steps
+    ``micro_ms[i]``. t_micro is the median micro-step, t_opt the median of what each step spends
+    outside its micro-steps."""
+    if not step_ms or len(step_ms) != len(micro_ms) or any(not m for m in micro_ms):
+        raise ValueError("fit_step_time: one non-empty list of micro-step times per measured step")
+    t_micro = statistics.median(t for m in micro_ms for t in m)
+    t_opt = statistics.median(s - sum(m) for s, m in zip(step_ms, micro_ms))
+    return StepTimeModel(t_opt_ms=t_opt, t_micro_ms=t_micro)
+
+
+# --- learning trials ---------------------------------------------------------------------------
+
+def learning_key(cfg: TrialConfig) -> str:
+    """Equal for configurations whose loss trajectory is the same: same effective batch and
+    learning set-up, whatever the micro_batch x grad_acc split or checkpoint level (the trainer
+    is tested to give the same update for any split and level)."""
+    tree = cfg.model_dump(mode="json")
+    picked = {"/".join(p): _get(tree, p) for p in LEARNING_FIELDS}
+    picked["effective_batch"] = cfg.effective_batch()
+    return _canonical(picked)
+
+
+def pick_learning_trial(group: Sequence[TrialConfig], predict: Predict, budget_gb: float,
+                        step_ms: Predict | None = None) -> TrialConfig | None:
+    """The configuration of ``group`` that measures its learning: the fastest predicted one that
+    fits ``budget_gb``. Without a time model (``step_ms``), the one with the largest micro_batch
+    (fewest micro-steps), then the least recompute, then input order. None when nothing fits."""
+    fits = [c for c in group if predict(c) <= budget_gb]
+    if not fits:
+        return None
+    if step_ms is not None:
+        return min(fits, key=step_ms)
+    return min(fits, key=lambda c: (-c.micro_batch, c.grad_acc, LEVELS_BY_MEMORY.index(c.checkpoint_level)))

@@ -1,0 +1,173 @@
+"""The planner's rules: dedupe, ordering, pruning after an OOM and over budget, short
+accumulation and step-time extrapolation, learning trials."""
+from __future__ import annotations
+
+import pytest
+
+from dpo_sweep.plan import rules
+from dpo_sweep.plan.memory import predict_peak_gb
+from tests.testkit import make_cfg
+
+
+def _cfg(i: int, **kw):
+    return make_cfg(trial_id=f"t{i:03d}", **kw)
+
+
+def _peak(cfg) -> float:
+    return predict_peak_gb(cfg).total_gb
+
+
+# --- measurement key and dedupe -------------------------------------------------------------
+
+@pytest.mark.parametrize("change", [
+    {"beta": 0.5}, {"loss": "ipo"}, {"label_smoothing": 0.2}, {"lr": 1e-4}, {"lr_schedule": "cosine"},
+    {"lr_warmup_steps": 1}, {"weight_decay": 0.1}, {"adam_betas": (0.8, 0.9)}, {"adam_eps": 1e-6},
+    {"max_grad_norm": None}, {"steps": 5}, {"seed": 3}, {"grad_acc": 4, "base_grad_acc": 2},
+])
+def test_knobs_that_cannot_change_memory_share_a_key(change):
+    change = dict(change)
+    base = _cfg(0, grad_acc=change.pop("base_grad_acc", 1))
+    other = _cfg(1, **{"grad_acc": base.grad_acc, **change})
+    assert rules.measurement_key(base) == rules.measurement_key(other)
+
+
+@pytest.mark.parametrize("change", [
+    {"micro_batch": 2}, {"checkpoint_level": "L1"}, {"max_length": 32}, {"precision": "bf16"},
+    {"reference": "precomputed"}, {"logp_chunk_tokens": 0}, {"padding_side": "left"}, {"grad_acc": 2},
+    {"model": {"preset": "tiny-llama", "lean_ops": False}},
+    {"model": {"preset": "tiny-llama", "attn_implementation": "eager"}},
+    {"resources": {"use_gpu": False, "workers_per_trial": 2}}, {"fail_at_step": 1},
+    {"data": {"synthetic": {"pairs": 16, "prompt_tokens": 20, "response_tokens": 10}}},
+])
+def test_knobs_that_can_change_memory_split_the_key(change):
+    assert rules.measurement_key(_cfg(0)) != rules.measurement_key(_cfg(1, **change))
+
+
+def test_seed_splits_the_key_for_real_data_only():
+    """With a data file the seed orders the pairs, so it decides which lengths share a padded batch."""
+    data = {"path": "pairs.jsonl"}
+    assert rules.measurement_key(_cfg(0, data=data)) != rules.measurement_key(_cfg(1, data=data, seed=1))
+    assert rules.measurement_key(_cfg(0)) == rules.measurement_key(_cfg(1, seed=1))
+
+
+def test_dedupe_groups_betas_and_names_the_measuring_trial():
+    trials = [_cfg(i, beta=beta, micro_batch=mb) for i, (mb, beta) in
+              enumerate((mb, beta) for mb in (1, 2) for beta in (0.1, 0.3, 0.5))]
+    groups = rules.dedupe(trials)
+    assert [len(g.members) for g in groups] == [3, 3]
+    assert [g.measuring.trial_id for g in groups] == ["t000", "t003"]
+    measured_by = {k: v for g in groups for k, v in g.measured_by().items()}
+    assert measured_by == {"t000": "t000", "t001": "t000", "t002": "t000",
+                           "t003": "t003", "t004": "t003", "t005": "t003"}
+
+
+def test_dedupe_measures_a_grad_acc_class_with_its_shortest_member():
+    groups = rules.dedupe([_cfg(0, grad_acc=8), _cfg(1, grad_acc=2), _cfg(2, grad_acc=4), _cfg(3, grad_acc=1)])
+    assert [(g.measuring.trial_id, len(g.members)) for g in groups] == [("t001", 3), ("t003", 1)]
+
+
+# --- order --------------------------------------------------------------------------------
+
+def test_order_is_cheapest_predicted_first_with_ties_in_input_order():
+    trials = [_cfg(i) for i in range(5)]
+    peaks = {"t000": 30.0, "t001": 10.0, "t002": 20.0, "t003": 10.0, "t004": 5.0}
+    ordered = rules.order(trials, lambda c: peaks[c.trial_id])
+    assert [c.trial_id for c in ordered] == ["t004", "t001", "t003", "t002", "t000"]
+    assert [c.trial_id for c in rules.order(trials[::-1], lambda c: peaks[c.trial_id])] == [
+        "t004", "t003", "t001", "t002", "t000"]
+
+
+def test_order_with_the_memory_model():
+    trials = [_cfg(0, micro_batch=8), _cfg(1, micro_batch=2, beta=0.5), _cfg(2, micro_batch=2),
+              _cfg(3, micro_batch=4, checkpoint_level="full"), _cfg(4, micro_batch=4)]
+    ordered = rules.order(trials, _peak)
+    assert [_peak(c) for c in ordered] == sorted(_peak(c) for c in trials)
+    ids = [c.trial_id for c in ordered]
+    assert ids.index("t001") + 1 == ids.index("t002")  # equal predictions (beta) stay in input order
+    assert ids[-1] == "t000"
+
+
+# --- pruning --------------------------------------------------------------------------------
+
+def test_dominates_in_memory():
+    oom = _cfg(0, micro_batch=4, checkpoint_level="L1", grad_acc=2)
+    assert rules.dominates_in_memory(_cfg(1, micro_batch=8, checkpoint_level="L1", grad_acc=2), oom)
+    assert rules.dominates_in_memory(_cfg(1, micro_batch=4, checkpoint_level="none", grad_acc=4), oom)
+    assert rules.dominates_in_memory(_cfg(1, micro_batch=4, checkpoint_level="L1", grad_acc=2, max_length=128), oom)
+    assert rules.dominates_in_memory(_cfg(1, micro_batch=4, checkpoint_level="L1", grad_acc=2, beta=0.9), oom)
+    assert not rules.dominates_in_memory(_cfg(1, micro_batch=8, checkpoint_level="L2", grad_acc=2), oom)
+    assert not rules.dominates_in_memory(_cfg(1, micro_batch=2, checkpoint_level="none", grad_acc=2), oom)
+    assert not rules.dominates_in_memory(_cfg(1, micro_batch=8, checkpoint_level="L1", grad_acc=1), oom)
+    assert not rules.dominates_in_memory(_cfg(1, micro_batch=8, checkpoint_level="L1", grad_acc=2,
+                                              reference="precomputed"), oom)
+
+
+def test_prune_after_oom_names_the_trial_and_agrees_with_the_model():
+    oom = _cfg(0, micro_batch=4, checkpoint_level="L1", grad_acc=2)
+    pending = [_cfg(i + 1, micro_batch=mb, checkpoint_level=lv, grad_acc=2)
+               for i, (mb, lv) in enumerate((mb, lv) for mb in (2, 4, 8) for lv in ("none", "L1", "L2", "full"))]
+    pruned = rules.prune_after_oom(oom, [oom, *pending])
+    assert sorted((c.micro_batch, c.checkpoint_level) for c, _ in pruned) == [
+        (4, "L1"), (4, "none"), (8, "L1"), (8, "none")]
+    assert all("t000" in why and why.startswith("pruned:") for _, why in pruned)
+    assert all(_peak(c) >= _peak(oom) for c, _ in pruned)  # the model agrees: none needs less
+
+
+def test_prune_over_budget_only_past_the_margin():
+    assert rules.prune_over_budget(_cfg(0), 84.0, 80.0) is None  # 5 % over: inside the margin
+    why = rules.prune_over_budget(_cfg(0), 84.1, 80.0)
+    assert why is not None and "80.0 GB budget" in why and "84.1 GB" in why and "5%" in why
+    assert rules.prune_over_budget(_cfg(0), 84.1, 80.0, margin=0.10) is None
+
+
+def test_a_memory_cap_bounds_the_allocator_and_a_card_the_nvml_peak():
+    capped = _cfg(0, resources={"use_gpu": False, "gpu_memory_gb": 80})
+    card = _cfg(1)
+    for cfg in (capped, card):
+        est = predict_peak_gb(cfg)
+        assert est.context_gb > 1.0
+        expected = est.total_gb - est.context_gb if cfg is capped else est.total_gb
+        assert rules.budgeted_gb(cfg, est) == expected
+
+
+# --- short accumulation and step time ----------------------------------------------------------
+
+def test_short_grad_acc():
+    assert [rules.short_grad_acc(_cfg(0, grad_acc=g)) for g in (1, 2, 3, 64)] == [1, 2, 2, 2]
+
+
+def test_step_time_extrapolates_linearly_from_a_short_trial():
+    t_opt, t_micro = 120.0, 900.0  # ms: the 8B mb-4 micro-step on the H200 is ~0.9 s
+    steps = [[t_micro * (1 + e), t_micro * (1 - e)] for e in (0.01, -0.02, 0.0)]
+    step_ms = [t_opt + sum(m) for m in steps]
+    fit = rules.fit_step_time(step_ms, steps)
+    assert fit == rules.StepTimeModel(t_opt_ms=pytest.approx(t_opt), t_micro_ms=pytest.approx(t_micro))
+    assert rules.extrapolate_step_ms(fit.t_opt_ms, fit.t_micro_ms, 64) == pytest.approx(t_opt + 64 * t_micro)
+    assert rules.extrapolate_step_ms(10.0, 2.5, 4) == 20.0
+    with pytest.raises(ValueError, match="micro-step"):
+        rules.fit_step_time([1.0], [[]])
+
+
+# --- learning trials -------------------------------------------------------------------------
+
+def test_learning_key_ignores_the_split_and_level_but_not_the_learning_setup():
+    base = _cfg(0, micro_batch=2, grad_acc=4)
+    same = [_cfg(1, micro_batch=4, grad_acc=2), _cfg(2, micro_batch=8, grad_acc=1, checkpoint_level="full"),
+            _cfg(3, micro_batch=2, grad_acc=4, logp_chunk_tokens=0)]
+    differ = [_cfg(4, micro_batch=2, grad_acc=2), _cfg(5, micro_batch=2, grad_acc=4, beta=0.3),
+              _cfg(6, micro_batch=2, grad_acc=4, lr=1e-4), _cfg(7, micro_batch=2, grad_acc=4, loss="hinge"),
+              _cfg(8, micro_batch=2, grad_acc=4, precision="bf16"), _cfg(9, micro_batch=2, grad_acc=4, seed=1),
+              _cfg(10, micro_batch=2, grad_acc=4, steps=3), _cfg(11, micro_batch=2, grad_acc=4, lr_schedule="linear")]
+    assert all(rules.learning_key(c) == rules.learning_key(base) for c in same)
+    assert all(rules.learning_key(c) != rules.learning_key(base) for c in differ)
+
+
+def test_pick_learning_trial_is_the_largest_micro_batch_that_fits():
+    group = [_cfg(0, micro_batch=2, grad_acc=8), _cfg(1, micro_batch=8, grad_acc=2, checkpoint_level="L1"),
+             _cfg(2, micro_batch=8, grad_acc=2), _cfg(3, micro_batch=16, grad_acc=1)]
+    budget = _peak(group[2])  # mb 16 does not fit, mb 8 none just does
+    assert rules.pick_learning_trial(group, _peak, budget).trial_id == "t002"
+    assert rules.pick_learning_trial(group, _peak, _peak(group[1])).trial_id == "t001"
+    assert rules.pick_learning_trial(group, _peak, 0.0) is None
+    fastest = rules.pick_learning_trial(group, _peak, budget, step_ms=lambda c: 100.0 * c.grad_acc + c.micro_batch)
+    assert fastest.trial_id in ("t001", "t002") and fastest.grad_acc == 2
