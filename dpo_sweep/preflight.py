@@ -1,0 +1,172 @@
+"""Preflight: every check of the user's input that needs no GPU, made before any work starts.
+
+A bad data row, a missing checkpoint folder or an output path that is a file would otherwise be
+found by every trial's worker, after Ray has started (one traceback per trial), or - for
+``trial`` - after the training, when the results are written. The checks:
+
+* models: each distinct ``model.name_or_path`` is an existing folder holding a config, weights
+  and tokenizer files, or a hub id; its config and tokenizer load (no weights are read);
+* data: each distinct (data, tokenizer, max_length) of the trials is read and tokenised exactly
+  as a worker will, and every trial's micro_batch x workers can be filled from what is left;
+* output: the folder is, or can be created as, a writable directory.
+
+``validate`` and ``run`` check all three before Ray starts (``validate`` writes nothing, so it
+has no output folder). ``trial`` checks the output folder and the models before it trains; its
+data is read once, by the trial itself, whose data errors come before the first step.
+A failed check is a :class:`UserError`: exit 2, the file, line or field named, and the fix.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.errors import DataError, UserError
+
+#: Files that ``trial`` and ``run`` write into the output folder.
+RESULT_FILES = ("results.csv", "steps.csv")
+
+TokenizerKey = tuple[str | None, bool]  # (name_or_path or None for the presets' byte tokenizer, trust_remote_code)
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What one (data, tokenizer, max_length) gave."""
+
+    source: str
+    model: str  # whose tokenizer
+    max_length: int
+    pairs: int
+    truncated: int
+    dropped: int
+
+    def line(self) -> str:
+        return (f"data {self.source}: {self.pairs} pair(s) with the {self.model} tokenizer at max_length "
+                f"{self.max_length} ({self.truncated} truncated, {self.dropped} dropped)")
+
+
+# --- output folder ----------------------------------------------------------------------------
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be created in ``folder`` (a probe, removed at once: os.access says yes
+    to root even on a read-only file system)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def check_output_dir(out_dir: Path, flag: str = "--output") -> None:
+    """``out_dir`` is a writable directory, or one can be created there. Creates nothing."""
+    shown = f"{flag} {out_dir}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{shown}: this is an existing file, not a directory; give a directory "
+                        f"(created when missing), e.g. {flag} {out_dir}-results")
+    existing = out_dir.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{shown}: {existing} is a file, so no directory can be created under it; "
+                        "give a path whose parent folders are directories")
+    if not _writable(existing):
+        raise UserError(f"{shown}: {existing} is not writable (permissions or a read-only file "
+                        "system); give a folder you can write to")
+    for name in RESULT_FILES:
+        target = out_dir / name
+        if target.exists() and not target.is_file():
+            raise UserError(f"{shown}: {target} exists and is not a file, so the results cannot be "
+                            "written there; move it away or give another --output")
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+def _tokenizer_key(model: ModelSpec) -> TokenizerKey:
+    # Every preset shares the built-in byte tokenizer: one key for all of them.
+    return (model.name_or_path, model.trust_remote_code)
+
+
+def _distinct_models(trials: Iterable[TrialConfig]) -> dict[TokenizerKey, ModelSpec]:
+    models: dict[TokenizerKey, ModelSpec] = {}
+    for t in trials:
+        models.setdefault(_tokenizer_key(t.model), t.model)
+    return models
+
+
+def check_models(trials: Iterable[TrialConfig]) -> dict[TokenizerKey, Any]:
+    """Each distinct checkpoint's files, config and tokenizer (presets need nothing).
+    Returns the tokenizers by :func:`_tokenizer_key`, for the data check."""
+    from dpo_sweep.train import pretrained
+    from dpo_sweep.train.tokenizer import load_tokenizer
+
+    tokenizers = {}
+    for key, spec in _distinct_models(trials).items():
+        if spec.name_or_path is not None:
+            ckpt = pretrained.locate(spec.name_or_path)
+            pretrained.require_files(ckpt, (pretrained.CONFIG_FILE,), pretrained.TOKENIZER_FILES,
+                                     pretrained.WEIGHT_FILES)
+            pretrained.load_config(spec)
+        tokenizers[key] = load_tokenizer(spec)
+    return tokenizers
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+def _read_pairs(cfg: TrialConfig, tokenizer: Any) -> Any:
+    from dpo_sweep.train.data import load_pairs
+
+    try:
+        return load_pairs(cfg.data, tokenizer, cfg.train.max_length)
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - e.g. a chat template that fails on a row's messages
+        where = cfg.data.path or cfg.data.hf or "data.synthetic"
+        raise DataError(f"{where}: could not be turned into token ids with the {cfg.model.label()} "
+                        f"tokenizer ({type(err).__name__}: {err}); check the file's rows") from None
+
+
+def check_fill(cfg: TrialConfig, summary: DataSummary) -> None:
+    """The pairs left after truncation fill at least one micro-batch on every worker."""
+    from dpo_sweep.train.batching import usable_pairs
+
+    workers = cfg.resources.workers_per_trial
+    if usable_pairs(summary.pairs, cfg.micro_batch, workers) == 0:
+        raise DataError(f"{summary.source}: {summary.pairs} pair(s) left after truncation to max_length="
+                        f"{summary.max_length} cannot fill one micro-batch of micro_batch {cfg.micro_batch} "
+                        f"x {workers} worker(s) (trial {cfg.trial_id}); use more pairs or a smaller "
+                        "micro_batch")
+
+
+def check_data(trials: Iterable[TrialConfig], tokenizers: dict[TokenizerKey, Any]) -> tuple[DataSummary, ...]:
+    """Read and tokenise each distinct (data, tokenizer, max_length) once, as the workers will."""
+    summaries: dict[tuple[str, TokenizerKey, int], DataSummary] = {}
+    for cfg in trials:
+        key = (cfg.data.model_dump_json(), _tokenizer_key(cfg.model), cfg.train.max_length)
+        if key not in summaries:
+            ds = _read_pairs(cfg, tokenizers[key[1]])
+            summaries[key] = DataSummary(ds.source, cfg.model.label(), cfg.train.max_length, len(ds),
+                                         ds.truncated, ds.dropped)
+        check_fill(cfg, summaries[key])
+    return tuple(summaries.values())
+
+
+# --- the commands' checks ---------------------------------------------------------------------
+
+
+def check_inputs(trials: tuple[TrialConfig, ...], out_dir: Path | None = None) -> tuple[DataSummary, ...]:
+    """Everything ``validate`` and ``run`` check before Ray starts (the output folder first: it
+    is the cheapest). Returns what the data gave, for the command to print."""
+    if out_dir is not None:
+        check_output_dir(out_dir)
+    return check_data(trials, check_models(trials))
+
+
+def check_trial(cfg: TrialConfig, out_dir: Path) -> None:
+    """What ``trial`` checks before it trains: the output folder and the model's files."""
+    check_output_dir(out_dir)
+    check_models([cfg])
