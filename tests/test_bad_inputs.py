@@ -254,6 +254,9 @@ MODEL_CASES: dict[str, tuple[Callable[[Path, Path], str], tuple[str, ...]]] = {
                         ("variant: could not load the model config", "check the files in it")),
     "config-without-model-type": (lambda ck, tmp: str(variant(ck, tmp, write={"config.json": "{}"})),
                                   ("variant: could not load the model config", "model_type")),
+    "tokenizer-without-eos-or-pad": (lambda ck, tmp: str(variant(ck, tmp, write={
+        "tokenizer_config.json": '{"tokenizer_class": "PreTrainedTokenizerFast"}', "special_tokens_map.json": "{}"})),
+        ("variant: the tokenizer has neither a pad nor an end-of-sequence token", "set eos_token (or pad_token)")),
     "tokenizer-json-broken": (lambda ck, tmp: str(variant(ck, tmp, write={"tokenizer.json": "{broken"})),
                               ("variant: could not load the tokenizer", "check the files in it")),
 }
@@ -409,6 +412,14 @@ def test_every_bad_cell_is_listed(tmp_path, capsys):
     err = refused(capsys, ["report", str(out)], ("3 cell(s) cannot be read",), watched=out)
     assert [ln.split(",")[0].strip() for ln in err.splitlines()[1:]] == ["line 2 (trial t0)", "line 4 (trial t1)",
                                                                          "line 5 (trial t2)"]
+
+
+def test_line_numbers_skip_what_pandas_skips(tmp_path, capsys):
+    out = results_dir(tmp_path, cell(2, "beta", "x"))
+    text = (out / "results.csv").read_text()
+    head, rest = text.split("\n", 1)
+    (out / "results.csv").write_text(head + "\n\n   \n" + rest)  # a blank and a whitespace-only line
+    refused(capsys, ["report", str(out)], ("line 7 (trial t2), column beta: 'x' is not a number",), watched=out)
 
 
 def test_a_bad_steps_csv_cell_is_refused(tmp_path, capsys):

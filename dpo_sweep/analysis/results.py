@@ -170,12 +170,12 @@ def _column_kinds(cls: type) -> dict[str, str]:
 
 def _record_lines(path: Path) -> list[int]:
     """The file line each data row starts on, in pandas' row order: a quoted cell (an error
-    message) may span lines, and blank lines are no rows."""
+    message) may span lines, and blank or whitespace-only lines are no rows (pandas skips them)."""
     starts, line = [], 1
     with path.open(newline="") as fh:
         reader = csv.reader(fh)
         for record in reader:
-            if record:
+            if len(record) > 1 or (record and record[0].strip()):
                 starts.append(line)
             line = reader.line_num + 1
     return starts[1:]  # the header

@@ -4,6 +4,7 @@ from __future__ import annotations
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from dpo_sweep.config import ModelSpec
+from dpo_sweep.errors import UserError
 from dpo_sweep.train.pretrained import load_checkpoint_tokenizer
 
 #: Special tokens of the byte-level tokenizer: 256 byte tokens come first, these follow.
@@ -34,4 +35,8 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     if tok.pad_token_id is None:
         # Padding never reaches the loss (it is masked), so any id will do; EOS is the convention.
         tok.pad_token = tok.eos_token
+    if tok.pad_token_id is None:
+        raise UserError(f"model.name_or_path: {spec.name_or_path}: the tokenizer has neither a pad nor an "
+                        "end-of-sequence token, so batches cannot be padded; set eos_token (or pad_token) "
+                        "in its tokenizer_config.json")
     return tok
