@@ -41,6 +41,7 @@ class DataSummary:
     pairs: int
     truncated: int
     dropped: int
+    max_token_id: int
 
     def line(self) -> str:
         return (f"data {self.source}: {self.pairs} pair(s) with the {self.model} tokenizer at max_length "
@@ -90,28 +91,33 @@ def _tokenizer_key(model: ModelSpec) -> TokenizerKey:
     return (model.name_or_path, model.trust_remote_code)
 
 
-def _distinct_models(trials: Iterable[TrialConfig]) -> dict[TokenizerKey, ModelSpec]:
-    models: dict[TokenizerKey, ModelSpec] = {}
-    for t in trials:
-        models.setdefault(_tokenizer_key(t.model), t.model)
-    return models
+@dataclass(frozen=True)
+class CheckedModels:
+    """What the model check loaded, for the data check."""
+
+    tokenizers: dict[TokenizerKey, Any]
+    vocab_sizes: dict[str, int | None]  # by ModelSpec.label(); None when the config has none
 
 
-def check_models(trials: Iterable[TrialConfig]) -> dict[TokenizerKey, Any]:
-    """Each distinct checkpoint's files, config and tokenizer (presets need nothing).
-    Returns the tokenizers by :func:`_tokenizer_key`, for the data check."""
+def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
+    """Each distinct checkpoint's files, config and tokenizer (presets need nothing)."""
     from dpo_sweep.train import pretrained
+    from dpo_sweep.train.model import PRESETS
     from dpo_sweep.train.tokenizer import load_tokenizer
 
-    tokenizers = {}
-    for key, spec in _distinct_models(trials).items():
-        if spec.name_or_path is not None:
-            ckpt = pretrained.locate(spec.name_or_path)
+    tokenizers: dict[TokenizerKey, Any] = {}
+    vocab_sizes: dict[str, int | None] = {}
+    for spec in {t.model.model_dump_json(): t.model for t in trials}.values():
+        if spec.preset is not None:
+            vocab_sizes[spec.label()] = PRESETS[spec.preset]["vocab_size"]
+        else:
+            ckpt = pretrained.locate(spec.name_or_path or "")
             pretrained.require_files(ckpt, (pretrained.CONFIG_FILE,), pretrained.TOKENIZER_FILES,
                                      pretrained.WEIGHT_FILES)
-            pretrained.load_config(spec)
-        tokenizers[key] = load_tokenizer(spec)
-    return tokenizers
+            vocab_sizes[spec.label()] = getattr(pretrained.load_config(spec), "vocab_size", None)
+        if _tokenizer_key(spec) not in tokenizers:
+            tokenizers[_tokenizer_key(spec)] = load_tokenizer(spec)
+    return CheckedModels(tokenizers, vocab_sizes)
 
 
 # --- data -------------------------------------------------------------------------------------
@@ -142,16 +148,31 @@ def check_fill(cfg: TrialConfig, summary: DataSummary) -> None:
                         "micro_batch")
 
 
-def check_data(trials: Iterable[TrialConfig], tokenizers: dict[TokenizerKey, Any]) -> tuple[DataSummary, ...]:
+def check_vocab(cfg: TrialConfig, summary: DataSummary, vocab_size: int | None) -> None:
+    """Every token id of the data has a row in the model's embedding (a tokenizer saved from
+    another model fails in every worker's first forward otherwise)."""
+    if vocab_size is not None and summary.max_token_id >= vocab_size:
+        raise DataError(f"{summary.source}: the {summary.model} tokenizer gives token id "
+                        f"{summary.max_token_id}, but {cfg.model.label()} has a vocabulary of {vocab_size} "
+                        "(config.json vocab_size); use the tokenizer saved with this model")
+
+
+def _max_token_id(ds: Any) -> int:
+    return max((max(ids) for p in ds.pairs for ids in (p.prompt_ids, p.chosen_ids, p.rejected_ids) if ids),
+               default=-1)
+
+
+def check_data(trials: Iterable[TrialConfig], models: CheckedModels) -> tuple[DataSummary, ...]:
     """Read and tokenise each distinct (data, tokenizer, max_length) once, as the workers will."""
     summaries: dict[tuple[str, TokenizerKey, int], DataSummary] = {}
     for cfg in trials:
         key = (cfg.data.model_dump_json(), _tokenizer_key(cfg.model), cfg.train.max_length)
         if key not in summaries:
-            ds = _read_pairs(cfg, tokenizers[key[1]])
+            ds = _read_pairs(cfg, models.tokenizers[key[1]])
             summaries[key] = DataSummary(ds.source, cfg.model.label(), cfg.train.max_length, len(ds),
-                                         ds.truncated, ds.dropped)
+                                         ds.truncated, ds.dropped, _max_token_id(ds))
         check_fill(cfg, summaries[key])
+        check_vocab(cfg, summaries[key], models.vocab_sizes[cfg.model.label()])
     return tuple(summaries.values())
 
 

@@ -274,6 +274,18 @@ def test_bad_model_is_refused_before_any_work(tmp_path, capsys, checkpoint, comm
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_a_tokenizer_beyond_the_models_vocabulary_is_refused(tmp_path, capsys, checkpoint, command):
+    """A tokenizer saved from another model: its ids (up to 258 here) overflow a 200-row embedding."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    folder = variant(checkpoint, tmp_path, write={"config.json": json.dumps({**config, "vocab_size": 200})})
+    data = make_data(tmp_path, "d.jsonl", jsonl(GOOD, GOOD))
+    space = write_space(tmp_path, data=f"{{path: {data}}}", model=json.dumps({"name_or_path": str(folder)}))
+    refused(capsys, command_argv(command, space, tmp_path / "out"),
+            ("d.jsonl: the ", "tokenizer gives token id 25", "has a vocabulary of 200",
+             "use the tokenizer saved with this model"), watched=tmp_path)
+
+
 def test_a_bad_model_among_swept_models_is_refused(tmp_path, capsys, checkpoint):
     space = write_space(tmp_path, data="{synthetic: {pairs: 8, prompt_tokens: 8, response_tokens: 8}}",
                         extra=f"search: {{model: [tiny-llama, {{name_or_path: {tmp_path / 'gone'}}}]}}\n")
