@@ -24,11 +24,13 @@ from typing import Any, Iterable
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.errors import DataError, UserError
+from dpo_sweep.train.data import PairDataset, load_pairs  # standard library only: cheap to import
 
 #: Files that ``trial`` and ``run`` write into the output folder.
 RESULT_FILES = ("results.csv", "steps.csv")
 
-TokenizerKey = tuple[str | None, bool]  # (name_or_path or None for the presets' byte tokenizer, trust_remote_code)
+#: (name_or_path, trust_remote_code); name_or_path None: the byte tokenizer every preset shares.
+TokenizerKey = tuple[str | None, bool]
 
 
 @dataclass(frozen=True)
@@ -123,9 +125,7 @@ def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
 # --- data -------------------------------------------------------------------------------------
 
 
-def _read_pairs(cfg: TrialConfig, tokenizer: Any) -> Any:
-    from dpo_sweep.train.data import load_pairs
-
+def _read_pairs(cfg: TrialConfig, tokenizer: Any) -> PairDataset:
     try:
         return load_pairs(cfg.data, tokenizer, cfg.train.max_length)
     except UserError:
@@ -157,7 +157,7 @@ def check_vocab(cfg: TrialConfig, summary: DataSummary, vocab_size: int | None) 
                         "(config.json vocab_size); use the tokenizer saved with this model")
 
 
-def _max_token_id(ds: Any) -> int:
+def _max_token_id(ds: PairDataset) -> int:
     return max((max(ids) for p in ds.pairs for ids in (p.prompt_ids, p.chosen_ids, p.rejected_ids) if ids),
                default=-1)
 
