@@ -450,6 +450,14 @@ def test_empty_and_blank_cells_stay_missing(tmp_path):
     assert df["lean_ops"].tolist() == [False, False, False]
 
 
+def test_true_false_columns_take_words_and_digits(tmp_path):
+    out = results_dir(tmp_path, lambda t: (cell(0, "lean_ops", "1")(t), cell(1, "lean_ops", "")(t),
+                                           cell(2, "lean_ops", "0")(t), cell(0, "liger_kernel", "TRUE")(t)))
+    df = load_results(out)
+    assert df.loc[0, "lean_ops"] == 1 and math.isnan(df.loc[1, "lean_ops"]) and df.loc[2, "lean_ops"] == 0
+    assert df["liger_kernel"].tolist() == [True, False, False]
+
+
 # --- run never reaches Ray --------------------------------------------------------------------
 
 

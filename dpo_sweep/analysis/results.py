@@ -187,6 +187,8 @@ def _bad_cells(raw: "Any", kind: str) -> "Any":
 
     text = raw.astype("string").str.strip()
     filled = raw.notna() & (text != "")
+    if kind == "bool" and pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
+        return filled & ~raw.isin([0, 1])  # 1/0 cells mixed with empty ones are read as 1.0/0.0
     if kind == "bool":
         return filled & text.str.lower().map(_BOOL_TEXT).isna()
     number = pd.to_numeric(text, errors="coerce")
@@ -197,11 +199,12 @@ def _bad_cells(raw: "Any", kind: str) -> "Any":
 
 
 def _convert(raw: "Any", kind: str) -> "Any":
+    """A checked column as numbers (bools stay bools; ``true``/``FALSE`` text becomes bools)."""
     import pandas as pd
 
-    if kind == "bool" and raw.dtype != bool:
+    if kind == "bool" and not (pd.api.types.is_bool_dtype(raw) or pd.api.types.is_numeric_dtype(raw)):
         return raw.astype("string").str.strip().str.lower().map(_BOOL_TEXT)
-    return pd.to_numeric(raw, errors="coerce") if kind != "bool" else raw
+    return pd.to_numeric(raw, errors="coerce")
 
 
 def _refuse_unreadable(path: Path, df: "Any", kinds: dict[str, str],
