@@ -60,10 +60,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from dpo_sweep import preflight
     from dpo_sweep import space as space_mod
 
     sp = space_mod.load(args.space, args.overrides)
+    data = preflight.check_inputs(sp.trials)  # the data, model and tokenizer too, not only the file
     print(f"{args.space}: valid, {len(sp.trials)} trial(s)")
+    for summary in data:
+        print(summary.line())
     from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (README)
 
     header = ["trial_id", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",

@@ -158,6 +158,81 @@ def _read_csv(path: Path) -> "Any":
                           "re-run the sweep to rewrite it") from None
 
 
+#: How a hand-edited cell must read, by the row dataclass's field type.
+_KIND_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
+_BOOL_TEXT = {"true": True, "false": False, "1": True, "0": False}
+_SHOWN_PROBLEMS = 5
+
+
+def _column_kinds(cls: type) -> dict[str, str]:
+    """``int`` / ``float`` / ``bool`` of each numeric column of a row dataclass (its annotations)."""
+    return {f.name: str(f.type) for f in fields(cls) if str(f.type) in _KIND_WORDS}
+
+
+def _record_lines(path: Path) -> list[int]:
+    """The file line each data row starts on, in pandas' row order: a quoted cell (an error
+    message) may span lines, and blank or whitespace-only lines are no rows (pandas skips them)."""
+    starts, line = [], 1
+    with path.open(newline="") as fh:
+        reader = csv.reader(fh)
+        for record in reader:
+            if len(record) > 1 or (record and record[0].strip()):
+                starts.append(line)
+            line = reader.line_num + 1
+    return starts[1:]  # the header
+
+
+def _bad_cells(raw: "Any", kind: str) -> "Any":
+    """Mask of the cells of one column that hold text but not a value of ``kind`` (empty is fine)."""
+    import pandas as pd
+
+    text = raw.astype("string").str.strip()
+    filled = raw.notna() & (text != "")
+    if kind == "bool" and pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
+        return filled & ~raw.isin([0, 1])  # 1/0 cells mixed with empty ones are read as 1.0/0.0
+    if kind == "bool":
+        return filled & text.str.lower().map(_BOOL_TEXT).isna()
+    number = pd.to_numeric(text, errors="coerce")
+    bad = filled & number.isna()
+    if kind == "int":
+        bad |= number.notna() & (number % 1 != 0)
+    return bad
+
+
+def _convert(raw: "Any", kind: str) -> "Any":
+    """A checked column as numbers (bools stay bools; ``true``/``FALSE`` text becomes bools)."""
+    import pandas as pd
+
+    if kind == "bool" and not (pd.api.types.is_bool_dtype(raw) or pd.api.types.is_numeric_dtype(raw)):
+        return raw.astype("string").str.strip().str.lower().map(_BOOL_TEXT)
+    return pd.to_numeric(raw, errors="coerce")
+
+
+def _refuse_unreadable(path: Path, df: "Any", kinds: dict[str, str],
+                       allowed: dict[str, tuple[str, ...]] | None = None) -> None:
+    """UserError naming the line, trial and column of every cell that cannot be read, and the fix:
+    a hand-edited ``abc`` must not turn silently into a missing value. ``allowed``: text columns
+    with a closed set of values (compared stripped and lower-cased)."""
+    problems = []
+    for col, kind in kinds.items():
+        if col in df.columns:
+            for i in df.index[_bad_cells(df[col], kind)]:
+                problems.append((i, f"column {col}: {str(df.at[i, col]).strip()!r} is not {_KIND_WORDS[kind]}"))
+    for col, values in (allowed or {}).items():
+        text = df[col].fillna("").astype(str).str.strip()
+        for i in df.index[~text.str.lower().isin(values)]:
+            problems.append((i, f"column {col}: {text[i]!r} is not allowed; use one of {', '.join(values)}"))
+    if not problems:
+        return
+    lines = _record_lines(path)
+    shown = [f"  line {lines[i]}" + (f" (trial {df.at[i, 'trial_id']})" if "trial_id" in df.columns else "")
+             + f", {what}" for i, what in sorted(problems, key=lambda p: p[0])[:_SHOWN_PROBLEMS]]
+    more = len(problems) - len(shown)
+    raise UserError(f"{path}: {len(problems)} cell(s) cannot be read; correct them (a number may be "
+                    "left empty when it is missing), or re-run the sweep to rewrite the file:\n"
+                    + "\n".join(shown) + (f"\n  ... and {more} more" if more else ""))
+
+
 def load_results(out_dir: str | Path) -> "Any":
     """Read ``DIR/results.csv`` into a DataFrame with every contract column present.
 
@@ -180,6 +255,8 @@ def load_results(out_dir: str | Path) -> "Any":
     if missing:
         raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; the results.csv "
                           f"contract needs at least {', '.join(ANALYSIS_REQUIRED_COLUMNS)}")
+    kinds = _column_kinds(TrialResult)
+    _refuse_unreadable(path, df, kinds, allowed={"status": STATUSES})
     for col in RESULTS_COLUMNS:
         if col not in df.columns:
             df[col] = "" if col in _TEXT_COLUMNS else math.nan
@@ -188,7 +265,7 @@ def load_results(out_dir: str | Path) -> "Any":
     df["status"] = df["status"].str.strip().str.lower()
     for col in RESULTS_COLUMNS:
         if col not in _TEXT_COLUMNS:
-            df[col] = pd.to_numeric(df[col], errors="coerce")
+            df[col] = _convert(df[col], kinds.get(col, "float"))
     return df.reset_index(drop=True)
 
 
@@ -204,6 +281,7 @@ def load_steps(out_dir: str | Path) -> "Any | None":
     if missing:
         raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; the steps.csv contract "
                           f"has {', '.join(STEPS_COLUMNS)}")
+    _refuse_unreadable(path, df, _column_kinds(StepRecord))
     df["trial_id"] = df["trial_id"].fillna("").astype(str)
     for col in df.columns:
         if col not in ("trial_id", "measured"):

@@ -55,10 +55,30 @@ class PairDataset:
 # --------------------------------------------------------------------------------------------
 # Reading rows
 # --------------------------------------------------------------------------------------------
-def read_rows(spec: DataSpec) -> tuple[list[dict[str, Any]], str]:
-    """Rows of a file or hub dataset as plain dicts, and a name for messages."""
+@dataclass(frozen=True)
+class SourceRows:
+    """Rows of a data file or hub dataset as plain dicts, and where each one sits, for messages.
+
+    ``numbers[i]`` is row i's 1-based position in its source: the line of a JSONL file (blank
+    lines are skipped, so it is not always i + 1), the element of a .json list, the row of a
+    parquet file or dataset split.
+    """
+
+    rows: list[dict[str, Any]]
+    source: str
+    unit: str  # "line" | "element" | "row"
+    numbers: tuple[int, ...]
+
+    def where(self, i: int) -> str:
+        """``pairs.jsonl: line 8`` (a line is what an editor shows); 0-based index said for the rest."""
+        n = self.numbers[i]
+        return f"{self.source}: {self.unit} {n}" + ("" if self.unit == "line" else f" (index {n - 1})")
+
+
+def read_rows(spec: DataSpec) -> SourceRows:
+    """The rows of a data spec's file or hub dataset."""
     if spec.path is not None:
-        return read_file(spec.path), spec.path
+        return read_file(spec.path)
     import datasets
 
     name = spec.hf or ""
@@ -69,51 +89,89 @@ def read_rows(spec: DataSpec) -> tuple[list[dict[str, Any]], str]:
             f"data.hf: could not load dataset {name!r} (split {spec.split!r}): {err}. "
             "Check the name and split, or download it and use data.path"
         ) from None
-    return [dict(r) for r in ds], f"{name}[{spec.split}]"
+    rows = [dict(r) for r in ds]
+    return _checked(SourceRows(rows, f"{name}[{spec.split}]", "row", tuple(range(1, len(rows) + 1))))
 
 
-def read_file(path: str | Path) -> list[dict[str, Any]]:
+def _read_text(p: Path, path: str | Path) -> str:
+    # utf-8-sig: a leading byte-order mark (Windows editors write one) is dropped, not an error.
+    try:
+        return p.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = p.read_bytes()[: err.start].count(b"\n") + 1
+        raise DataError(f"{path}: line {line}: not UTF-8 text ({err.reason}); save the file as UTF-8") from None
+
+
+def _read_jsonl(p: Path, path: str | Path) -> SourceRows:
+    rows, numbers = [], []
+    # split("\n"), not splitlines(): that also splits at U+2028 and other separators that JSON
+    # strings may hold raw, which would break a row in two and shift every line number after it.
+    for n, line in enumerate(_read_text(p, path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: line {n}: not valid JSON ({err.msg} at column {err.colno}); "
+                            "each line holds one pair object") from None
+        numbers.append(n)
+    return SourceRows(rows, str(path), "line", tuple(numbers))
+
+
+def _read_json(p: Path, path: str | Path) -> SourceRows:
+    try:
+        data = json.loads(_read_text(p, path) or "null")
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: line {err.lineno} column {err.colno}: not valid JSON ({err.msg}); "
+                        "a .json file holds a list of pair objects") from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if data is None:
+        data = []
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a list of pair objects (or {{\"data\": [...]}}), got "
+                        f"{type(data).__name__}; for one pair per line use a .jsonl file")
+    return SourceRows(data, str(path), "element", tuple(range(1, len(data) + 1)))
+
+
+def _read_parquet(p: Path, path: str | Path) -> SourceRows:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(p).to_pylist()
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(f"{path}: not a readable parquet file ({err}); write it with "
+                        "pandas.DataFrame.to_parquet or use .jsonl") from None
+    return SourceRows(rows, str(path), "row", tuple(range(1, len(rows) + 1)))
+
+
+_READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+
+
+def read_file(path: str | Path) -> SourceRows:
     """Rows of a .json (a list of objects, or {"data": [...]}), .jsonl or .parquet file."""
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"data.path: {path}: no such file")
-    suffix = p.suffix.lower()
-    if suffix == ".jsonl":
-        rows = []
-        for n, line in enumerate(p.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}: line {n}: not valid JSON ({err.msg}); each line holds one pair") from None
-    elif suffix == ".json":
-        try:
-            data = json.loads(p.read_text() or "null")
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}: not valid JSON ({err}); a .json file holds a list of pairs") from None
-        if isinstance(data, dict) and isinstance(data.get("data"), list):
-            data = data["data"]
-        if data is None:
-            data = []
-        if not isinstance(data, list):
-            raise DataError(f"{path}: expected a list of pair objects (or {{\"data\": [...]}})")
-        rows = data
-    elif suffix == ".parquet":
-        import pyarrow.parquet as pq
+        raise DataError(f"data.path: {path}: no such file; give an existing .json, .jsonl or .parquet "
+                        "file (a relative path is taken from the directory the command runs in)")
+    reader = _READERS.get(p.suffix.lower())
+    if reader is None:
+        raise DataError(f"data.path: {path}: unsupported file type {p.suffix.lower()!r}; use .json, .jsonl or .parquet")
+    return _checked(reader(p, path))
 
-        rows = pq.read_table(p).to_pylist()
-    else:
-        raise DataError(f"data.path: {path}: unsupported file type {suffix!r}; use .json, .jsonl or .parquet")
-    if not rows:
+
+def _checked(src: SourceRows) -> SourceRows:
+    """Refuse a source with no rows, or a row that is not an object."""
+    if not src.rows:
         raise DataError(
-            f"{path}: the file holds no pairs; it needs rows with 'chosen' and 'rejected' "
+            f"{src.source}: the file holds no pairs; it needs rows with 'chosen' and 'rejected' "
             "(and optionally 'prompt')"
         )
-    for n, r in enumerate(rows):
+    for i, r in enumerate(src.rows):
         if not isinstance(r, dict):
-            raise DataError(f"{path}: row {n}: expected an object with chosen/rejected, got {type(r).__name__}")
-    return rows
+            raise DataError(f"{src.where(i)}: expected an object with chosen/rejected, got {type(r).__name__}")
+    return src
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,18 +214,24 @@ def _common_prefix_messages(a: list[dict], b: list[dict]) -> int:
     return n
 
 
+def _shown(value: Any, limit: int = 40) -> str:
+    """A bad value for a message, cut short (a row can hold a whole conversation)."""
+    text = repr(value)
+    return f"({text if len(text) <= limit else text[:limit] + '...'})"
+
+
 def normalise_row(row: dict[str, Any], tokenizer: Any, where: str) -> tuple[str, str, str, bool]:
     """(prompt text, chosen text, rejected text, is_chat) of one row, columns already renamed."""
     for key in ("chosen", "rejected"):
         v = row.get(key)
         if not (isinstance(v, str) or _is_messages(v)):
-            raise DataError(
-                f"{where}: {key!r} is {type(v).__name__ if v is not None else 'missing'}; expected a "
-                "string or a list of {role, content} messages"
-            )
+            got = "missing" if v is None else f"{type(v).__name__} {_shown(v)}"
+            raise DataError(f"{where}: {key!r} is {got}; expected a string or a list of "
+                            "{role, content} messages")
     chosen, rejected, prompt = row["chosen"], row["rejected"], row.get("prompt")
     if prompt is not None and not (isinstance(prompt, str) or _is_messages(prompt)):
-        raise DataError(f"{where}: 'prompt' is {type(prompt).__name__}; expected a string or messages")
+        raise DataError(f"{where}: 'prompt' is {type(prompt).__name__} {_shown(prompt)}; expected a "
+                        "string or a list of {role, content} messages (or no prompt)")
     chat = _is_messages(chosen)
     if chat != _is_messages(rejected):
         raise DataError(f"{where}: 'chosen' and 'rejected' must both be strings or both message lists")
@@ -243,17 +307,20 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def tokenize_rows(
-    rows: list[dict[str, Any]], spec: DataSpec, tokenizer: Any, max_length: int, source: str
-) -> PairDataset:
+def tokenize_rows(src: SourceRows, spec: DataSpec, tokenizer: Any, max_length: int) -> PairDataset:
     """Normalise, tokenize and truncate rows into a :class:`PairDataset`."""
+    rows, source = src.rows, src.source
     rename = {v: k for k, v in spec.columns.items()}
     first = {rename.get(k, k) for k in rows[0]}
+    found = ", ".join(sorted(map(str, rows[0]))) or "none"
+    for field, column in spec.columns.items():
+        if column not in rows[0]:  # a typo here would silently read another column or none
+            raise DataError(f"{src.where(0)}: data.columns maps {field} to column {column!r}, which is "
+                            f"not there (columns found: {found}); fix the name in data.columns")
     for need in ("chosen", "rejected"):
         if need not in first:
-            found = ", ".join(sorted(map(str, rows[0]))) or "none"
             raise DataError(
-                f"{source}: column {need!r} is missing (columns found: {found}); rename yours with "
+                f"{src.where(0)}: column {need!r} is missing (columns found: {found}); rename yours with "
                 f"data.columns: {{{need}: <your column>}}"
             )
     bos = tokenizer.bos_token_id
@@ -261,7 +328,8 @@ def tokenize_rows(
     pairs, dropped, truncated = [], 0, 0
     for n, raw in enumerate(rows):
         row = {rename.get(k, k): v for k, v in raw.items()}
-        prompt, chosen, rejected, chat = normalise_row(row, tokenizer, f"{source}: row {n}")
+        where = src.where(n)
+        prompt, chosen, rejected, chat = normalise_row(row, tokenizer, where)
         p = _encode(tokenizer, prompt)
         if bos is not None and not (p and p[0] == bos) and not chat:
             p = [bos] + p
@@ -269,7 +337,7 @@ def tokenize_rows(
         if not chat and eos is not None:
             c, r = c + [eos], r + [eos]
         if not c or not r:
-            raise DataError(f"{source}: row {n}: an empty response; both chosen and rejected need text")
+            raise DataError(f"{where}: an empty response; both chosen and rejected need text")
         cut = truncate_keeping_bos(p, c, r, bos, spec, max_length)
         if cut is None:
             dropped += 1
@@ -317,5 +385,4 @@ def load_pairs(spec: DataSpec, tokenizer: Any, max_length: int) -> PairDataset:
     """All preference pairs of a data spec, tokenized and truncated."""
     if spec.synthetic is not None:
         return synthetic_pairs(spec, max_length, tokenizer.bos_token_id, tokenizer.eos_token_id)
-    rows, source = read_rows(spec)
-    return tokenize_rows(rows, spec, tokenizer, max_length, source)
+    return tokenize_rows(read_rows(spec), spec, tokenizer, max_length)

@@ -130,9 +130,9 @@ def model_arch(spec: ModelSpec) -> str:
     """``llama``, ``qwen2``, ... (the transformers model_type)."""
     if spec.preset is not None:
         return PRESETS[spec.preset]["arch"]
-    from transformers import AutoConfig
+    from dpo_sweep.train.pretrained import load_config
 
-    return AutoConfig.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code).model_type
+    return load_config(spec).model_type
 
 
 def resolve_liger(spec: ModelSpec, device: torch.device, arch: str | None = None) -> bool:

@@ -1,9 +1,11 @@
 """Tokenizers: the built-in byte-level one used by presets, or a checkpoint's own."""
 from __future__ import annotations
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from dpo_sweep.config import ModelSpec
+from dpo_sweep.errors import UserError
+from dpo_sweep.train.pretrained import load_checkpoint_tokenizer
 
 #: Special tokens of the byte-level tokenizer: 256 byte tokens come first, these follow.
 BYTE_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
@@ -29,8 +31,12 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
     """The tokenizer for a model spec: byte-level for presets, the checkpoint's own otherwise."""
     if spec.preset is not None:
         return byte_level_tokenizer()
-    tok = AutoTokenizer.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code)
+    tok = load_checkpoint_tokenizer(spec)  # UserError for a missing folder or missing files
     if tok.pad_token_id is None:
         # Padding never reaches the loss (it is masked), so any id will do; EOS is the convention.
         tok.pad_token = tok.eos_token
+    if tok.pad_token_id is None:
+        raise UserError(f"model.name_or_path: {spec.name_or_path}: the tokenizer has neither a pad nor an "
+                        "end-of-sequence token, so batches cannot be padded; set eos_token (or pad_token) "
+                        "in its tokenizer_config.json")
     return tok

@@ -6,6 +6,7 @@ import math
 import sys
 from pathlib import Path
 
+from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
 from dpo_sweep.analysis.results import write_results, write_steps
 
@@ -14,6 +15,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     sp = space_mod.load(args.space, args.overrides)
     cfg = sp.trials[0]
     out = Path(args.output or f"reports/{sp.name}-trial")
+    preflight.check_trial(cfg, out)  # before the training, so that its result cannot be lost
     knobs = ", ".join(f"{k}={v}" for k, v in cfg.knobs().items())
     print(f"trial {cfg.trial_id}: {knobs}", flush=True)
 

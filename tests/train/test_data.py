@@ -139,10 +139,10 @@ def test_drop_last_and_whole_pairs_per_rank():
 # --- bad data: each case a DataError naming the file, the row or column, and the fix ----------
 @pytest.mark.parametrize("name, rows, match", [
     ("empty.jsonl", [], r"empty\.jsonl: the file holds no pairs"),
-    ("nocol.jsonl", [{"prompt": "a", "chosen": "b"}], r"nocol\.jsonl: column 'rejected' is missing \(columns found: chosen, prompt\); rename yours with data\.columns"),
-    ("badtype.jsonl", [ROWS[0], {"prompt": "a", "chosen": 3, "rejected": "b"}], r"badtype\.jsonl: row 1: 'chosen' is int"),
-    ("noshared.jsonl", [{"chosen": "abc", "rejected": "xyz"}], r"noshared\.jsonl: row 0: there is no prompt column"),
-    ("mixed.jsonl", [{"prompt": "p", "chosen": "a", "rejected": [{"role": "assistant", "content": "b"}]}], r"row 0: 'chosen' and 'rejected' must both be"),
+    ("nocol.jsonl", [{"prompt": "a", "chosen": "b"}], r"nocol\.jsonl: line 1: column 'rejected' is missing \(columns found: chosen, prompt\); rename yours with data\.columns"),
+    ("badtype.jsonl", [ROWS[0], {"prompt": "a", "chosen": 3, "rejected": "b"}], r"badtype\.jsonl: line 2: 'chosen' is int \(3\)"),
+    ("noshared.jsonl", [{"chosen": "abc", "rejected": "xyz"}], r"noshared\.jsonl: line 1: there is no prompt column"),
+    ("mixed.jsonl", [{"prompt": "p", "chosen": "a", "rejected": [{"role": "assistant", "content": "b"}]}], r"mixed\.jsonl: line 1: 'chosen' and 'rejected' must both be"),
 ])
 def test_bad_data_errors(tmp_path, tok, name, rows, match):
     path = tmp_path / name

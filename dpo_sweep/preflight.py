@@ -1,0 +1,193 @@
+"""Preflight: every check of the user's input that needs no GPU, made before any work starts.
+
+A bad data row, a missing checkpoint folder or an output path that is a file would otherwise be
+found by every trial's worker, after Ray has started (one traceback per trial), or - for
+``trial`` - after the training, when the results are written. The checks:
+
+* models: each distinct ``model.name_or_path`` is an existing folder holding a config, weights
+  and tokenizer files, or a hub id; its config and tokenizer load (no weights are read);
+* data: each distinct (data, tokenizer, max_length) of the trials is read and tokenised exactly
+  as a worker will, and every trial's micro_batch x workers can be filled from what is left;
+* output: the folder is, or can be created as, a writable directory.
+
+``validate`` and ``run`` check all three before Ray starts (``validate`` writes nothing, so it
+has no output folder). ``trial`` checks the output folder and the models before it trains; its
+data is read once, by the trial itself, whose data errors come before the first step.
+A failed check is a :class:`UserError`: exit 2, the file, line or field named, and the fix.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.errors import DataError, UserError
+from dpo_sweep.train.data import PairDataset, load_pairs  # standard library only: cheap to import
+
+#: Files that ``trial`` and ``run`` write into the output folder.
+RESULT_FILES = ("results.csv", "steps.csv")
+
+#: (name_or_path, trust_remote_code); name_or_path None: the byte tokenizer every preset shares.
+TokenizerKey = tuple[str | None, bool]
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What one (data, tokenizer, max_length) gave."""
+
+    source: str
+    model: str  # whose tokenizer
+    max_length: int
+    pairs: int
+    truncated: int
+    dropped: int
+    max_token_id: int
+
+    def line(self) -> str:
+        return (f"data {self.source}: {self.pairs} pair(s) with the {self.model} tokenizer at max_length "
+                f"{self.max_length} ({self.truncated} truncated, {self.dropped} dropped)")
+
+
+# --- output folder ----------------------------------------------------------------------------
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be created in ``folder`` (a probe, removed at once: os.access says yes
+    to root even on a read-only file system)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
+
+
+def check_output_dir(out_dir: Path, flag: str = "--output") -> None:
+    """``out_dir`` is a writable directory, or one can be created there. Creates nothing."""
+    shown = f"{flag} {out_dir}"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{shown}: this is an existing file, not a directory; give a directory "
+                        f"(created when missing), e.g. {flag} {out_dir}-results")
+    existing = out_dir.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{shown}: {existing} is a file, so no directory can be created under it; "
+                        "give a path whose parent folders are directories")
+    if not _writable(existing):
+        raise UserError(f"{shown}: {existing} is not writable (permissions or a read-only file "
+                        "system); give a folder you can write to")
+    for name in RESULT_FILES:
+        target = out_dir / name
+        if target.exists() and not target.is_file():
+            raise UserError(f"{shown}: {target} exists and is not a file, so the results cannot be "
+                            "written there; move it away or give another --output")
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+def _tokenizer_key(model: ModelSpec) -> TokenizerKey:
+    # Every preset shares the built-in byte tokenizer: one key for all of them.
+    return (model.name_or_path, model.trust_remote_code)
+
+
+@dataclass(frozen=True)
+class CheckedModels:
+    """What the model check loaded, for the data check."""
+
+    tokenizers: dict[TokenizerKey, Any]
+    vocab_sizes: dict[str, int | None]  # by ModelSpec.label(); None when the config has none
+
+
+def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
+    """Each distinct checkpoint's files, config and tokenizer (presets need nothing)."""
+    from dpo_sweep.train import pretrained
+    from dpo_sweep.train.model import PRESETS
+    from dpo_sweep.train.tokenizer import load_tokenizer
+
+    tokenizers: dict[TokenizerKey, Any] = {}
+    vocab_sizes: dict[str, int | None] = {}
+    for spec in {t.model.model_dump_json(): t.model for t in trials}.values():
+        if spec.preset is not None:
+            vocab_sizes[spec.label()] = PRESETS[spec.preset]["vocab_size"]
+        else:
+            ckpt = pretrained.locate(spec.name_or_path or "")
+            pretrained.require_files(ckpt, (pretrained.CONFIG_FILE,), pretrained.TOKENIZER_FILES,
+                                     pretrained.WEIGHT_FILES)
+            vocab_sizes[spec.label()] = getattr(pretrained.load_config(spec), "vocab_size", None)
+        if _tokenizer_key(spec) not in tokenizers:
+            tokenizers[_tokenizer_key(spec)] = load_tokenizer(spec)
+    return CheckedModels(tokenizers, vocab_sizes)
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+def _read_pairs(cfg: TrialConfig, tokenizer: Any) -> PairDataset:
+    try:
+        return load_pairs(cfg.data, tokenizer, cfg.train.max_length)
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001 - e.g. a chat template that fails on a row's messages
+        where = cfg.data.path or cfg.data.hf or "data.synthetic"
+        raise DataError(f"{where}: could not be turned into token ids with the {cfg.model.label()} "
+                        f"tokenizer ({type(err).__name__}: {err}); check the file's rows") from None
+
+
+def check_fill(cfg: TrialConfig, summary: DataSummary) -> None:
+    """The pairs left after truncation fill at least one micro-batch on every worker."""
+    from dpo_sweep.train.batching import usable_pairs
+
+    workers = cfg.resources.workers_per_trial
+    if usable_pairs(summary.pairs, cfg.micro_batch, workers) == 0:
+        raise DataError(f"{summary.source}: {summary.pairs} pair(s) left after truncation to max_length="
+                        f"{summary.max_length} cannot fill one micro-batch of micro_batch {cfg.micro_batch} "
+                        f"x {workers} worker(s) (trial {cfg.trial_id}); use more pairs or a smaller "
+                        "micro_batch")
+
+
+def check_vocab(cfg: TrialConfig, summary: DataSummary, vocab_size: int | None) -> None:
+    """Every token id of the data has a row in the model's embedding (a tokenizer saved from
+    another model fails in every worker's first forward otherwise)."""
+    if vocab_size is not None and summary.max_token_id >= vocab_size:
+        raise DataError(f"{summary.source}: the {summary.model} tokenizer gives token id "
+                        f"{summary.max_token_id}, but {cfg.model.label()} has a vocabulary of {vocab_size} "
+                        "(config.json vocab_size); use the tokenizer saved with this model")
+
+
+def _max_token_id(ds: PairDataset) -> int:
+    return max((max(ids) for p in ds.pairs for ids in (p.prompt_ids, p.chosen_ids, p.rejected_ids) if ids),
+               default=-1)
+
+
+def check_data(trials: Iterable[TrialConfig], models: CheckedModels) -> tuple[DataSummary, ...]:
+    """Read and tokenise each distinct (data, tokenizer, max_length) once, as the workers will."""
+    summaries: dict[tuple[str, TokenizerKey, int], DataSummary] = {}
+    for cfg in trials:
+        key = (cfg.data.model_dump_json(), _tokenizer_key(cfg.model), cfg.train.max_length)
+        if key not in summaries:
+            ds = _read_pairs(cfg, models.tokenizers[key[1]])
+            summaries[key] = DataSummary(ds.source, cfg.model.label(), cfg.train.max_length, len(ds),
+                                         ds.truncated, ds.dropped, _max_token_id(ds))
+        check_fill(cfg, summaries[key])
+        check_vocab(cfg, summaries[key], models.vocab_sizes[cfg.model.label()])
+    return tuple(summaries.values())
+
+
+# --- the commands' checks ---------------------------------------------------------------------
+
+
+def check_inputs(trials: tuple[TrialConfig, ...], out_dir: Path | None = None) -> tuple[DataSummary, ...]:
+    """Everything ``validate`` and ``run`` check before Ray starts (the output folder first: it
+    is the cheapest). Returns what the data gave, for the command to print."""
+    if out_dir is not None:
+        check_output_dir(out_dir)
+    return check_data(trials, check_models(trials))
+
+
+def check_trial(cfg: TrialConfig, out_dir: Path) -> None:
+    """What ``trial`` checks before it trains: the output folder and the model's files."""
+    check_output_dir(out_dir)
+    check_models([cfg])
