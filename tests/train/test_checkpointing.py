@@ -1,4 +1,5 @@
-"""Every checkpoint level gives the same loss and gradients as none (fp32, fixed seed)."""
+"""Every checkpoint level gives the same loss and gradients as none (fp32, fixed seed); L2/L3 keep
+the attention kernel (no re-run in backward), and refuse attention they cannot keep (eager)."""
 import copy
 import pytest
 import torch
@@ -18,12 +19,29 @@ from testkit import ragged_pairs
 CPU = torch.device("cpu")
 
 
+def logps_of(model, batch, pad: bool = True, chunk: int = 16) -> torch.Tensor:
+    mask = batch.attention_mask if pad else None
+    return SequenceLogProbs(model, chunk)(batch.input_ids, mask, batch.position_ids, batch.response_mask)[0]
+
+
+def checkpointed(model, level: str, lean: bool = False):
+    """A train-mode copy of ``model`` with ``level`` (and lean ops) applied."""
+    m = copy.deepcopy(model)
+    if lean:
+        apply_lean_ops(m)
+    apply_checkpoint_level(m, level)
+    return m.train()
+
+
+def batch_of(pad: bool, n: int = 2):
+    pairs = ragged_pairs(n) if pad else [TokenizedPair((1,) * 8, (2,) * 6, (3,) * 6)] * 2
+    return collate(pairs, list(range(len(pairs))), pad_id=258)
+
+
 def loss_and_grads(model, ref, batch, pad: bool, chunk: int = 16):
-    lp, rlp = SequenceLogProbs(model, chunk), SequenceLogProbs(ref, chunk)
-    args = (batch.input_ids, batch.attention_mask if pad else None, batch.position_ids, batch.response_mask)
-    logps, _ = lp(*args)
+    logps = logps_of(model, batch, pad, chunk)
     with torch.no_grad():
-        ref_logps, _ = rlp(*args)
+        ref_logps = logps_of(ref, batch, pad, chunk)
     b = batch.pairs
     losses, _, _ = dpo_loss(logps[:b], logps[b:], ref_logps[:b], ref_logps[b:], 0.1)
     loss = losses.mean()
@@ -47,15 +65,9 @@ def models():
 @pytest.mark.parametrize("level", ["L1", "L2", "L3", "full"])
 def test_level_matches_none(models, level, pad, lean):
     policy, ref = models
-    pairs = ragged_pairs(4) if pad else [TokenizedPair((1,) * 8, (2,) * 6, (3,) * 6)] * 2
-    batch = collate(pairs, list(range(len(pairs))), pad_id=258)
+    batch = batch_of(pad, n=4)
     want_loss, want_grads = loss_and_grads(copy.deepcopy(policy).train(), ref, batch, pad)
-    m = copy.deepcopy(policy)
-    if lean:
-        apply_lean_ops(m)
-    apply_checkpoint_level(m, level)
-    m.train()
-    got_loss, got_grads = loss_and_grads(m, ref, batch, pad)
+    got_loss, got_grads = loss_and_grads(checkpointed(policy, level, lean), ref, batch, pad)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-6, atol=1e-7)
     assert got_grads.keys() == want_grads.keys() and len(got_grads) == len(list(policy.parameters()))
     for name in want_grads:
@@ -65,11 +77,9 @@ def test_level_matches_none(models, level, pad, lean):
 def test_levels_really_recompute(models):
     """Guard against a level silently doing nothing: count forward calls of one MLP."""
     policy, ref = models
-    batch = collate(ragged_pairs(2), [0, 1], pad_id=258)
+    batch = batch_of(pad=True)
     for level, mlp_calls in (("none", 1), ("L1", 2), ("L2", 2), ("full", 2)):
-        m = copy.deepcopy(policy)
-        apply_checkpoint_level(m, level)
-        m.train()
+        m = checkpointed(policy, level)
         calls = []
         mlp = m.model.layers[0].mlp
         mlp.gate_proj.register_forward_pre_hook(lambda *a: calls.append(1))
@@ -99,16 +109,8 @@ def is_attention_forward(name: str) -> bool:
 def test_attention_kernel_rerun_in_backward_only_under_full(models, level, reruns_per_layer, pad, lean):
     """The aten ops that run during loss.backward(): a forward attention kernel among them is a
     recompute. L2/L3 keep the kernel's outputs (zero re-runs); full re-runs it in every layer."""
-    policy, ref = models
-    pairs = ragged_pairs(2) if pad else [TokenizedPair((1,) * 8, (2,) * 6, (3,) * 6)] * 2
-    batch = collate(pairs, list(range(len(pairs))), pad_id=258)
-    m = copy.deepcopy(policy)
-    if lean:
-        apply_lean_ops(m)
-    apply_checkpoint_level(m, level)
-    m.train()
-    lp = SequenceLogProbs(m, 16)
-    logps, _ = lp(batch.input_ids, batch.attention_mask if pad else None, batch.position_ids, batch.response_mask)
+    m = checkpointed(models[0], level, lean)
+    logps = logps_of(m, batch_of(pad), pad)
     ops = AtenOps()
     with ops:
         logps.sum().backward()
@@ -120,13 +122,10 @@ def test_attention_kernel_rerun_in_backward_only_under_full(models, level, rerun
 
 def test_l2_recomputes_the_projections(models):
     policy, ref = models
-    batch = collate(ragged_pairs(2), [0, 1], pad_id=258)
-    m = copy.deepcopy(policy)
-    apply_checkpoint_level(m, "L2")
-    m.train()
+    m = checkpointed(policy, "L2")
     q_calls = []
     m.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *a: q_calls.append(1))
-    loss_and_grads(m, ref, batch, pad=True)
+    loss_and_grads(m, ref, batch_of(pad=True), pad=True)
     assert len(q_calls) == 2  # forward + recompute
 
 
@@ -163,26 +162,21 @@ def test_l2_l3_with_eager_attention_refused_at_the_first_forward(level):
     """Eager attention is bmm + softmax + bmm: nothing for the policy to keep. Refused rather
     than silently recomputed (validation refuses it earlier; this guards every other path)."""
     m = build_model(ModelSpec(preset="tiny-llama", attn_implementation="eager"), "fp32", CPU, seed=0).model
-    apply_checkpoint_level(m, level)
-    m.train()
-    batch = collate(ragged_pairs(2), [0, 1], pad_id=258)
+    m = checkpointed(m, level)
     with pytest.raises(ValueError, match=f"{level} with attn_implementation eager is refused.*use "
                                          "model.attn_implementation sdpa, flash_attention_2 or auto, or "
                                          "checkpoint_level L1 or full"):
-        SequenceLogProbs(m, 16)(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
+        logps_of(m, batch_of(pad=True))
 
 
 def test_l2_refused_when_sdpa_falls_back_to_its_math_path(models):
     """sdpa's math path is matmul + softmax ops too: the forward says so instead of recomputing."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    m = copy.deepcopy(models[0])
-    apply_checkpoint_level(m, "L2")
-    m.train()
-    batch = collate(ragged_pairs(2), [0, 1], pad_id=258)
+    m = checkpointed(models[0], "L2")
     refused = pytest.raises(ValueError, match=r"L2: the attention \(sdpa\) ran no kernel op")
     with sdpa_kernel(SDPBackend.MATH), refused:
-        SequenceLogProbs(m, 16)(batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask)
+        logps_of(m, batch_of(pad=True))
 
 
 def test_auto_attention_never_resolves_to_eager(monkeypatch):
