@@ -20,6 +20,25 @@ REFUSED_LEVELS: dict[str, str] = {
         "input is kept anyway); use L3 or full instead"
     ),
 }
+#: Levels whose attention region keeps the attention kernel's outputs instead of re-running it.
+KERNEL_KEPT_LEVELS: tuple[str, ...] = ("L2", "L3")
+#: Attention implementations whose kernel is one torch op, which that policy can keep (``auto``
+#: resolves to sdpa or flash_attention_2). eager is a chain of matmul, softmax and dropout ops.
+KERNEL_ATTENTION: tuple[str, ...] = ("auto", "sdpa", "flash_attention_2")
+
+
+def refused_attention(level: str, attn_implementation: str) -> str | None:
+    """Why ``level`` is refused with ``attn_implementation``; None when they go together."""
+    if level not in KERNEL_KEPT_LEVELS or attn_implementation in KERNEL_ATTENTION:
+        return None
+    return (
+        f"{level} with attn_implementation {attn_implementation} is refused: {attn_implementation} attention "
+        f"is separate matmul and softmax ops, which {level}'s selective-checkpoint policy cannot keep, so "
+        "backward would silently recompute them; use model.attn_implementation sdpa, flash_attention_2 or "
+        "auto, or checkpoint_level L1 or full"
+    )
+
+
 LossType = Literal["sigmoid", "ipo", "hinge"]
 LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16"]
@@ -48,7 +67,8 @@ class ModelSpec(_Strict):
         "(bf16 -> bfloat16, otherwise float32 master weights).",
     )
     attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
-        "auto", description="auto: flash_attention_2 when flash-attn imports on a GPU, else sdpa."
+        "auto", description="auto: flash_attention_2 when flash-attn imports on a GPU, else sdpa. "
+        "eager is refused with checkpoint levels L2/L3 (see refused_attention)."
     )
     liger_kernel: Literal["auto", True, False] = Field(
         "auto",

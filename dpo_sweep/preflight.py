@@ -137,15 +137,16 @@ def _read_pairs(cfg: TrialConfig, tokenizer: Any) -> PairDataset:
 
 
 def check_fill(cfg: TrialConfig, summary: DataSummary) -> None:
-    """The pairs left after truncation fill at least one micro-batch on every worker."""
+    """The pairs left after truncation fill at least one effective batch (micro_batch x grad_acc
+    x workers: every split of an effective batch uses the same pairs, train/batching.py)."""
     from dpo_sweep.train.batching import usable_pairs
 
     workers = cfg.resources.workers_per_trial
-    if usable_pairs(summary.pairs, cfg.micro_batch, workers) == 0:
+    if usable_pairs(summary.pairs, cfg.micro_batch, workers, grad_acc=cfg.grad_acc) == 0:
         raise DataError(f"{summary.source}: {summary.pairs} pair(s) left after truncation to max_length="
-                        f"{summary.max_length} cannot fill one micro-batch of micro_batch {cfg.micro_batch} "
-                        f"x {workers} worker(s) (trial {cfg.trial_id}); use more pairs or a smaller "
-                        "micro_batch")
+                        f"{summary.max_length} cannot fill one effective batch of micro_batch "
+                        f"{cfg.micro_batch} x grad_acc {cfg.grad_acc} x {workers} worker(s) (trial "
+                        f"{cfg.trial_id}); use more pairs or a smaller micro_batch or grad_acc")
 
 
 def check_vocab(cfg: TrialConfig, summary: DataSummary, vocab_size: int | None) -> None:

@@ -26,6 +26,7 @@ from dpo_sweep.config import (
     ResourcesSpec,
     TrainSpec,
     TrialConfig,
+    refused_attention,
 )
 from dpo_sweep.errors import SpaceError
 
@@ -229,6 +230,9 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
             raise SpaceError(_format_validation(source, err, prefix="search")) from None
         point = {"micro_batch": p["micro_batch"], "checkpoint_level": p["checkpoint_level"],
                  "grad_acc": p["grad_acc"], "beta": float(p["beta"])}
+        refused = refused_attention(point["checkpoint_level"], model.attn_implementation)
+        if refused:
+            raise SpaceError(f"{source}: search.checkpoint_level {point['checkpoint_level']!r}: {refused}")
         trials.append(
             TrialConfig(
                 space_name=spec.name, trial_id=_trial_id(index, point), model=model, data=spec.data,

@@ -120,8 +120,11 @@ DATA_CASES = {
                                 "  min_response_tokens: 70\n",
                                 ("d.jsonl: no pair left after truncation to max_length=64", "raise train.max_length")),
     "too-few-pairs-for-micro-batch": ("d.jsonl", jsonl(GOOD), "search: {micro_batch: [2]}\n",
-                                      ("d.jsonl: 1 pair", "cannot fill one micro-batch of micro_batch 2 x 1 worker",
-                                       "use more pairs or a smaller micro_batch")),
+                                      ("d.jsonl: 1 pair", "cannot fill one effective batch of micro_batch 2 x "
+                                       "grad_acc 1 x 1 worker", "use more pairs or a smaller micro_batch")),
+    "too-few-pairs-for-grad-acc": ("d.jsonl", jsonl(GOOD) * 2, "search: {micro_batch: [1], grad_acc: [3]}\n",
+                                   ("d.jsonl: 2 pair", "cannot fill one effective batch of micro_batch 1 x "
+                                    "grad_acc 3 x 1 worker", "smaller micro_batch or grad_acc")),
     "json-not-a-list": ("d.json", json.dumps({"rows": [GOOD]}).encode(), "",
                         ("d.json: expected a list of pair objects", "got dict", ".jsonl")),
     "json-a-number": ("d.json", b"42", "", ("d.json: expected a list of pair objects", "got int")),

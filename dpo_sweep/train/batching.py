@@ -61,25 +61,32 @@ def collate(pairs: list[TokenizedPair], index: list[int], pad_id: int, padding_s
     return MicroBatch(ids, attn, pos, resp, torch.tensor(index, dtype=torch.long))
 
 
-def usable_pairs(n_pairs: int, micro_batch: int, world_size: int) -> int:
-    """Pairs used per epoch: whole global micro-batches only (drop_last)."""
-    per = micro_batch * world_size
-    return (n_pairs // per) * per
+def usable_pairs(n_pairs: int, micro_batch: int, world_size: int, *, grad_acc: int) -> int:
+    """Pairs used per epoch: whole effective batches (micro_batch x grad_acc x workers) only.
+
+    drop_last on the effective batch, not on one micro-batch: every split of the same effective
+    batch then leaves out the same pairs, so from the second epoch on they still see the same ones.
+    """
+    per_step = micro_batch * grad_acc * world_size
+    return (n_pairs // per_step) * per_step
 
 
-def micro_batch_order(n_pairs: int, micro_batch: int, world_size: int, rank: int, seed: int) -> Iterator[list[int]]:
+def micro_batch_order(n_pairs: int, micro_batch: int, world_size: int, rank: int, seed: int, *,
+                      grad_acc: int) -> Iterator[list[int]]:
     """Endless pair indices for this rank's micro-batches.
 
-    Each epoch shuffles with ``seed + epoch`` and cuts the order into global micro-batches of
-    ``micro_batch * world_size`` pairs; rank ``r`` takes the ``r``-th slice of each. Optimizer step
-    ``s`` with ``grad_acc`` micro-steps therefore always sees the pairs
+    Each epoch shuffles with ``seed + epoch``, keeps the first :func:`usable_pairs` of that order
+    and cuts them into global micro-batches of ``micro_batch * world_size`` pairs; rank ``r``
+    takes the ``r``-th slice of each. Optimizer step ``s`` of an epoch therefore sees the pairs
     ``order[s*E:(s+1)*E]`` (E = effective batch) whatever the split into micro_batch x grad_acc
-    x workers: that is what makes those splits give the same update.
+    x workers, and an epoch ends on a step boundary: that is what makes those splits give the
+    same updates in every epoch.
     """
     per = micro_batch * world_size
-    usable = usable_pairs(n_pairs, micro_batch, world_size)
+    usable = usable_pairs(n_pairs, micro_batch, world_size, grad_acc=grad_acc)
     if usable == 0:
-        raise ValueError(f"{n_pairs} pairs cannot fill one micro-batch of {micro_batch} x {world_size} workers")
+        raise ValueError(f"{n_pairs} pairs cannot fill one effective batch of micro_batch {micro_batch} "
+                         f"x grad_acc {grad_acc} x {world_size} workers")
     for epoch in itertools.count():
         g = torch.Generator().manual_seed(seed + epoch)
         order = torch.randperm(n_pairs, generator=g)[:usable].tolist()
@@ -88,7 +95,7 @@ def micro_batch_order(n_pairs: int, micro_batch: int, world_size: int, rank: int
 
 
 def micro_batches(ds: PairDataset, micro_batch: int, world_size: int, rank: int, seed: int,
-                  pad_id: int, padding_side: str = "right") -> Iterator[MicroBatch]:
+                  pad_id: int, padding_side: str = "right", *, grad_acc: int) -> Iterator[MicroBatch]:
     """Endless collated micro-batches for this rank."""
-    for idx in micro_batch_order(len(ds), micro_batch, world_size, rank, seed):
+    for idx in micro_batch_order(len(ds), micro_batch, world_size, rank, seed, grad_acc=grad_acc):
         yield collate([ds.pairs[i] for i in idx], idx, pad_id, padding_side)

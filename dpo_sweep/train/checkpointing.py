@@ -24,6 +24,11 @@ full      the whole decoder layer (norms included), as Hugging Face's
 L4        refused at validation: a boundary inside RMSNorm or softmax (see config.REFUSED_LEVELS)
 ========  ====================================================================================
 
+The L2/L3 policy can keep only a kernel that is one torch op (sdpa's fused kernels, flash-attn's
+custom ops: :data:`KERNEL_OP_NAMES`). Eager attention (matmul, softmax, matmul) is refused with
+L2/L3 at validation (``config.refused_attention``), and an attention forward under L2/L3 in which
+the policy kept no kernel op raises instead of silently recomputing the attention.
+
 Levels L1-L3 replace the ``forward`` of each layer's ``mlp`` / ``self_attn`` instance; ``full``
 uses the model's own gradient-checkpointing switch. The reference model is never checkpointed.
 Apply a level after the model is on its device (RNG state is recorded per device).
@@ -39,21 +44,37 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from dpo_sweep.config import CHECKPOINT_LEVELS
+from dpo_sweep.config import CHECKPOINT_LEVELS, refused_attention
 
-#: Substrings of the attention-kernel operators whose outputs L2/L3 keep instead of re-running.
-KERNEL_OP_NAMES = ("scaled_dot_product", "flash_attn", "_efficient_attention", "_cudnn_attention")
+#: Substrings of the attention-kernel operators whose outputs L2/L3 keep instead of re-running:
+#: sdpa's fused kernels (``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` on CUDA,
+#: ``..._flash_attention_for_cpu`` on CPU), the raw aten kernels, and flash-attn's torch custom ops
+#: (``flash_attn::_flash_attn_forward`` / ``_flash_attn_varlen_forward``, which transformers'
+#: flash_attention_2 calls). The op names are what the policy sees (``str(op)``).
+KERNEL_OP_NAMES = ("scaled_dot_product", "flash_attn", "_flash_attention_forward", "_efficient_attention",
+                   "_cudnn_attention")
 
 
-def _keep_attention_kernel(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+def _keep_attention_kernel(kept: list[str], ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     name = str(op)
     if any(k in name for k in KERNEL_OP_NAMES):
+        kept.append(name)
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _kernel_kept_context() -> Any:
-    return create_selective_checkpoint_contexts(_keep_attention_kernel)
+def _kernel_kept_context(kept: list[str]) -> Any:
+    """The selective-checkpoint contexts of one attention region; ``kept`` collects the kernel ops
+    whose outputs the forward kept (the policy is consulted in the forward only)."""
+    return create_selective_checkpoint_contexts(functools.partial(_keep_attention_kernel, kept))
+
+
+def _kernel_not_kept(level: str, attn_implementation: str) -> str:
+    return refused_attention(level, attn_implementation) or (
+        f"{level}: the attention ({attn_implementation}) ran no kernel op that the selective-checkpoint "
+        f"policy knows ({', '.join(KERNEL_OP_NAMES)}), so backward would silently re-run it (sdpa's math "
+        "fallback, or a flash-attn without torch custom ops); use sdpa on a fused kernel, or L1 or full"
+    )
 
 
 def _checkpointed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -101,7 +122,12 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_em
                            **extra, **kwargs)
         return self.o_proj(out.reshape(*input_shape, -1).contiguous())
 
-    return _checkpointed(block, hidden_states, context_fn=_kernel_kept_context), None
+    kept: list[str] = []
+    out = _checkpointed(block, hidden_states, context_fn=functools.partial(_kernel_kept_context, kept))
+    # Under no_grad checkpoint runs the region plainly (no policy, nothing saved): nothing to check.
+    if torch.is_grad_enabled() and not kept:
+        raise ValueError(_kernel_not_kept(level, self.config._attn_implementation))
+    return out, None
 
 
 def _wrap_forward(module: nn.Module, **checkpoint_kwargs: Any) -> None:

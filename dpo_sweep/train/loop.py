@@ -229,16 +229,17 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
     # --- data -------------------------------------------------------------------------------
     tok = load_tokenizer(cfg.model)
     ds = load_pairs(cfg.data, tok, t.max_length)
-    per = cfg.micro_batch * world
-    usable = usable_pairs(len(ds), cfg.micro_batch, world)
+    per = cfg.micro_batch * cfg.grad_acc * world
+    usable = usable_pairs(len(ds), cfg.micro_batch, world, grad_acc=cfg.grad_acc)
     if usable == 0:
-        raise DataError(f"{ds.source}: {len(ds)} pairs cannot fill one micro-batch of micro_batch "
-                        f"{cfg.micro_batch} x {world} workers; use more pairs or a smaller micro_batch")
+        raise DataError(f"{ds.source}: {len(ds)} pairs cannot fill one effective batch of micro_batch "
+                        f"{cfg.micro_batch} x grad_acc {cfg.grad_acc} x {world} workers; use more pairs "
+                        "or a smaller micro_batch or grad_acc")
     say(f"[{cfg.trial_id}] data: {len(ds)} pairs from {ds.source} ({ds.truncated} truncated, "
         f"{ds.dropped} dropped by truncation to max_length={t.max_length}) "
         f"[{time.perf_counter() - t_start:.1f} s]")
     if usable < len(ds):
-        say(f"[{cfg.trial_id}] {len(ds)} pairs do not divide into micro_batch x workers = {per}: "
+        say(f"[{cfg.trial_id}] {len(ds)} pairs do not divide into micro_batch x grad_acc x workers = {per}: "
             f"{len(ds) - usable} left out of each epoch (drop_last)")
 
     # --- models -------------------------------------------------------------------------------
@@ -276,7 +277,8 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
             f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "
             f"reference {t.reference}, device {device}, {world} worker(s) [{time.perf_counter() - t_start:.1f} s]")
 
-        batches = micro_batches(ds, cfg.micro_batch, world, rank, t.seed, tok.pad_token_id, t.padding_side)
+        batches = micro_batches(ds, cfg.micro_batch, world, rank, t.seed, tok.pad_token_id, t.padding_side,
+                               grad_acc=cfg.grad_acc)
         timer = StepTimer(device, t.warmup_steps)
         records: list[StepRecord] = []
         status = "ok"

@@ -1,11 +1,14 @@
-"""Every checkpoint level gives the same loss and gradients as none (fp32, fixed seed)."""
+"""Every checkpoint level gives the same loss and gradients as none (fp32, fixed seed); L2/L3 keep
+the attention kernel (no re-run in backward), and refuse attention they cannot keep (eager)."""
 import copy
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy
 
 from dpo_sweep.config import ModelSpec
 from dpo_sweep.train.batching import collate
-from dpo_sweep.train.checkpointing import apply_checkpoint_level
+from dpo_sweep.train.checkpointing import _keep_attention_kernel, apply_checkpoint_level
 from dpo_sweep.train.data import TokenizedPair
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.loss import dpo_loss
@@ -16,12 +19,29 @@ from testkit import ragged_pairs
 CPU = torch.device("cpu")
 
 
+def logps_of(model, batch, pad: bool = True, chunk: int = 16) -> torch.Tensor:
+    mask = batch.attention_mask if pad else None
+    return SequenceLogProbs(model, chunk)(batch.input_ids, mask, batch.position_ids, batch.response_mask)[0]
+
+
+def checkpointed(model, level: str, lean: bool = False):
+    """A train-mode copy of ``model`` with ``level`` (and lean ops) applied."""
+    m = copy.deepcopy(model)
+    if lean:
+        apply_lean_ops(m)
+    apply_checkpoint_level(m, level)
+    return m.train()
+
+
+def batch_of(pad: bool, n: int = 2):
+    pairs = ragged_pairs(n) if pad else [TokenizedPair((1,) * 8, (2,) * 6, (3,) * 6)] * 2
+    return collate(pairs, list(range(len(pairs))), pad_id=258)
+
+
 def loss_and_grads(model, ref, batch, pad: bool, chunk: int = 16):
-    lp, rlp = SequenceLogProbs(model, chunk), SequenceLogProbs(ref, chunk)
-    args = (batch.input_ids, batch.attention_mask if pad else None, batch.position_ids, batch.response_mask)
-    logps, _ = lp(*args)
+    logps = logps_of(model, batch, pad, chunk)
     with torch.no_grad():
-        ref_logps, _ = rlp(*args)
+        ref_logps = logps_of(ref, batch, pad, chunk)
     b = batch.pairs
     losses, _, _ = dpo_loss(logps[:b], logps[b:], ref_logps[:b], ref_logps[b:], 0.1)
     loss = losses.mean()
@@ -45,15 +65,9 @@ def models():
 @pytest.mark.parametrize("level", ["L1", "L2", "L3", "full"])
 def test_level_matches_none(models, level, pad, lean):
     policy, ref = models
-    pairs = ragged_pairs(4) if pad else [TokenizedPair((1,) * 8, (2,) * 6, (3,) * 6)] * 2
-    batch = collate(pairs, list(range(len(pairs))), pad_id=258)
+    batch = batch_of(pad, n=4)
     want_loss, want_grads = loss_and_grads(copy.deepcopy(policy).train(), ref, batch, pad)
-    m = copy.deepcopy(policy)
-    if lean:
-        apply_lean_ops(m)
-    apply_checkpoint_level(m, level)
-    m.train()
-    got_loss, got_grads = loss_and_grads(m, ref, batch, pad)
+    got_loss, got_grads = loss_and_grads(checkpointed(policy, level, lean), ref, batch, pad)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-6, atol=1e-7)
     assert got_grads.keys() == want_grads.keys() and len(got_grads) == len(list(policy.parameters()))
     for name in want_grads:
@@ -63,11 +77,9 @@ def test_level_matches_none(models, level, pad, lean):
 def test_levels_really_recompute(models):
     """Guard against a level silently doing nothing: count forward calls of one MLP."""
     policy, ref = models
-    batch = collate(ragged_pairs(2), [0, 1], pad_id=258)
+    batch = batch_of(pad=True)
     for level, mlp_calls in (("none", 1), ("L1", 2), ("L2", 2), ("full", 2)):
-        m = copy.deepcopy(policy)
-        apply_checkpoint_level(m, level)
-        m.train()
+        m = checkpointed(policy, level)
         calls = []
         mlp = m.model.layers[0].mlp
         mlp.gate_proj.register_forward_pre_hook(lambda *a: calls.append(1))
@@ -75,31 +87,149 @@ def test_levels_really_recompute(models):
         assert len(calls) == mlp_calls, level
 
 
-def test_l2_keeps_attention_kernel_but_recomputes_projections(models):
+class AtenOps(TorchDispatchMode):
+    """Records the name of every aten (or custom) op dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def is_attention_forward(name: str) -> bool:
+    return "scaled_dot_product" in name and "backward" not in name
+
+
+@pytest.mark.parametrize("lean", [False, True], ids=["stock", "lean"])
+@pytest.mark.parametrize("pad", [True, False], ids=["padded", "unpadded"])
+@pytest.mark.parametrize("level, reruns_per_layer", [("none", 0), ("L1", 0), ("L2", 0), ("L3", 0), ("full", 1)])
+def test_attention_kernel_rerun_in_backward_only_under_full(models, level, reruns_per_layer, pad, lean):
+    """The aten ops that run during loss.backward(): a forward attention kernel among them is a
+    recompute. L2/L3 keep the kernel's outputs (zero re-runs); full re-runs it in every layer."""
+    m = checkpointed(models[0], level, lean)
+    logps = logps_of(m, batch_of(pad), pad)
+    ops = AtenOps()
+    with ops:
+        logps.sum().backward()
+    layers = m.config.num_hidden_layers
+    assert sum(is_attention_forward(n) for n in ops.names) == reruns_per_layer * layers, level
+    # The mode sees the kernels: one attention backward per layer, whatever the level.
+    assert sum("scaled_dot_product" in n and "backward" in n for n in ops.names) == layers
+
+
+def test_l2_recomputes_the_projections(models):
     policy, ref = models
-    batch = collate(ragged_pairs(2), [0, 1], pad_id=258)
-    m = copy.deepcopy(policy)
-    apply_checkpoint_level(m, "L2")
-    m.train()
+    m = checkpointed(policy, "L2")
     q_calls = []
     m.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *a: q_calls.append(1))
-    kernel_calls = []
-    import torch.nn.functional as F
-    orig = F.scaled_dot_product_attention
-
-    def counting(*a, **k):
-        kernel_calls.append(1)
-        return orig(*a, **k)
-
-    F.scaled_dot_product_attention = counting
-    try:
-        loss_and_grads(m, ref, batch, pad=True)
-    finally:
-        F.scaled_dot_product_attention = orig
+    loss_and_grads(m, ref, batch_of(pad=True), pad=True)
     assert len(q_calls) == 2  # forward + recompute
-    # policy: 4 layers x (forward + recompute replayed from the kept output) = 8 Python calls,
-    # of which the recompute ones return the saved output; reference: 4 more.
-    assert len(kernel_calls) == 4 * 2 + 4
+
+
+# What the policy sees on an H200 (sdpa's CUDA kernels, flash-attn's custom ops) cannot run here:
+# the op names are checked instead. flash-attn registers flash_attn::_flash_attn_forward and
+# flash_attn::_flash_attn_varlen_forward; str() of a custom op is "namespace.name.overload".
+KEPT_OPS = [torch.ops.aten._scaled_dot_product_flash_attention.default,
+            torch.ops.aten._scaled_dot_product_efficient_attention.default,
+            torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+            torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default,
+            torch.ops.aten._flash_attention_forward.default,
+            torch.ops.aten._efficient_attention_forward.default,
+            "flash_attn._flash_attn_forward.default", "flash_attn._flash_attn_varlen_forward.default"]
+
+
+@pytest.mark.parametrize("op", KEPT_OPS, ids=str)
+def test_policy_keeps_every_fused_attention_kernel(op):
+    kept = []
+    assert _keep_attention_kernel(kept, None, op) is CheckpointPolicy.MUST_SAVE
+    assert kept == [str(op)]
+
+
+@pytest.mark.parametrize("op", [torch.ops.aten.mm.default, torch.ops.aten.bmm.default,
+                                torch.ops.aten._softmax.default, torch.ops.aten.mul.Tensor], ids=str)
+def test_policy_recomputes_everything_else(op):
+    kept = []
+    assert _keep_attention_kernel(kept, None, op) is CheckpointPolicy.PREFER_RECOMPUTE
+    assert kept == []
+
+
+@pytest.mark.parametrize("level", ["L2", "L3"])
+def test_l2_l3_with_eager_attention_refused_at_the_first_forward(level):
+    """Eager attention is bmm + softmax + bmm: nothing for the policy to keep. Refused rather
+    than silently recomputed (validation refuses it earlier; this guards every other path)."""
+    m = build_model(ModelSpec(preset="tiny-llama", attn_implementation="eager"), "fp32", CPU, seed=0).model
+    m = checkpointed(m, level)
+    with pytest.raises(ValueError, match=f"{level} with attn_implementation eager is refused.*use "
+                                         "model.attn_implementation sdpa, flash_attention_2 or auto, or "
+                                         "checkpoint_level L1 or full"):
+        logps_of(m, batch_of(pad=True))
+
+
+def test_l2_refused_when_sdpa_falls_back_to_its_math_path(models):
+    """sdpa's math path is matmul + softmax ops too: the forward says so instead of recomputing."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    m = checkpointed(models[0], "L2")
+    refused = pytest.raises(ValueError, match=r"L2: the attention \(sdpa\) ran no kernel op")
+    with sdpa_kernel(SDPBackend.MATH), refused:
+        logps_of(m, batch_of(pad=True))
+
+
+def test_auto_attention_never_resolves_to_eager(monkeypatch):
+    """auto is accepted with L2/L3 because it only ever resolves to a kernel implementation."""
+    import importlib.util
+    import sys
+    import types
+
+    from dpo_sweep.config import KERNEL_ATTENTION
+    from dpo_sweep.train import model as model_mod
+
+    got = {model_mod.resolve_attn_implementation("auto", CPU)}
+    built = build_model(ModelSpec(preset="tiny-llama"), "fp32", CPU, seed=0)
+    got |= {built.attn_implementation, built.model.config._attn_implementation}
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    got.add(model_mod.resolve_attn_implementation("auto", cuda))  # no flash-attn installed
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    got.add(model_mod.resolve_attn_implementation("auto", cuda))  # flash-attn imports
+    assert got == {"sdpa", "flash_attention_2"} and got < set(KERNEL_ATTENTION)
+
+
+SPACE = """name: eager
+model: {preset: tiny-llama, attn_implementation: %s}
+data: {synthetic: {pairs: 8, prompt_tokens: 8, response_tokens: 8}}
+train: {steps: 2, warmup_steps: 1, max_length: 32, precision: fp32}
+search: {micro_batch: [2], checkpoint_level: %s%s}
+"""
+
+
+@pytest.mark.parametrize("attn, levels, models_dim, refused", [
+    ("eager", "[none, L2]", "", "L2"),
+    ("eager", "[L3]", "", "L3"),
+    ("sdpa", "[L2]", ", model: [tiny-llama, {preset: tiny-llama, attn_implementation: eager}]", "L2"),
+    ("eager", "[none, L1, full]", "", None),
+    ("auto", "[L2, L3]", "", None),
+    ("flash_attention_2", "[L2]", "", None),
+])
+def test_validation_refuses_l2_l3_with_eager_attention(tmp_path, capsys, attn, levels, models_dim, refused):
+    from dpo_sweep.cli import main
+
+    path = tmp_path / "space.yaml"
+    path.write_text(SPACE % (attn, levels, models_dim))
+    rc = main(["validate", str(path)])
+    err = capsys.readouterr().err
+    if refused is None:
+        assert rc == 0, err
+        return
+    assert rc == 2
+    assert (f"search.checkpoint_level '{refused}': {refused} with attn_implementation eager is refused" in err
+            and "use model.attn_implementation sdpa, flash_attention_2 or auto, or checkpoint_level L1 or full"
+            in err), err
 
 
 def test_l4_and_unknown_refused():

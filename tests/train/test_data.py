@@ -128,12 +128,30 @@ def test_synthetic_is_deterministic_and_sized(tok):
 
 
 def test_drop_last_and_whole_pairs_per_rank():
-    assert usable_pairs(10, 4, 1) == 8 and usable_pairs(10, 2, 2) == 8 and usable_pairs(3, 4, 1) == 0
-    it0 = micro_batch_order(10, 2, 2, rank=0, seed=0)
-    it1 = micro_batch_order(10, 2, 2, rank=1, seed=0)
+    assert usable_pairs(10, 4, 1, grad_acc=1) == 8 and usable_pairs(10, 2, 2, grad_acc=1) == 8
+    assert usable_pairs(10, 2, 1, grad_acc=2) == 8 and usable_pairs(3, 4, 1, grad_acc=1) == 0
+    it0 = micro_batch_order(10, 2, 2, rank=0, seed=0, grad_acc=1)
+    it1 = micro_batch_order(10, 2, 2, rank=1, seed=0, grad_acc=1)
     epoch = [next(it0) + next(it1) for _ in range(2)]
     flat = [i for mb in epoch for i in mb]
     assert len(flat) == len(set(flat)) == 8  # no pair twice in an epoch, 2 left out (drop_last)
+
+
+def step_pairs(n_pairs: int, micro_batch: int, grad_acc: int, world: int, steps: int) -> list[list[int]]:
+    """The pairs of each optimizer step, over all ranks and micro-steps, in order."""
+    ranks = [micro_batch_order(n_pairs, micro_batch, world, rank=r, seed=0, grad_acc=grad_acc)
+             for r in range(world)]
+    return [[i for _ in range(grad_acc) for it in ranks for i in next(it)] for _ in range(steps)]
+
+
+@pytest.mark.parametrize("n_pairs", [10, 13, 16])
+def test_every_split_of_an_effective_batch_sees_the_same_pairs_every_epoch(n_pairs):
+    """Effective batch 8 as (micro_batch, grad_acc, workers); 6 steps run past the first epoch."""
+    splits = [(8, 1, 1), (4, 2, 1), (2, 4, 1), (1, 8, 1), (4, 1, 2), (2, 2, 2), (1, 2, 4), (2, 1, 4)]
+    want = step_pairs(n_pairs, *splits[0], steps=6)
+    for split in splits[1:]:
+        got = step_pairs(n_pairs, *split, steps=6)
+        assert [sorted(s) for s in got] == [sorted(s) for s in want], split
 
 
 # --- bad data: each case a DataError naming the file, the row or column, and the fix ----------

@@ -10,39 +10,64 @@ from dpo_sweep.train.loop import run_trial
 from dpo_sweep.train.metrics import detrended_std
 
 
-@pytest.fixture(scope="module")
-def ragged_file(tmp_path_factory):
-    """Pairs of different lengths, so micro-batches are padded differently in each split."""
+def write_ragged_pairs(path, n: int) -> str:
+    """``n`` pairs of different lengths, so micro-batches are padded differently in each split."""
     import random
 
     rng = random.Random(1)
     words = "the cat sat on a mat and then it ran off to see what the dog did".split()
     rows = []
-    for _ in range(16):
+    for _ in range(n):
         s = lambda a, b: " ".join(rng.choice(words) for _ in range(rng.randint(a, b)))  # noqa: E731
         rows.append({"prompt": s(2, 8), "chosen": s(1, 6), "rejected": s(1, 6)})
-    p = tmp_path_factory.mktemp("data") / "pairs.jsonl"
-    p.write_text("\n".join(json.dumps(r) for r in rows))
-    return str(p)
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def ragged_file(tmp_path_factory):
+    return write_ragged_pairs(tmp_path_factory.mktemp("data") / "pairs.jsonl", 16)
+
+
+@pytest.fixture(scope="module")
+def ragged_file_10(tmp_path_factory):
+    """10 pairs: not a multiple of the effective batch 4, so epochs end with pairs left over."""
+    return write_ragged_pairs(tmp_path_factory.mktemp("data") / "pairs10.jsonl", 10)
 
 
 def steps_of(outcome):
     return [(r.loss, r.grad_norm, r.reward_margin, r.logps_chosen) for r in outcome.steps]
 
 
+def split_runs(cfg_factory, data_file: str, steps: int) -> dict:
+    runs = {}
+    for mb, ga in ((4, 1), (2, 2), (1, 4)):
+        cfg = cfg_factory(micro_batch=mb, grad_acc=ga, steps=steps, data={"path": data_file}, max_length=96)
+        out = run_trial(cfg, log=None)
+        assert out.result.status == "ok", out.result.error
+        runs[(mb, ga)] = (out, torch.tensor(steps_of(out), dtype=torch.float64))
+    return runs
+
+
+def assert_same_updates(runs: dict) -> None:
+    _, base = runs[(4, 1)]
+    assert base[2, 0] != base[0, 0]  # the weights did move
+    for key, (_, got) in runs.items():
+        torch.testing.assert_close(got, base, rtol=2e-4, atol=2e-5, msg=str(key))
+
+
 def test_micro_batch_times_grad_acc_is_one_update(cfg_factory, ragged_file):
     """(4,1), (2,2) and (1,4) see the same 4 pairs per step and must give the same updates:
     step 1's loss and gradient norm, and steps 2-3, which run on the updated weights."""
-    runs = {}
-    for mb, ga in ((4, 1), (2, 2), (1, 4)):
-        cfg = cfg_factory(micro_batch=mb, grad_acc=ga, steps=3, data={"path": ragged_file}, max_length=96)
-        out = run_trial(cfg, log=None)
-        assert out.result.status == "ok", out.result.error
-        runs[(mb, ga)] = torch.tensor(steps_of(out), dtype=torch.float64)
-    base = runs[(4, 1)]
-    assert base[2, 0] != base[0, 0]  # the weights did move
-    for key, got in runs.items():
-        torch.testing.assert_close(got, base, rtol=2e-4, atol=2e-5, msg=str(key))
+    assert_same_updates(split_runs(cfg_factory, ragged_file, steps=3))
+
+
+def test_splits_agree_past_the_first_epoch(cfg_factory, ragged_file_10):
+    """10 pairs, effective batch 4: every split uses the same 8 pairs per epoch (2 left out), so
+    steps 3-5 (epochs 2 and 3) still see the same pairs and give the same updates."""
+    runs = split_runs(cfg_factory, ragged_file_10, steps=5)
+    assert_same_updates(runs)
+    assert {out.result.pairs_used for out, _ in runs.values()} == {8}
 
 
 def test_live_and_precomputed_reference_agree(cfg_factory, ragged_file):
