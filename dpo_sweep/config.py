@@ -140,7 +140,11 @@ class TrainSpec(_Strict):
     )
     max_length: int = Field(256, ge=8, description="Tokens per sequence (prompt + response).")
     loss: LossType = Field("sigmoid", description="DPO loss type: sigmoid, ipo or hinge.")
-    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="cDPO label smoothing (sigmoid).")
+    label_smoothing: float = Field(
+        0.0, ge=0.0, lt=0.5,
+        description="Conservative DPO (cDPO) label smoothing, sigmoid loss only (refused with ipo "
+        "or hinge). TRL's sigmoid ignores this field: compare with TRL at 0.",
+    )
     precision: Precision = Field(
         "bf16",
         description="fp32 | bf16 (weights, grads, AdamW state in bf16) | bf16-mixed (fp32 master, "
@@ -174,6 +178,12 @@ class TrainSpec(_Strict):
             raise ValueError(
                 f"train.warmup_steps ({self.warmup_steps}) must be smaller than train.steps "
                 f"({self.steps}): at least one step must be measured"
+            )
+        if self.label_smoothing and self.loss != "sigmoid":
+            raise ValueError(
+                f"train.label_smoothing ({self.label_smoothing}) is only used by loss: sigmoid "
+                f"(conservative DPO); loss: {self.loss} would ignore it: set label_smoothing: 0 "
+                "or loss: sigmoid"
             )
         return self
 
