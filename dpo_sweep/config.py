@@ -188,6 +188,39 @@ class TrainSpec(_Strict):
         return self
 
 
+#: results.csv column of a swept train field where it is not the field's own name: a contract
+#: column already holds the setting (loss_type, seq_len, precision, reference), or a column with
+#: another meaning has the name (steps: the steps that ran; device: the torch device used).
+SWEPT_TRAIN_COLUMN: dict[str, str] = {
+    "loss": "loss_type", "max_length": "seq_len", "precision": "precision", "reference": "reference",
+    "steps": "train_steps", "device": "train_device",
+}
+#: Swept train fields that the result row already carries in its own column.
+_CARRIED_TRAIN_FIELDS = ("loss", "max_length", "precision", "reference")
+
+
+class SamplerSpec(_Strict):
+    """Which points of the search grid become trials."""
+
+    mode: Literal["grid", "random"] = Field(
+        "grid", description="grid: every point; random: num_samples points drawn without replacement."
+    )
+    num_samples: int | None = Field(
+        None, ge=1, description="Points drawn in random mode (every point when the grid has fewer)."
+    )
+    seed: int = Field(0, description="Seed of the random draw (the training seed is train.seed).")
+
+    @model_validator(mode="after")
+    def _check(self) -> SamplerSpec:
+        if self.mode == "random" and self.num_samples is None:
+            raise ValueError("sampler.num_samples: mode random needs the number of points to draw, "
+                             "a positive integer")
+        if self.mode == "grid" and self.num_samples is not None:
+            raise ValueError(f"sampler.num_samples ({self.num_samples}) is only used with mode: random; "
+                             "set sampler.mode: random or drop num_samples")
+        return self
+
+
 class ResourcesSpec(_Strict):
     """What each trial runs on."""
 
@@ -226,6 +259,9 @@ class TrialConfig(_Strict):
     grad_acc: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.")
     checkpoint_level: CheckpointLevel = "none"
     beta: float = Field(0.1, gt=0, description="DPO beta (strength of the KL anchor).")
+    swept_train: tuple[str, ...] = Field(
+        (), description="The train fields listed under search: (results.csv columns of their own)."
+    )
 
     def effective_batch(self) -> int:
         """Pairs per optimizer step over all workers."""
@@ -243,3 +279,8 @@ class TrialConfig(_Strict):
             "num_workers": self.resources.workers_per_trial,
             "effective_batch": self.effective_batch(),
         }
+
+    def swept_columns(self) -> dict[str, Any]:
+        """results.csv columns of the swept train fields that no fixed column carries already."""
+        return {SWEPT_TRAIN_COLUMN.get(name, name): getattr(self.train, name)
+                for name in self.swept_train if name not in _CARRIED_TRAIN_FIELDS}

@@ -42,6 +42,8 @@ CASES = [
     ("unknown-dimension", {"search": "search: {learning_rate: [1.0e-4]}"}, "search.learning_rate"),
     ("bad-swept-train-field", {"search": "search: {precision: [fp32, fp8]}"}, "search.precision"),
     ("unknown-search-mode", {"search": "search: {mode: bayes}"}, "search.mode"),
+    ("sampler-keys-moved", {"search": "search: {mode: random, num_samples: 4}"}, "sampler: {mode"),
+    ("unknown-sampler-mode", {"search": VALID["search"] + "\nsampler: {mode: bayes}"}, "sampler.mode"),
     ("label-smoothing-with-ipo", {"train": "train: {loss: ipo, label_smoothing: 0.1}"}, "train.label_smoothing"),
     ("label-smoothing-with-swept-hinge",
      {"train": "train: {label_smoothing: 0.1}", "search": "search: {loss: [sigmoid, hinge]}"}, "train.label_smoothing"),
