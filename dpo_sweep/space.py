@@ -4,7 +4,8 @@ A space file (YAML) has the sections of :class:`SweepSpace`. ``search:`` holds t
 swept dimensions: ``micro_batch``, ``checkpoint_level``, ``grad_acc`` (or ``effective_batch``,
 from which grad_acc is derived), ``beta``, ``model`` (a list of model specs or preset names), and
 any ``train`` field by its name (``loss``, ``lr``, ``seed``, ``max_length``, ...). Which points of
-the grid run is the ``sampler:`` section's business (every point, or a random sample).
+the grid run is the ``sampler:`` section's business (every point, or a random sample). A value
+listed twice in one dimension is refused: it would run the same trials twice.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from dpo_sweep.config import (
     CHECKPOINT_LEVELS,
@@ -165,6 +166,25 @@ def _moved_to_sampler(key: str) -> str:
             "sampler: {mode: grid | random, num_samples: N, seed: S} (search.seed sweeps train.seed)")
 
 
+def _refuse_repeats(key: str, values: list[Any], same_as: list[Any] | None = None) -> None:
+    """``same_as[i]`` is ``values[i]`` as the trial sees it (``"1e-4"`` and ``0.0001`` are one lr)."""
+    same_as = values if same_as is None else same_as
+    for i, value in enumerate(same_as):
+        if value in same_as[:i]:
+            first = values[same_as.index(value)]
+            shown = repr(values[i]) if first == values[i] else f"{values[i]!r} (the same as {first!r})"
+            raise SpaceError(f"search.{key}: {shown} is listed twice; every value runs its own trials, "
+                             "so a repeat would run the same trials again: list each value once")
+
+
+def _as_train_value(key: str, value: Any) -> Any:
+    """A swept train value as TrainSpec stores it; an invalid one is left for TrainSpec to report."""
+    try:
+        return TypeAdapter(TrainSpec.model_fields[key].annotation).validate_python(value)
+    except ValidationError:
+        return value
+
+
 def _model_specs(spec: SweepSpace, values: list[Any], source: str) -> list[ModelSpec]:
     """``search.model`` entries (preset names or mappings over the space's model) as ModelSpecs."""
     models = []
@@ -210,6 +230,7 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
     dims: dict[str, list[Any]] = {}
     model_values = _as_list("model", search.pop("model", [None]))
     dims["model"] = _model_specs(spec, model_values, source)
+    _refuse_repeats("model", model_values, dims["model"])
     dims["micro_batch"] = _positive_ints("micro_batch", _as_list("micro_batch", search.pop("micro_batch", [1])))
     levels = _as_list("checkpoint_level", search.pop("checkpoint_level", ["none"]))
     _check_levels(levels)
@@ -224,8 +245,12 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
         if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0:
             raise SpaceError(f"search.beta: {b!r} is not allowed; give positive numbers, e.g. [0.1]")
     dims["beta"] = betas
+    for key in ("micro_batch", "checkpoint_level", "grad_acc", "effective_batch", "beta"):
+        if key in dims:
+            _refuse_repeats(key, dims[key])
     for key, values in search.items():
         dims[f"train.{key}"] = _as_list(key, values)
+        _refuse_repeats(key, dims[f"train.{key}"], [_as_train_value(key, v) for v in dims[f"train.{key}"]])
 
     names = list(dims)
     points = list(itertools.product(*(dims[n] for n in names)))

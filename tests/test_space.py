@@ -1,5 +1,5 @@
 """Search-space expansion: train fields under search: reach the trials (and results.csv), the
-sampler's options have their own section."""
+sampler's options have their own section, and a value listed twice is refused."""
 from __future__ import annotations
 
 import collections
@@ -84,6 +84,32 @@ def test_sampler_keys_under_search_name_their_new_section(key):
 def test_bad_sampler_is_refused_naming_the_key(sampler, message):
     with pytest.raises(SpaceError, match=message.replace(".", r"\.")):
         space_mod.parse(quickstart(sampler=sampler))
+
+
+@pytest.mark.parametrize(("key", "values", "shown"), [
+    ("micro_batch", [2, 4, 2], "2"),
+    ("checkpoint_level", ["none", "none"], "'none'"),
+    ("grad_acc", [1, 1], "1"),
+    ("effective_batch", [8, 8], "8"),
+    ("beta", [0.1, 0.5, 0.1], "0.1"),
+    ("model", ["tiny-llama", {"preset": "tiny-llama"}], "{'preset': 'tiny-llama'} (the same as 'tiny-llama')"),
+    ("lr", [1.0e-4, "1e-4"], "'1e-4' (the same as 0.0001)"),
+    ("seed", [1, 1], "1"),
+])
+def test_a_value_listed_twice_is_refused(key, values, shown):
+    raw = with_search(**{key: values})
+    if key == "effective_batch":
+        del raw["search"]["grad_acc"]
+    with pytest.raises(SpaceError) as err:
+        space_mod.parse(raw)
+    assert f"search.{key}: {shown} is listed twice" in str(err.value)
+
+
+def test_duplicates_exit_2_from_the_cli(tmp_path, capsys):
+    path = tmp_path / "dup.yaml"
+    path.write_text(open(QUICKSTART).read().replace("micro_batch: [2, 4]", "micro_batch: [2, 2]"))
+    assert main(["validate", str(path)]) == 2
+    assert "search.micro_batch: 2 is listed twice" in capsys.readouterr().err
 
 
 def test_every_train_field_has_a_results_column_of_its_own():

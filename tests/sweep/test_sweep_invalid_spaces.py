@@ -44,6 +44,7 @@ CASES = [
     ("unknown-search-mode", {"search": "search: {mode: bayes}"}, "search.mode"),
     ("sampler-keys-moved", {"search": "search: {mode: random, num_samples: 4}"}, "sampler: {mode"),
     ("unknown-sampler-mode", {"search": VALID["search"] + "\nsampler: {mode: bayes}"}, "sampler.mode"),
+    ("duplicate-micro-batch", {"search": "search: {micro_batch: [2, 2]}"}, "search.micro_batch: 2 is listed twice"),
     ("label-smoothing-with-ipo", {"train": "train: {loss: ipo, label_smoothing: 0.1}"}, "train.label_smoothing"),
     ("label-smoothing-with-swept-hinge",
      {"train": "train: {label_smoothing: 0.1}", "search": "search: {loss: [sigmoid, hinge]}"}, "train.label_smoothing"),
