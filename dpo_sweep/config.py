@@ -160,7 +160,11 @@ class TrainSpec(_Strict):
     )
     max_length: int = Field(256, ge=8, description="Tokens per sequence (prompt + response).")
     loss: LossType = Field("sigmoid", description="DPO loss type: sigmoid, ipo or hinge.")
-    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="cDPO label smoothing (sigmoid).")
+    label_smoothing: float = Field(
+        0.0, ge=0.0, lt=0.5,
+        description="Conservative DPO (cDPO) label smoothing, sigmoid loss only (refused with ipo "
+        "or hinge). TRL's sigmoid ignores this field: compare with TRL at 0.",
+    )
     precision: Precision = Field(
         "bf16",
         description="fp32 | bf16 (weights, grads, AdamW state in bf16) | bf16-mixed (fp32 master, "
@@ -195,6 +199,45 @@ class TrainSpec(_Strict):
                 f"train.warmup_steps ({self.warmup_steps}) must be smaller than train.steps "
                 f"({self.steps}): at least one step must be measured"
             )
+        if self.label_smoothing and self.loss != "sigmoid":
+            raise ValueError(
+                f"train.label_smoothing ({self.label_smoothing}) is only used by loss: sigmoid "
+                f"(conservative DPO); loss: {self.loss} would ignore it: set label_smoothing: 0 "
+                "or loss: sigmoid"
+            )
+        return self
+
+
+#: results.csv column of a swept train field where it is not the field's own name: a contract
+#: column already holds the setting (loss_type, seq_len, precision, reference), or a column with
+#: another meaning has the name (steps: the steps that ran; device: the torch device used).
+SWEPT_TRAIN_COLUMN: dict[str, str] = {
+    "loss": "loss_type", "max_length": "seq_len", "precision": "precision", "reference": "reference",
+    "steps": "train_steps", "device": "train_device",
+}
+#: Swept train fields that the result row already carries in its own column.
+_CARRIED_TRAIN_FIELDS = ("loss", "max_length", "precision", "reference")
+
+
+class SamplerSpec(_Strict):
+    """Which points of the search grid become trials."""
+
+    mode: Literal["grid", "random"] = Field(
+        "grid", description="grid: every point; random: num_samples points drawn without replacement."
+    )
+    num_samples: int | None = Field(
+        None, ge=1, description="Points drawn in random mode (every point when the grid has fewer)."
+    )
+    seed: int = Field(0, description="Seed of the random draw (the training seed is train.seed).")
+
+    @model_validator(mode="after")
+    def _check(self) -> SamplerSpec:
+        if self.mode == "random" and self.num_samples is None:
+            raise ValueError("sampler.num_samples: mode random needs the number of points to draw, "
+                             "a positive integer")
+        if self.mode == "grid" and self.num_samples is not None:
+            raise ValueError(f"sampler.num_samples ({self.num_samples}) is only used with mode: random; "
+                             "set sampler.mode: random or drop num_samples")
         return self
 
 
@@ -253,6 +296,9 @@ class TrialConfig(_Strict):
     grad_acc: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.")
     checkpoint_level: CheckpointLevel = "none"
     beta: float = Field(0.1, gt=0, description="DPO beta (strength of the KL anchor).")
+    swept_train: tuple[str, ...] = Field(
+        (), description="The train fields listed under search: (results.csv columns of their own)."
+    )
 
     def effective_batch(self) -> int:
         """Pairs per optimizer step over all workers."""
@@ -270,3 +316,8 @@ class TrialConfig(_Strict):
             "num_workers": self.resources.workers_per_trial,
             "effective_batch": self.effective_batch(),
         }
+
+    def swept_columns(self) -> dict[str, Any]:
+        """results.csv columns of the swept train fields that no fixed column carries already."""
+        return {SWEPT_TRAIN_COLUMN.get(name, name): getattr(self.train, name)
+                for name in self.swept_train if name not in _CARRIED_TRAIN_FIELDS}

@@ -3,19 +3,22 @@
 A space file (YAML) has the sections of :class:`SweepSpace`. ``search:`` holds the
 swept dimensions: ``micro_batch``, ``checkpoint_level``, ``grad_acc`` (or ``effective_batch``,
 from which grad_acc is derived), ``beta``, ``model`` (a list of model specs or preset names), and
-any ``train`` field by its name (``loss``, ``max_length``, ``precision``, ``reference``, ...).
+any ``train`` field by its name (``loss``, ``lr``, ``seed``, ``max_length``, ...). Which points of
+the grid run is the ``sampler:`` section's business (every point, or a random sample). A value
+listed twice in one dimension is refused: it would run the same trials twice.
 """
 from __future__ import annotations
 
 import copy
 import itertools
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from dpo_sweep.config import (
     CHECKPOINT_LEVELS,
@@ -24,6 +27,7 @@ from dpo_sweep.config import (
     ModelSpec,
     ObjectivesSpec,
     ResourcesSpec,
+    SamplerSpec,
     TrainSpec,
     TrialConfig,
     refused_attention,
@@ -32,6 +36,8 @@ from dpo_sweep.errors import SpaceError
 
 #: Search dimensions with their own handling; any TrainSpec field may be swept as well.
 CORE_DIMS = ("micro_batch", "checkpoint_level", "grad_acc", "effective_batch", "beta", "model")
+#: Keys that ``search:`` held before the sampler got its own section.
+MOVED_TO_SAMPLER = ("mode", "num_samples")
 
 
 def _is_dimension(key: str) -> bool:
@@ -50,6 +56,7 @@ class SweepSpace(BaseModel):
     train: TrainSpec = TrainSpec()
     resources: ResourcesSpec = ResourcesSpec()
     search: dict[str, Any] = Field(default_factory=dict)
+    sampler: SamplerSpec = SamplerSpec()
     objectives: ObjectivesSpec = ObjectivesSpec()
 
 
@@ -120,6 +127,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             _set_dotted(raw, key, value)
         else:
             dim = key.removeprefix("search.")
+            if dim in MOVED_TO_SAMPLER:
+                raise SpaceError(f"--set {key}: {_moved_to_sampler(dim)} (--set sampler.{dim}=...)")
             if not _is_dimension(dim):
                 raise SpaceError(
                     f"--set {key}: unknown dimension; use one of {', '.join(CORE_DIMS)}, a train "
@@ -153,20 +162,64 @@ def _positive_ints(key: str, values: list[Any]) -> list[int]:
     return values
 
 
-def _trial_id(index: int, point: dict[str, Any]) -> str:
+def _moved_to_sampler(key: str) -> str:
+    return (f"{key} is no longer a search dimension: the sampler's options have their own section, "
+            "sampler: {mode: grid | random, num_samples: N, seed: S} (search.seed sweeps train.seed)")
+
+
+def _refuse_repeats(key: str, values: list[Any], same_as: list[Any] | None = None) -> None:
+    """``same_as[i]`` is ``values[i]`` as the trial sees it (``"1e-4"`` and ``0.0001`` are one lr)."""
+    same_as = values if same_as is None else same_as
+    for i, value in enumerate(same_as):
+        if value in same_as[:i]:
+            first = values[same_as.index(value)]
+            shown = repr(values[i]) if first == values[i] else f"{values[i]!r} (the same as {first!r})"
+            raise SpaceError(f"search.{key}: {shown} is listed twice; every value runs its own trials, "
+                             "so a repeat would run the same trials again: list each value once")
+
+
+def _as_train_value(key: str, value: Any) -> Any:
+    """A swept train value as TrainSpec stores it; an invalid one is left for TrainSpec to report."""
+    try:
+        return TypeAdapter(TrainSpec.model_fields[key].annotation).validate_python(value)
+    except ValidationError:
+        return value
+
+
+def _model_specs(spec: SweepSpace, values: list[Any], source: str) -> list[ModelSpec]:
+    """``search.model`` entries (preset names or mappings over the space's model) as ModelSpecs."""
+    models = []
+    for m in values:
+        if m is None:
+            models.append(spec.model)
+            continue
+        m = {"preset": m} if isinstance(m, str) else m
+        try:
+            models.append(ModelSpec(**{**spec.model.model_dump(exclude={"preset", "name_or_path"}), **m}))
+        except ValidationError as err:
+            raise SpaceError(_format_validation(source, err, prefix="search.model")) from None
+    return models
+
+
+def _id_part(name: str, value: Any) -> str:
+    """``seed-1``, ``lr-0.0001``, ``loss-ipo``: a swept train field in a trial id (path-safe)."""
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{name}-{re.sub(r'[^A-Za-z0-9.+]+', '-', text).strip('-')}"
+
+
+def _trial_id(index: int, point: dict[str, Any], train_over: dict[str, Any]) -> str:
     beta = f"{point['beta']:g}"
-    return f"t{index:03d}_mb{point['micro_batch']}_{point['checkpoint_level']}_ga{point['grad_acc']}_b{beta}"
+    swept = "".join(f"_{_id_part(k, v)}" for k, v in train_over.items())
+    return (f"t{index:03d}_mb{point['micro_batch']}_{point['checkpoint_level']}_ga{point['grad_acc']}"
+            f"_b{beta}{swept}")
 
 
 def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
     """Expand the search dimensions into trial configurations (grid, or a random sample)."""
     search = dict(spec.search or {})
-    mode = search.pop("mode", "grid")
-    num_samples = search.pop("num_samples", None)
-    seed = search.pop("seed", 0)
-    if mode not in ("grid", "random"):
-        raise SpaceError(f"search.mode: {mode!r} is not allowed; allowed: grid, random")
     for key in search:
+        if key in MOVED_TO_SAMPLER:
+            raise SpaceError(f"search.{key}: {_moved_to_sampler(key)}")
         if not _is_dimension(key):
             raise SpaceError(
                 f"search.{key}: unknown dimension; allowed: {', '.join(CORE_DIMS)} or a train "
@@ -176,7 +229,9 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
         raise SpaceError("search: give grad_acc or effective_batch, not both")
 
     dims: dict[str, list[Any]] = {}
-    dims["model"] = _as_list("model", search.pop("model", [None]))
+    model_values = _as_list("model", search.pop("model", [None]))
+    dims["model"] = _model_specs(spec, model_values, source)
+    _refuse_repeats("model", model_values, dims["model"])
     dims["micro_batch"] = _positive_ints("micro_batch", _as_list("micro_batch", search.pop("micro_batch", [1])))
     levels = _as_list("checkpoint_level", search.pop("checkpoint_level", ["none"]))
     _check_levels(levels)
@@ -191,16 +246,19 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
         if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0:
             raise SpaceError(f"search.beta: {b!r} is not allowed; give positive numbers, e.g. [0.1]")
     dims["beta"] = betas
+    for key in ("micro_batch", "checkpoint_level", "grad_acc", "effective_batch", "beta"):
+        if key in dims:
+            _refuse_repeats(key, dims[key])
     for key, values in search.items():
         dims[f"train.{key}"] = _as_list(key, values)
+        _refuse_repeats(key, dims[f"train.{key}"], [_as_train_value(key, v) for v in dims[f"train.{key}"]])
 
     names = list(dims)
     points = list(itertools.product(*(dims[n] for n in names)))
-    if mode == "random":
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise SpaceError(f"search.num_samples: {num_samples!r}; random mode needs a positive integer")
-        rng = random.Random(seed)
-        points = rng.sample(points, min(num_samples, len(points)))
+    sampler = spec.sampler
+    if sampler.mode == "random" and sampler.num_samples is not None:
+        rng = random.Random(sampler.seed)
+        points = rng.sample(points, min(sampler.num_samples, len(points)))
 
     workers = spec.resources.workers_per_trial
     trials = []
@@ -215,14 +273,6 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
                     f"that is a multiple of {per_step}"
                 )
             p["grad_acc"] = p["effective_batch"] // per_step
-        model = spec.model
-        if p["model"] is not None:
-            m = p["model"]
-            m = {"preset": m} if isinstance(m, str) else m
-            try:
-                model = ModelSpec(**{**spec.model.model_dump(exclude={"preset", "name_or_path"}), **m})
-            except ValidationError as err:
-                raise SpaceError(_format_validation(source, err, prefix="search.model")) from None
         train_over = {k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("train.")}
         try:
             train = TrainSpec(**{**spec.train.model_dump(), **train_over})
@@ -230,13 +280,14 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
             raise SpaceError(_format_validation(source, err, prefix="search")) from None
         point = {"micro_batch": p["micro_batch"], "checkpoint_level": p["checkpoint_level"],
                  "grad_acc": p["grad_acc"], "beta": float(p["beta"])}
-        refused = refused_attention(point["checkpoint_level"], model.attn_implementation)
+        refused = refused_attention(point["checkpoint_level"], p["model"].attn_implementation)
         if refused:
             raise SpaceError(f"{source}: search.checkpoint_level {point['checkpoint_level']!r}: {refused}")
+        trial_id = _trial_id(index, point, {k: getattr(train, k) for k in train_over})
         trials.append(
             TrialConfig(
-                space_name=spec.name, trial_id=_trial_id(index, point), model=model, data=spec.data,
-                train=train, resources=spec.resources, **point,
+                space_name=spec.name, trial_id=trial_id, model=p["model"], data=spec.data, train=train,
+                resources=spec.resources, swept_train=tuple(train_over), **point,
             )
         )
     return tuple(trials)

@@ -4,13 +4,15 @@ from pathlib import Path
 import pytest
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.config import DataSpec, ModelSpec, ObjectivesSpec, ResourcesSpec, SyntheticData, TrainSpec
+from dpo_sweep.config import (DataSpec, ModelSpec, ObjectivesSpec, ResourcesSpec, SamplerSpec, SyntheticData,
+                              TrainSpec)
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
-@pytest.mark.parametrize("model", [ModelSpec, DataSpec, SyntheticData, TrainSpec, ResourcesSpec, ObjectivesSpec])
+@pytest.mark.parametrize("model", [ModelSpec, DataSpec, SyntheticData, TrainSpec, ResourcesSpec, SamplerSpec,
+                                   ObjectivesSpec])
 def test_every_space_field_is_in_the_readme(model):
     missing = [name for name in model.model_fields if f"`{name}`" not in README and f" {name}:" not in README
                and f"{{{name}:" not in README]

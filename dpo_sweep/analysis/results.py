@@ -95,6 +95,7 @@ STEPS_COLUMNS: list[str] = _columns(StepRecord)
 
 def _row(obj: Any, columns: list[str]) -> dict[str, Any]:
     d = asdict(obj)
+    d.update(d.pop("extra", None) or {})
     return {c: d.get(c, "") for c in columns}
 
 
@@ -121,8 +122,12 @@ def read_csv_rows(path: str | Path) -> list[dict[str, str]]:
 
 
 def write_results(out_dir: str | Path, results: Iterable[TrialResult], append: bool = False) -> Path:
+    """The contract columns, then each row's ``extra`` ones (the swept train fields, the same for
+    every trial of a sweep: ``TrialConfig.swept_columns``)."""
     path = Path(out_dir) / "results.csv"
-    write_csv(path, results, RESULTS_COLUMNS, append=append)
+    results = list(results)
+    extra = [c for c in dict.fromkeys(k for r in results for k in r.extra) if c not in RESULTS_COLUMNS]
+    write_csv(path, results, RESULTS_COLUMNS + extra, append=append)
     return path
 
 

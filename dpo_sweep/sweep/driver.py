@@ -334,4 +334,5 @@ class TrialCollector:
         if p.outcome is None or not math.isfinite(result.startup_s):
             # No outcome (OOM, crash): the timing of the steps that did run, from their reports.
             result = dataclasses.replace(result, startup_s=p.startup_s, measure_s=p.measure_s)
+        result = dataclasses.replace(result, extra=p.cfg.swept_columns())  # results.csv columns
         return CollectedTrial(result=result, steps=tuple(steps), environment=environment)

@@ -309,7 +309,8 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                             ref_logps, _ = ref_lp(*_forward_inputs(mb, pad))
                     logps, counts = lp(*_forward_inputs(mb, pad))
                     losses, rew_c, rew_r = dpo_loss(logps[:b], logps[b:], ref_logps[:b], ref_logps[b:],
-                                                    cfg.beta, t.loss, t.label_smoothing)
+                                                    cfg.beta, t.loss, t.label_smoothing,
+                                                    chosen_tokens=counts[:b], rejected_tokens=counts[b:])
                     if poison:
                         losses = losses * float("nan")
                     # Mean over the effective batch: micro_batch x grad_acc pairs here, and DDP/FSDP

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -16,13 +17,13 @@ def cmd_trial(args: argparse.Namespace) -> int:
     cfg = sp.trials[0]
     out = Path(args.output or f"reports/{sp.name}-trial")
     preflight.check_trial(cfg, out)  # before the training, so that its result cannot be lost
-    knobs = ", ".join(f"{k}={v}" for k, v in cfg.knobs().items())
+    knobs = ", ".join(f"{k}={v}" for k, v in {**cfg.knobs(), **cfg.swept_columns()}.items())
     print(f"trial {cfg.trial_id}: {knobs}", flush=True)
 
     from dpo_sweep.train.loop import run_trial
 
     outcome = run_trial(cfg, log=lambda m: print(m, flush=True))
-    write_results(out, [outcome.result])
+    write_results(out, [dataclasses.replace(outcome.result, extra=cfg.swept_columns())])
     write_steps(out, outcome.steps)
     r = outcome.result
     if r.status == "ok":
