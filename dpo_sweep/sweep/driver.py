@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dpo_sweep.analysis.results import StepRecord, TrialResult
+from dpo_sweep.records import StepRecord, TrialResult, failed_result
 from dpo_sweep.config import TrialConfig
 
 #: Where the trainer lives; tests may point a sweep at a stand-in with the same signature.
@@ -268,18 +268,6 @@ class CollectedTrial:
     environment: dict[str, Any] | None = None  # rank 0's host, GPU and versions (when it got that far)
 
 
-def failure_result(cfg: TrialConfig, status: str, error: str,
-                   steps: list[StepRecord] | tuple[StepRecord, ...] = ()) -> TrialResult:
-    """The summary row of a trial that did not return an outcome (OOM, crash)."""
-    finite_mem = [s.peak_mem_gb for s in steps if math.isfinite(s.peak_mem_gb)]
-    return TrialResult(
-        trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=error,
-        peak_mem_gb=max(finite_mem) if finite_mem else math.nan,
-        loss_type=cfg.train.loss, precision=cfg.train.precision, reference=cfg.train.reference,
-        attn_implementation=cfg.model.attn_implementation, steps=len(steps),
-    )
-
-
 @dataclass
 class _Pending:
     cfg: TrialConfig
@@ -327,10 +315,10 @@ class TrialCollector:
         if status == "finished" and p.outcome is not None:
             result, steps = p.outcome[0], p.outcome[1]
         elif status == "finished":
-            result, steps = failure_result(
+            result, steps = failed_result(
                 p.cfg, "error", "the trainer returned without reporting its outcome", p.steps), p.steps
         else:
-            result, steps = failure_result(p.cfg, status, error, p.steps), p.steps
+            result, steps = failed_result(p.cfg, status, error, p.steps), p.steps
         if p.outcome is None or not math.isfinite(result.startup_s):
             # No outcome (OOM, crash): the timing of the steps that did run, from their reports.
             result = dataclasses.replace(result, startup_s=p.startup_s, measure_s=p.measure_s)

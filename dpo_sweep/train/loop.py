@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpo_sweep.analysis.results import StepRecord, TrialResult
+from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import DataError, UserError
 from dpo_sweep.telemetry import StepTimer, dpo_step_flops, make_memory_sampler, mfu, model_flops_per_token
@@ -87,14 +87,6 @@ def _world() -> tuple[int, int]:
     return 1, 0
 
 
-def _failure_result(cfg: TrialConfig, status: str, err: BaseException) -> TrialResult:
-    text = str(err).strip().splitlines()
-    msg = f"{type(err).__name__}: {text[0] if text else ''}"
-    return TrialResult(trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=msg[:500],
-                       loss_type=cfg.train.loss, precision=cfg.train.precision,
-                       reference=cfg.train.reference, steps=cfg.train.steps)
-
-
 def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None = None,
               log: Logger | None = print, catch_failures: bool = True) -> TrialOutcome:
     """Run one trial on this process's device (and its process group, if any).
@@ -113,12 +105,12 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] out of memory: {str(err).splitlines()[0] if str(err) else ''}")
-        return TrialOutcome(_failure_result(cfg, "oom", err), ())
+        return TrialOutcome(failed_result(cfg, "oom", error_text(err)), ())
     except Exception as err:  # noqa: BLE001 - a trial's failure is a result, not a crash
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] error: {type(err).__name__}: {err}")
-        return TrialOutcome(_failure_result(cfg, "error", err), ())
+        return TrialOutcome(failed_result(cfg, "error", error_text(err)), ())
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -62,7 +62,7 @@ def test_step_curves_only_with_steps_csv(tmp_path):
     assert [f.dom_id for f in without.figures] == ["plot-memory-time", "plot-dimensions"]
     assert any("steps.csv is absent" in n for n in without.notes)
     (tmp_path / "s").mkdir()
-    from dpo_sweep.analysis.results import write_steps
+    from dpo_sweep.records import write_steps
     write_steps(tmp_path / "s", steps_for("a", 5, 10.0) + steps_for("b", 500, 12.0))
     _, with_steps = build(tmp_path, trials, steps=load_steps(tmp_path / "s"))
     loss = with_steps.figures[2]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dpo_sweep.analysis.results import RESULTS_COLUMNS, STEPS_COLUMNS
+from dpo_sweep.records import RESULTS_COLUMNS, STEPS_COLUMNS
 from dpo_sweep.train.loop import run_trial
 from dpo_sweep.train.metrics import detrended_std
 
