@@ -12,9 +12,9 @@ import pytest
 import torch
 from ray.train import WorkerGroupError
 
-from dpo_sweep.analysis.results import StepRecord, TrialResult, write_results, write_steps
+from dpo_sweep.records import StepRecord, TrialResult, write_results, write_steps
 from dpo_sweep.errors import UserError
-from dpo_sweep.sweep import driver, runner
+from dpo_sweep.sweep import driver, output_dir, recorder, tuner
 from testkit import make_cfg
 
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -123,15 +123,15 @@ def test_scaling_config_fractional_cpus_and_gpu():
 
 
 def test_resources_arithmetic():
-    assert runner.resolve_use_gpu("auto", 0) is False
-    assert runner.resolve_use_gpu("auto", 8) is True
+    assert tuner.resolve_use_gpu("auto", 0) is False
+    assert tuner.resolve_use_gpu("auto", 8) is True
     with pytest.raises(UserError, match="resources.use_gpu"):
-        runner.resolve_use_gpu(True, 0)
-    assert runner.default_max_concurrent(False, 0, 1) == 1
-    assert runner.default_max_concurrent(True, 8, 2) == 4
-    assert runner.default_max_concurrent(True, 1, 2) == 1
+        tuner.resolve_use_gpu(True, 0)
+    assert tuner.default_max_concurrent(False, 0, 1) == 1
+    assert tuner.default_max_concurrent(True, 8, 2) == 4
+    assert tuner.default_max_concurrent(True, 1, 2) == 1
     with pytest.raises(UserError, match="resources.cpus_per_worker"):
-        runner.check_fits(make_cfg(resources={"workers_per_trial": 4, "cpus_per_worker": 1.0}), 2.0)
+        tuner.check_fits(make_cfg(resources={"workers_per_trial": 4, "cpus_per_worker": 1.0}), 2.0)
 
 
 def _space_and_one_finished_trial(tmp_path):
@@ -147,7 +147,7 @@ def _space_and_one_finished_trial(tmp_path):
 def test_resume_skips_finished_and_drops_orphan_steps(tmp_path):
     space, out = _space_and_one_finished_trial(tmp_path)
     write_steps(out, [_step("t000", 1), _step("t001", 1)])  # t001 was killed before its row
-    done = runner.prepare_output(space, out, resume=True)
+    done = output_dir.prepare_output(space, out, resume=True)
     assert done == {"t000"}
     with (out / "steps.csv").open() as fh:
         assert [r["trial_id"] for r in csv.DictReader(fh)] == ["t000"]
@@ -156,7 +156,7 @@ def test_resume_skips_finished_and_drops_orphan_steps(tmp_path):
 
 def test_fresh_run_sets_earlier_results_aside(tmp_path):
     space, out = _space_and_one_finished_trial(tmp_path)
-    assert runner.prepare_output(space, out, resume=False) == set()
+    assert output_dir.prepare_output(space, out, resume=False) == set()
     assert not (out / "results.csv").exists()
     assert len(list(out.glob("previous-*/results.csv"))) == 1
 
@@ -165,10 +165,10 @@ def test_progress_line():
     cfg = make_cfg(trial_id="t004", micro_batch=2)
     ok = TrialResult(trial_id="t004", status="ok", **cfg.knobs(), peak_mem_gb=1.234, step_time_ms=56.7,
                      startup_s=8.0)
-    assert runner.progress_line(1, 3, ok) == (
+    assert recorder.progress_line(1, 3, ok) == (
         "[1/3] t004                             ok       peak 1.23 GB  step 57 ms  startup 8.0 s")
     oom = TrialResult(trial_id="t004", status="oom", **cfg.knobs(), error="rank 0: Tried to allocate 2 GiB")
-    assert runner.progress_line(2, 3, oom).endswith("step - ms  startup - s  | rank 0: Tried to allocate 2 GiB")
+    assert recorder.progress_line(2, 3, oom).endswith("step - ms  startup - s  | rank 0: Tried to allocate 2 GiB")
 
 
 def test_bad_max_concurrent_is_exit_2(tmp_path, capsys):
@@ -232,7 +232,7 @@ def test_lazy_torch_backend_calls_functions_that_ray_still_has():
 
 
 def test_tune_keeps_its_trial_process_between_trials():
-    from dpo_sweep.sweep.runner import tune_config
+    from dpo_sweep.sweep.tuner import tune_config
 
     cfg = tune_config(3)
     assert cfg.reuse_actors is True and cfg.max_concurrent_trials == 3
