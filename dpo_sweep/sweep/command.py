@@ -30,18 +30,21 @@ from dpo_sweep.sweep.recorder import say
 from dpo_sweep.sweep.tuner import run_sweep
 
 
-def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]) -> None:
-    """What ``dpo-sweep report DIR`` does, on the directory just written: the objectives come from
-    DIR/space.yaml, the copy of the space file (so the two commands always agree)."""
+def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None],
+             spec: space_mod.SweepSpace | None = None) -> None:
+    """What ``dpo-sweep report DIR`` does, on the directory just written: the objectives and the
+    emulated card come from ``spec``, the space this run validated (DIR/space.yaml is its copy,
+    so the two commands agree); without it, from DIR/space.yaml."""
     try:
-        from dpo_sweep.analysis.commands import analyse_dir, safety_margin_of
+        from dpo_sweep.analysis.commands import SpaceSettings, analyse_dir, safety_margin_of
     except ImportError as err:
         out(f"note: the analyser is not available ({err}); results are in {out_dir}/, "
             f"analyse them later with `dpo-sweep report {out_dir}`")
         return
     try:
         analysis = analyse_dir(out_dir, memory_budget_gb=args.memory_budget_gb,
-                               safety_margin=safety_margin_of(args))
+                               safety_margin=safety_margin_of(args),
+                               space=SpaceSettings.from_space(spec) if spec is not None else None)
     except Exception as err:  # noqa: BLE001 - the sweep's results are safe on disk either way
         out(f"note: analysis failed ({type(err).__name__}: {err}); results are in {out_dir}/, "
             f"retry with `dpo-sweep report {out_dir}`")
@@ -63,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if done_ids >= {t.trial_id for t in sp.trials}:
         say(f"resume: all {len(sp.trials)} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
-        _analyse(out_dir, args, say)
+        _analyse(out_dir, args, say, sp.spec)
         return 0
 
     conn: RayConnection | None = None
@@ -80,7 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             ray.shutdown()
     say(f"sweep finished: {summary.ran} trial(s) run, {summary.skipped} skipped; "
         f"results in {out_dir / RESULTS_FILE}")
-    _analyse(out_dir, args, say)
+    _analyse(out_dir, args, say, sp.spec)
     if summary.crashed:
         print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "
               f"infrastructure failure): {', '.join(summary.crashed)}", file=sys.stderr)
