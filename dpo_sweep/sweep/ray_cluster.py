@@ -31,8 +31,9 @@ def _token_auth_enabled() -> bool:
         return False
 
 
-#: Ray Train settings for short trials (a user's own environment variables win). Measured on 2
-#: CPU cores with 3 tiny trials: 73 s -> 48 s for the sweep, about 8 s less per trial.
+#: Ray Train settings for short trials (a user's own environment variables win); what a trial's
+#: start-up and teardown cost is measured by benchmarks/sweep_overhead.py, results in
+#: benchmarks/results/sweep_overhead_cpu/README.md.
 #: - the controller polls the worker group every 2 s by default: a finished trial waited for it;
 #: - the preemption watcher (for spot instances) polls every 5 s and held ``fit()`` back as long.
 #: - Train's print patch echoed every line of the trainer's progress twice on the console.
