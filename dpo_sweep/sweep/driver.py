@@ -120,12 +120,12 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
     first three; this function only wires its per-step callback to ``ray.train.report``)."""
     import ray.train
 
-    from dpo_sweep.telemetry.timing import TrialClock  # imports torch: only in the workers
-
     entered = time.time()
     _quiet_train_reports()
     cfg: TrialConfig = loop_config["trial"]  # validated once, by tune_trainable
     run_trial = import_trainer(loop_config.get("trainer", DEFAULT_TRAINER))
+    from dpo_sweep.telemetry.timing import TrialClock  # imports torch (the trainer just did): workers only
+
     rank = ray.train.get_context().get_world_rank()
     if rank == 0:
         # Where a trial's start-up goes: Ray (trial, controller, worker processes) until here,
