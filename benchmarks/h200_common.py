@@ -27,8 +27,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout, no install needed
     sys.path.insert(0, str(REPO_ROOT))
 
-from dpo_sweep.analysis.results import RESULTS_COLUMNS  # noqa: E402  (no torch import)
-from dpo_sweep.analysis.results import read_csv_rows as read_rows  # noqa: E402,F401  (re-exported)
+from dpo_sweep.records import RESULTS_COLUMNS  # noqa: E402  (no torch import)
+from dpo_sweep.records import read_csv_rows as read_rows  # noqa: E402,F401  (re-exported)
 
 GIB = 2**30
 GB = 1e9

@@ -169,7 +169,7 @@ def main() -> int:
             append(csv_path, {**row_of(c), "status": status, "error": err_line[:300],
                               "wall_s": round(time.monotonic() - t0, 1)})
         print(f"[{c.name}] exit {code} in {time.monotonic() - t0:.0f} s", flush=True)
-    from dpo_sweep.analysis.results import read_csv_rows
+    from dpo_sweep.records import read_csv_rows
 
     rows = read_csv_rows(csv_path)
     table = render(rows)

@@ -38,7 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout, no install needed
     sys.path.insert(0, str(REPO_ROOT))
 
-from dpo_sweep.analysis.results import read_csv_rows  # noqa: E402  (no torch import)
+from dpo_sweep.records import read_csv_rows  # noqa: E402  (no torch import)
 
 #: model -> (space lines that make its trials, a short description). The GPU case is the 1B
 #: shape at the seed's sequence length; the CPU case the quickstart's tiny model.

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return cmd_trial(args)
         if args.command == "run":
-            from dpo_sweep.sweep.runner import cmd_run
+            from dpo_sweep.sweep.command import cmd_run
 
             return cmd_run(args)
         if args.command in ("report", "recommend"):

@@ -323,6 +323,18 @@ def parse(raw: dict[str, Any], source: str = "space") -> Space:
     return Space(spec=spec, trials=expand(spec, source), source=source)
 
 
+def parse_section(cls: type[BaseModel], raw: dict[str, Any], key: str, source: str = "space") -> Any:
+    """One section of a raw space mapping validated by its own model (None when absent or null):
+    for readers that need only that section, e.g. the analysis of a results directory's copy."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    try:
+        return cls.model_validate(value)
+    except ValidationError as err:
+        raise SpaceError(_format_validation(source, err, prefix=key)) from None
+
+
 def load(path: str | Path, overrides: list[str] | None = None) -> Space:
     """Load, apply ``--set`` overrides, validate and expand a space file."""
     raw = load_raw(path)

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.analysis.results import RESULTS_COLUMNS, read_csv_rows, write_results
+from dpo_sweep.records import RESULTS_COLUMNS, read_csv_rows, write_results
 from dpo_sweep.cli import main
 from dpo_sweep.config import SWEPT_TRAIN_COLUMN, TrainSpec
 from dpo_sweep.errors import SpaceError

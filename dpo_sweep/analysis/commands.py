@@ -14,10 +14,12 @@ from typing import Any, Mapping
 
 import pandas as pd
 
+from dpo_sweep import space as space_mod
 from dpo_sweep.analysis import pareto, results, tables
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
-from dpo_sweep.errors import UserError
+from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
+from dpo_sweep.space import SweepSpace
 
 #: Keys under which environment.json may hold the GPU's total memory, in GB (1e9 bytes) ...
 _GPU_MEMORY_GB_KEYS = ("gpu_memory_gb", "gpu_mem_gb", "gpu_total_memory_gb", "memory_total_gb",
@@ -64,45 +66,58 @@ def gpu_memory_gb_from_environment(env: Mapping[str, Any] | None) -> float | Non
     return None
 
 
+@dataclass(frozen=True)
+class SpaceSettings:
+    """What the analysis takes from the sweep's space, as config.py validated it."""
+
+    gpu_memory_gb: float | None = None
+    """``resources.gpu_memory_gb``: the card the sweep emulated (None: not capped)."""
+    objectives: dict[str, Any] | None = None
+    """``objectives:`` with only the names the file gives (None: it gives none, use the defaults)."""
+
+    @classmethod
+    def of(cls, resources: ResourcesSpec | None, objectives: ObjectivesSpec | None) -> "SpaceSettings":
+        return cls(gpu_memory_gb=resources.gpu_memory_gb if resources is not None else None,
+                   objectives=objectives.model_dump(exclude_unset=True) if objectives is not None else None)
+
+    @classmethod
+    def from_space(cls, spec: SweepSpace) -> "SpaceSettings":
+        """A validated space (the sweep's own, parsed once at its start)."""
+        return cls.of(spec.resources, spec.objectives if "objectives" in spec.model_fields_set else None)
+
+
+def load_space_settings(out_dir: Path) -> SpaceSettings:
+    """DIR/space.yaml's resources and objectives (the runner's copy of the space file), each
+    section validated by its config model; the defaults when the file is absent. The analysis
+    needs no other section, so a hand-written file of only these keys is enough."""
+    path = out_dir / "space.yaml"
+    if not path.is_file():
+        return SpaceSettings()
+    raw = space_mod.load_raw(path)
+    objectives = raw.get("objectives")
+    legacy = (isinstance(objectives, dict) and "step_time" in objectives and "throughput" not in objectives)
+    if legacy:  # a results dir written before throughput replaced step_time: read as throughput, saying so
+        raw = {**raw, "objectives": {k: v for k, v in objectives.items() if k != "step_time"}}
+    settings = SpaceSettings.of(space_mod.parse_section(ResourcesSpec, raw, "resources", str(path)),
+                                space_mod.parse_section(ObjectivesSpec, raw, "objectives", str(path)))
+    if legacy:  # pareto.objectives_from_spec turns it into throughput and notes it
+        settings = SpaceSettings(settings.gpu_memory_gb, {**(settings.objectives or {}),
+                                                          "step_time": objectives["step_time"]})
+    return settings
+
+
 def resolve_budget(memory_budget_gb: float | None, env: Mapping[str, Any] | None,
-                   space: Mapping[str, Any] | None = None) -> tuple[float | None, str]:
+                   emulated_gb: float | None = None) -> tuple[float | None, str]:
     """The budget to use and where it came from: the flag; else the card the sweep emulated
     (space.yaml ``resources.gpu_memory_gb``); else the GPU's memory; else none."""
     if memory_budget_gb is not None:  # recommend() refuses a non-positive budget, whatever its source
         return float(memory_budget_gb), "--memory-budget-gb"
-    resources = (space or {}).get("resources")
-    emulated = resources.get("gpu_memory_gb") if isinstance(resources, Mapping) else None
-    if isinstance(emulated, (int, float)) and not isinstance(emulated, bool) and emulated > 0:
-        return float(emulated), "space.yaml resources.gpu_memory_gb (the emulated card)"
+    if emulated_gb is not None:
+        return float(emulated_gb), "space.yaml resources.gpu_memory_gb (the emulated card)"
     from_env = gpu_memory_gb_from_environment(env)
     if from_env is not None:
         return from_env, "environment.json (the GPU's memory)"
     return None, "none"
-
-
-def load_space(out_dir: Path) -> dict[str, Any] | None:
-    """DIR/space.yaml (the runner's copy of the space file) as a plain mapping, if present."""
-    path = out_dir / "space.yaml"
-    if not path.is_file():
-        return None
-    import yaml
-
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise UserError(f"{path} is not valid YAML ({err}); "
-                        "fix it, or delete it to use the default objectives and budget")
-    return doc if isinstance(doc, dict) else None
-
-
-def objectives_of(space: Mapping[str, Any] | None, out_dir: Path) -> dict[str, Any] | None:
-    """The space file's ``objectives:`` mapping, else None (the defaults)."""
-    spec = (space or {}).get("objectives")
-    if spec is not None and not isinstance(spec, dict):
-        path = out_dir / "space.yaml"
-        raise UserError(f"{path}: objectives must be a mapping like "
-                        "{memory: min, throughput: max, loss_std: min}")
-    return spec
 
 
 def analyse(
@@ -116,32 +131,36 @@ def analyse(
     return analysed, rec, objs
 
 
-def _analyse_results(out_dir: Path, memory_budget_gb: float | None,
-                     objectives: Mapping[str, Any] | None, safety_margin: float):
-    """DIR's results.csv analysed with DIR's space.yaml and environment.json (budget and
-    objectives as ``analyse_dir`` documents); returns (analysed, rec, objectives, environment)."""
+def _analyse_results(out_dir: Path, memory_budget_gb: float | None, objectives: Mapping[str, Any] | None,
+                     safety_margin: float, space: SpaceSettings | None):
+    """DIR's results.csv analysed with the sweep's space settings (``space``, else DIR/space.yaml)
+    and DIR/environment.json, as ``analyse_dir`` documents; returns (analysed, rec, objectives,
+    environment)."""
     df = results.load_results(out_dir)
     env = results.load_environment(out_dir)
-    space = load_space(out_dir)
-    budget, source = resolve_budget(memory_budget_gb, env, space)
-    spec = objectives if objectives is not None else objectives_of(space, out_dir)
+    space = space if space is not None else load_space_settings(out_dir)
+    budget, source = resolve_budget(memory_budget_gb, env, space.gpu_memory_gb)
+    spec = objectives if objectives is not None else space.objectives
     analysed, rec, objs = analyse(df, budget, spec, safety_margin, source)
     return analysed, rec, objs, env
 
 
 def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
                 objectives: Mapping[str, Any] | None = None,
-                safety_margin: float = DEFAULT_SAFETY_MARGIN) -> AnalysisOutcome:
+                safety_margin: float = DEFAULT_SAFETY_MARGIN,
+                space: SpaceSettings | None = None) -> AnalysisOutcome:
     """Analyse DIR/results.csv and (re)write frontier.md, recommendation.json, report.html.
 
-    ``memory_budget_gb`` None: the GPU's memory from environment.json, if any. ``objectives``
-    None: DIR/space.yaml's ``objectives:``, else memory min, throughput max, loss std min.
+    ``memory_budget_gb`` None: the space's emulated card, else the GPU's memory from
+    environment.json, if any. ``objectives`` None: the space's ``objectives:``, else memory
+    min, throughput max, loss std min. ``space``: the sweep's settings when the caller has parsed its space already
+    (``dpo-sweep run``); None reads DIR/space.yaml.
     """
     from dpo_sweep.report.data import build_report_data
     from dpo_sweep.report.html import write_report
 
     out_dir = Path(out_dir)
-    analysed, rec, objs, env = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin)
+    analysed, rec, objs, env = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
     steps = results.load_steps(out_dir)
 
     table = tables.frontier_markdown(analysed)
@@ -189,7 +208,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     Exit 0 also when nothing fits: that is an answer, and the message says so.
     """
-    _, rec, objs, _ = _analyse_results(Path(args.dir), args.memory_budget_gb, None, safety_margin_of(args))
+    _, rec, objs, _ = _analyse_results(Path(args.dir), args.memory_budget_gb, None, safety_margin_of(args), None)
     for note in objective_notes(objs):
         print(note)
     print(format_recommendation(rec))

@@ -14,7 +14,7 @@ import pandas as pd
 from dpo_sweep.analysis import tables
 from dpo_sweep.analysis.pareto import Objective
 from dpo_sweep.analysis.recommend import Recommendation
-from dpo_sweep.analysis.results import STATUSES
+from dpo_sweep.records import STATUSES
 from dpo_sweep.report import figures
 
 

@@ -13,13 +13,19 @@ The story of one trial, top to bottom:
 3. Every worker runs :func:`train_loop_per_worker`: ``run_trial(cfg, on_step=..., catch_failures=
    False)``. Each optimizer step is reported with ``ray.train.report`` (all ranks report, as Train
    requires; Tune sees rank 0's metrics through ``TuneReportCallback``). After the last step rank 0
-   reports the whole outcome (the summary row and the step rows) as one JSON string.
+   reports the summary row (and its machine) as one JSON string; the step rows travel once, in
+   the per-step reports.
 4. ``fit()`` raising is a result, not a crash: a ``WorkerGroupError`` whose worker failure is a
    ``torch.OutOfMemoryError`` becomes status ``oom`` with the failed allocation's message, anything
    else ``error`` with the message. The trainable's own last report carries this summary.
 5. In the sweep's driver process :class:`TrialCollector` (fed by the runner's Tune callback) turns
    the stream of reports of one trial into a :class:`CollectedTrial`: one ``TrialResult`` and its
    ``StepRecord`` rows, ready to be appended to ``results.csv`` / ``steps.csv``.
+
+The trial's ``TrialConfig`` is validated once, in :func:`tune_trainable` (Tune's param_space holds
+it as JSON); the workers get the validated object, and the sweep's callback looks its own up.
+``startup_s`` / ``measure_s`` have one definition, :class:`~dpo_sweep.telemetry.timing.TrialClock`:
+the worker starts it at the Tune trial's start and the trainer marks its steps on it.
 
 All report keys carry the ``dpo/`` prefix so they never collide with the keys Tune fills in itself
 (Tune adds its own ``trial_id``).
@@ -34,8 +40,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dpo_sweep.analysis.results import StepRecord, TrialResult
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.records import StepRecord, TrialResult, failed_result
 
 #: Where the trainer lives; tests may point a sweep at a stand-in with the same signature.
 DEFAULT_TRAINER = "dpo_sweep.train.loop:run_trial"
@@ -44,10 +50,10 @@ DEFAULT_TRAINER = "dpo_sweep.train.loop:run_trial"
 TRIAL_CPUS = 0.1
 
 STEP_KEY = "dpo/step"          # a StepRecord, as a dict, one report per optimizer step
-OUTCOME_KEY = "dpo/outcome"    # rank 0's TrialOutcome, as a JSON string, after the last step
+OUTCOME_KEY = "dpo/outcome"    # rank 0's summary row and machine, as a JSON string, after the last step
 SUMMARY_KEY = "dpo/summary"    # the trainable's last report: how fit() ended (JSON string)
-STARTUP_KEY = "dpo/startup_s"  # trial start -> start of the first optimizer step
-MEASURE_KEY = "dpo/measure_s"  # start of the first optimizer step -> end of the latest one
+STARTUP_KEY = "dpo/startup_s"  # TrialClock.startup_s() so far (for a trial that ends without a row)
+MEASURE_KEY = "dpo/measure_s"  # TrialClock.measure_s() so far
 MAX_ERROR_CHARS = 2000
 
 
@@ -60,37 +66,9 @@ def import_trainer(path: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module_name), attr or "run_trial")
 
 
-@dataclass
-class StepClock:
-    """Turns step records into the trial's ``startup_s`` and ``measure_s``.
-
-    ``trial_start`` is the wall clock (``time.time()``) when the Tune trial started (on a
-    multi-node cluster the trial and rank 0 may sit on different hosts: NTP-synchronised clocks
-    are assumed, an error of milliseconds against start-ups of seconds); the first
-    step's start is its end minus its own duration, so worker start-up, model build and data
-    loading count as start-up and every optimizer step counts as measurement.
-    """
-
-    trial_start: float
-    first_step_start: float | None = None
-    last_step_end: float | None = None
-
-    def tick(self, record: StepRecord, now: float | None = None) -> dict[str, float]:
-        now = time.time() if now is None else now
-        self.last_step_end = now
-        if self.first_step_start is None:
-            step_s = record.step_time_ms / 1e3 if math.isfinite(record.step_time_ms) else 0.0
-            self.first_step_start = now - step_s
-        return {STARTUP_KEY: self.first_step_start - self.trial_start,
-                MEASURE_KEY: now - self.first_step_start}
-
-
-def outcome_to_json(result: TrialResult, steps: tuple[StepRecord, ...] | list[StepRecord],
-                    environment: dict[str, Any] | None = None) -> str:
-    """A trial outcome as JSON (NaN survives: Python's json writes and reads it)."""
-    row = dataclasses.asdict(result)
-    return json.dumps({"result": row, "steps": [dataclasses.asdict(s) for s in steps],
-                       "environment": environment}, default=str)
+def outcome_to_json(result: TrialResult, environment: dict[str, Any] | None = None) -> str:
+    """A trial's summary row and machine as JSON (NaN survives: Python's json writes and reads it)."""
+    return json.dumps({"result": dataclasses.asdict(result), "environment": environment}, default=str)
 
 
 def _from_dict(cls: type, data: dict[str, Any]) -> Any:
@@ -98,11 +76,14 @@ def _from_dict(cls: type, data: dict[str, Any]) -> Any:
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def outcome_from_json(text: str) -> tuple[TrialResult, list[StepRecord], dict[str, Any] | None]:
+def outcome_from_json(text: str) -> tuple[TrialResult, dict[str, Any] | None]:
     data = json.loads(text)
-    return (_from_dict(TrialResult, data["result"]),
-            [_from_dict(StepRecord, s) for s in data.get("steps", [])],
-            data.get("environment"))
+    return _from_dict(TrialResult, data["result"]), data.get("environment")
+
+
+def step_from_report(data: dict[str, Any]) -> StepRecord:
+    """A StepRecord back from its per-step report (a plain dict: Ray pickles it, NaN included)."""
+    return _from_dict(StepRecord, data)
 
 
 def _worker_environment() -> dict[str, Any] | None:
@@ -141,31 +122,29 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
 
     entered = time.time()
     _quiet_train_reports()
-    cfg = TrialConfig.model_validate(loop_config["trial"])
+    cfg: TrialConfig = loop_config["trial"]  # validated once, by tune_trainable
     run_trial = import_trainer(loop_config.get("trainer", DEFAULT_TRAINER))
+    from dpo_sweep.telemetry.timing import TrialClock  # imports torch (the trainer just did): workers only
+
     rank = ray.train.get_context().get_world_rank()
     if rank == 0:
         # Where a trial's start-up goes: Ray (trial, controller, worker processes) until here,
         # then importing the trainer, then the trainer's own data and model build (it logs those).
         print(startup_line(cfg.trial_id, entered - loop_config["trial_start"], time.time() - entered),
               flush=True)
-    clock = StepClock(trial_start=loop_config["trial_start"])
+    # Start-up counts from the Tune trial's start: Ray's worker start-up is part of it.
+    clock = TrialClock(started_at=loop_config["trial_start"])
 
     def on_step(record: StepRecord) -> None:
         # Every rank reports (Train V2 expects the same number of reports from each worker); Tune
         # forwards rank 0's. A plain dict: the driver's Tune callback rebuilds the StepRecord.
-        ray.train.report({STEP_KEY: dataclasses.asdict(record), **clock.tick(record)})
+        ray.train.report({STEP_KEY: dataclasses.asdict(record), STARTUP_KEY: clock.startup_s(),
+                          MEASURE_KEY: clock.measure_s()})
 
     outcome = run_trial(cfg, on_step=on_step, log=print if rank == 0 else None,
-                        catch_failures=False)
-    result = outcome.result
-    if clock.first_step_start is not None and outcome.steps:
-        # The sweep's definitions replace the trainer's (which start at run_trial's entry and
-        # leave out warm-up): start-up includes Ray worker start-up, measurement every step.
-        timing = clock.tick(outcome.steps[-1], now=clock.last_step_end)
-        result = dataclasses.replace(result, startup_s=timing[STARTUP_KEY], measure_s=timing[MEASURE_KEY])
+                        catch_failures=False, clock=clock)
     environment = _worker_environment() if rank == 0 else None
-    ray.train.report({OUTCOME_KEY: outcome_to_json(result, outcome.steps, environment)})
+    ray.train.report({OUTCOME_KEY: outcome_to_json(outcome.result, environment)})
 
 
 # --- Tune trainable ---------------------------------------------------------------------------
@@ -231,10 +210,10 @@ def tune_trainable(param: dict[str, Any]) -> None:
     from dpo_sweep.sweep.torch_backend import LazyTorchConfig
 
     trial_start = time.time()
-    cfg = TrialConfig.model_validate(param["trial"])
+    cfg = TrialConfig.model_validate(param["trial"])  # the one validation of this trial's config
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"trial": param["trial"], "trial_start": trial_start,
+        train_loop_config={"trial": cfg, "trial_start": trial_start,
                            "trainer": param.get("trainer", DEFAULT_TRAINER)},
         # Ray's TorchConfig would make every trial's fresh controller process import torch first.
         torch_config=LazyTorchConfig(),
@@ -268,23 +247,11 @@ class CollectedTrial:
     environment: dict[str, Any] | None = None  # rank 0's host, GPU and versions (when it got that far)
 
 
-def failure_result(cfg: TrialConfig, status: str, error: str,
-                   steps: list[StepRecord] | tuple[StepRecord, ...] = ()) -> TrialResult:
-    """The summary row of a trial that did not return an outcome (OOM, crash)."""
-    finite_mem = [s.peak_mem_gb for s in steps if math.isfinite(s.peak_mem_gb)]
-    return TrialResult(
-        trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=error,
-        peak_mem_gb=max(finite_mem) if finite_mem else math.nan,
-        loss_type=cfg.train.loss, precision=cfg.train.precision, reference=cfg.train.reference,
-        attn_implementation=cfg.model.attn_implementation, steps=len(steps),
-    )
-
-
 @dataclass
 class _Pending:
     cfg: TrialConfig
     steps: list[StepRecord] = field(default_factory=list)
-    outcome: tuple[TrialResult, list[StepRecord], dict[str, Any] | None] | None = None
+    outcome: tuple[TrialResult, dict[str, Any] | None] | None = None
     startup_s: float = math.nan
     measure_s: float = math.nan
 
@@ -309,7 +276,7 @@ class TrialCollector:
             p.startup_s = float(result[STARTUP_KEY])
             p.measure_s = float(result.get(MEASURE_KEY, math.nan))
         if isinstance(result.get(STEP_KEY), dict):
-            p.steps.append(_from_dict(StepRecord, result[STEP_KEY]))
+            p.steps.append(step_from_report(result[STEP_KEY]))
         if isinstance(result.get(OUTCOME_KEY), str):
             p.outcome = outcome_from_json(result[OUTCOME_KEY])
         if isinstance(result.get(SUMMARY_KEY), str):
@@ -323,16 +290,14 @@ class TrialCollector:
 
     def _finish(self, key: str, status: str, error: str) -> CollectedTrial:
         p = self._pending.pop(key)
-        environment = p.outcome[2] if p.outcome is not None else None
+        # The steps come from their own reports, whatever the ending; the row from the trainer
+        # when it got to write one, else from what those steps (and their timing) tell.
+        environment = p.outcome[1] if p.outcome is not None else None
         if status == "finished" and p.outcome is not None:
-            result, steps = p.outcome[0], p.outcome[1]
-        elif status == "finished":
-            result, steps = failure_result(
-                p.cfg, "error", "the trainer returned without reporting its outcome", p.steps), p.steps
+            result = p.outcome[0]
         else:
-            result, steps = failure_result(p.cfg, status, error, p.steps), p.steps
-        if p.outcome is None or not math.isfinite(result.startup_s):
-            # No outcome (OOM, crash): the timing of the steps that did run, from their reports.
-            result = dataclasses.replace(result, startup_s=p.startup_s, measure_s=p.measure_s)
+            if status == "finished":
+                status, error = "error", "the trainer returned without reporting its outcome"
+            result = failed_result(p.cfg, status, error, p.steps, startup_s=p.startup_s, measure_s=p.measure_s)
         result = dataclasses.replace(result, extra=p.cfg.swept_columns())  # results.csv columns
-        return CollectedTrial(result=result, steps=tuple(steps), environment=environment)
+        return CollectedTrial(result=result, steps=tuple(p.steps), environment=environment)

@@ -13,7 +13,7 @@ from .sampler import (
     TelemetryFallbackWarning,
     make_memory_sampler,
 )
-from .timing import StepTimer, percentile
+from .timing import StepTimer, TrialClock, percentile
 
 __all__ = [
     "BYTES_PER_GB",
@@ -21,6 +21,7 @@ __all__ = [
     "MemoryReader",
     "MemorySampler",
     "StepTimer",
+    "TrialClock",
     "TelemetryFallbackWarning",
     "dpo_step_flops",
     "environment_info",

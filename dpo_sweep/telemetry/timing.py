@@ -87,3 +87,39 @@ class StepTimer:
 
     def p90_ms(self) -> float:
         return percentile(self.measured_ms(), 90)
+
+
+class TrialClock:
+    """The one definition of a trial's ``startup_s`` and ``measure_s`` (results.csv), for every
+    row whoever runs the trial (``dpo-sweep trial`` or a sweep's Ray Train worker):
+
+    - ``startup_s``: the trial's start -> the start of its first optimizer step;
+    - ``measure_s``: the start of the first optimizer step -> the end of the latest one, warm-up
+      steps included (the medians leave warm-up out; this is the time the steps took).
+
+    The trial's start is what the caller passes: a sweep passes the Tune trial's start, so Ray's
+    worker start-up counts as start-up; ``dpo-sweep trial`` passes ``run_trial``'s entry. Wall
+    clock (``time.time()``): on a multi-node cluster the Tune trial and rank 0 may sit on
+    different hosts (NTP-synchronised clocks assumed: milliseconds against seconds of start-up).
+    """
+
+    def __init__(self, started_at: float | None = None, *, clock: Callable[[], float] = time.time):
+        self._clock = clock
+        self.started_at = clock() if started_at is None else float(started_at)
+        self.first_step_at: float | None = None
+        self.last_step_end: float | None = None
+
+    def step_started(self) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = self._clock()
+
+    def step_ended(self) -> None:
+        self.last_step_end = self._clock()
+
+    def startup_s(self) -> float:
+        return math.nan if self.first_step_at is None else self.first_step_at - self.started_at
+
+    def measure_s(self) -> float:
+        if self.first_step_at is None or self.last_step_end is None:
+            return math.nan
+        return self.last_step_end - self.first_step_at

@@ -1,8 +1,9 @@
 """One trial: build data and models, run K optimizer steps of DPO, measure, summarise.
 
 Read top to bottom: :func:`run_trial` resolves the device and turns failures into statuses;
-:func:`_train` is the story - data, models, reference, checkpoint level, optimizer, the step
-loop, the summary. Inside Ray Train (torch.distributed initialised) the same code runs DDP or
+:func:`_train` is the story - build (:mod:`dpo_sweep.train.setup`: data, models, reference,
+checkpoint level, optimizer), then :func:`train_step` for each optimizer step, then
+:func:`summarise` into the trial's row. Inside Ray Train (torch.distributed initialised) the same code runs DDP or
 FSDP2 across the group; every rank returns the same outcome.
 
 Precision modes (where things live):
@@ -23,7 +24,6 @@ updates; use bf16-mixed when the run is meant to learn, bf16 when it is meant to
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 import time
@@ -34,25 +34,26 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpo_sweep.analysis.results import StepRecord, TrialResult
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.errors import DataError, UserError
-from dpo_sweep.telemetry import StepTimer, dpo_step_flops, make_memory_sampler, mfu, model_flops_per_token
+from dpo_sweep.errors import UserError
+from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
+from dpo_sweep.telemetry import MemorySampler, StepTimer, TrialClock, dpo_step_flops, make_memory_sampler, mfu
 from dpo_sweep.train import metrics
-from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs
-from dpo_sweep.train.checkpointing import apply_checkpoint_level
-from dpo_sweep.train.data import PairDataset, load_pairs
-from dpo_sweep.train.lean import apply_lean_ops
-from dpo_sweep.train.logprobs import SequenceLogProbs
+from dpo_sweep.train.batching import MicroBatch
 from dpo_sweep.train.loss import dpo_loss
-from dpo_sweep.train.model import build_model, freeze_reference
-from dpo_sweep.train.tokenizer import load_tokenizer
+from dpo_sweep.train.setup import (
+    Logger,
+    TrialSetup,
+    autocast,
+    build_trial,
+    configure_device_memory,
+    forward_inputs,
+    load_data,
+)
 
 #: Fraction of a policy forward that each level re-runs in backward (for the MFU FLOP count):
 #: the MLP is about 2/3 of a Llama layer's matmul FLOPs, the attention projections about 1/3.
 RECOMPUTE_FRACTION = {"none": 0.0, "L1": 0.62, "L2": 0.95, "L3": 0.95, "full": 1.0}
-
-Logger = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,15 @@ class TrialOutcome:
 
     result: TrialResult
     steps: tuple[StepRecord, ...]
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One optimizer step: its row, and the exact count of policy tokens it trained on (all
+    workers; the FLOP count needs the count, which the row only has as a rate)."""
+
+    record: StepRecord
+    tokens: int
 
 
 class InjectedFailure(RuntimeError):
@@ -87,108 +97,182 @@ def _world() -> tuple[int, int]:
     return 1, 0
 
 
-def _failure_result(cfg: TrialConfig, status: str, err: BaseException) -> TrialResult:
-    text = str(err).strip().splitlines()
-    msg = f"{type(err).__name__}: {text[0] if text else ''}"
-    return TrialResult(trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=msg[:500],
-                       loss_type=cfg.train.loss, precision=cfg.train.precision,
-                       reference=cfg.train.reference, steps=cfg.train.steps)
-
-
 def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None = None,
-              log: Logger | None = print, catch_failures: bool = True) -> TrialOutcome:
+              log: Logger | None = print, catch_failures: bool = True,
+              clock: TrialClock | None = None) -> TrialOutcome:
     """Run one trial on this process's device (and its process group, if any).
 
     With ``catch_failures`` an OOM becomes status ``oom`` and any other exception ``error``;
     without it they propagate (Ray Train then reports them). Bad input (:class:`UserError`)
-    always propagates. A NaN/inf loss is status ``diverged`` either way.
+    always propagates. A NaN/inf loss is status ``diverged`` either way. ``clock``: where the
+    trial's ``startup_s`` counts from (a sweep passes the Tune trial's start); by default here.
     """
     say = log or (lambda _msg: None)
+    clock = clock or TrialClock()
     device = resolve_device(cfg)
     try:
-        return _train(cfg, device, on_step or (lambda _r: None), say)
+        return _train(cfg, device, clock, on_step or (lambda _r: None), say)
     except UserError:
         raise
     except torch.OutOfMemoryError as err:
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] out of memory: {str(err).splitlines()[0] if str(err) else ''}")
-        return TrialOutcome(_failure_result(cfg, "oom", err), ())
+        return TrialOutcome(failed_result(cfg, "oom", error_text(err)), ())
     except Exception as err:  # noqa: BLE001 - a trial's failure is a result, not a crash
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] error: {type(err).__name__}: {err}")
-        return TrialOutcome(_failure_result(cfg, "error", err), ())
+        return TrialOutcome(failed_result(cfg, "error", error_text(err)), ())
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
 
-def _autocast(cfg: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    p = cfg.train.precision
-    if p == "bf16-mixed":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if p == "fp16":
-        return torch.autocast(device.type, dtype=torch.float16)
-    return contextlib.nullcontext()
+def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
+           on_step: Callable[[StepRecord], None], say: Logger) -> TrialOutcome:
+    since = time.perf_counter()
+    world, rank = _world()
+    say = say if rank == 0 else (lambda _m: None)
+    configure_device_memory(cfg, device)
+    data = load_data(cfg, world, say, since)
+    sampler = make_memory_sampler(device)
+    # `with`: an exception of the body (an OOM) wins over one of the sampler thread.
+    with sampler:
+        setup = build_trial(cfg, device, world, rank, data, say, since)
+        timer = StepTimer(device, cfg.train.warmup_steps)
+        steps: list[StepOutput] = []
+        status, error = "ok", ""
+        for step in range(1, cfg.train.steps + 1):
+            if step == cfg.train.warmup_steps + 1:
+                sampler.reset_peak()  # the measured phase starts: peaks from here on
+            out = train_step(setup, step, timer, sampler, clock)
+            steps.append(out)
+            on_step(out.record)
+            say(_step_line(cfg, out.record))
+            error = divergence(out.record, cfg.train.precision)
+            if error:
+                status = "diverged"
+                say(f"[{cfg.trial_id}] diverged: {error}; stopping")
+                break
+        torch_peaks_gb = sampler.torch_peaks_gb()
+    sampler.close()
+    result = summarise(setup, steps, timer, clock, status=status, error=error, mem_source=sampler.source,
+                       torch_peaks_gb=torch_peaks_gb)
+    return TrialOutcome(result, tuple(out.record for out in steps))
 
 
-def _lr_lambda(cfg: TrialConfig) -> Callable[[int], float]:
-    t = cfg.train
-
-    def factor(step: int) -> float:  # step counts optimizer steps already taken
-        if step < t.lr_warmup_steps:
-            return (step + 1) / (t.lr_warmup_steps + 1)
-        if t.lr_schedule == "constant":
-            return 1.0
-        span = max(1, t.steps - t.lr_warmup_steps)
-        frac = min(1.0, (step - t.lr_warmup_steps) / span)
-        return 1.0 - frac if t.lr_schedule == "linear" else 0.5 * (1 + math.cos(math.pi * frac))
-
-    return factor
+# --- One optimizer step -----------------------------------------------------------------------
 
 
-def _forward_inputs(mb: MicroBatch, has_padding: bool) -> tuple:
-    # No padding: pass no mask, so the attention kernel can take its causal fast path.
-    return mb.input_ids, (mb.attention_mask if has_padding else None), mb.position_ids, mb.response_mask
+def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySampler,
+               clock: TrialClock) -> StepOutput:
+    """``grad_acc`` micro-batches forward and backward, one optimizer update, the step's metrics
+    reduced over workers, and its row."""
+    cfg = setup.cfg
+    timer.start_step()
+    clock.step_started()
+    poison = _inject(cfg, step, setup.rank)
+    device_sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=setup.device)
+    host_sums = [0] * len(metrics.HOST_SUMS)  # pairs, sequences, tokens: known without the device
+    for micro in range(cfg.grad_acc):
+        batch = next(setup.batches)
+        sync = micro == cfg.grad_acc - 1 or cfg.resources.sync_every_micro_step
+        device_sums += _micro_step(setup, batch, sync, poison)
+        host_sums = [host_sums[0] + batch.pairs, host_sums[1] + 2 * batch.pairs, host_sums[2] + batch.tokens()]
+    grad_norm = _optimizer_step(setup)
+    sums = _all_reduce_sums(setup, device_sums, host_sums)
+    step_time_ms = timer.end_step()
+    clock.step_ended()
+    totals = sums.tolist()  # one host sync per step, after the step is done
+    if setup.world == 1:
+        totals += host_sums
+    tokens = int(totals[-1])
+    means = metrics.step_means(totals)
+    record = StepRecord(
+        trial_id=cfg.trial_id, step=step, loss=means["loss"],
+        grad_norm=float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
+        step_time_ms=step_time_ms, peak_mem_gb=_max_over_workers(setup, sampler.peak_gb()),
+        reward_accuracy=means["rewards/accuracies"], reward_margin=means["rewards/margins"],
+        logps_chosen=means["logps/chosen"], logps_rejected=means["logps/rejected"], kl=means["kl"],
+        rewards_chosen=means["rewards/chosen"], rewards_rejected=means["rewards/rejected"],
+        tokens_per_s=tokens / (step_time_ms / 1e3), lr=setup.scheduler.get_last_lr()[0],
+        measured=step > cfg.train.warmup_steps,
+    )
+    return StepOutput(record, tokens)
 
 
-@torch.no_grad()
-def precompute_reference(ref: SequenceLogProbs, ds: PairDataset, cfg: TrialConfig, device: torch.device,
-                         pad_id: int) -> torch.Tensor:
-    """Reference log-probs of every pair, ``[N, 2]`` (chosen, rejected), computed once."""
-    table = torch.zeros(len(ds), 2, dtype=torch.float32)
-    bs = cfg.micro_batch
-    for start in range(0, len(ds), bs):
-        idx = list(range(start, min(start + bs, len(ds))))
-        mb = collate([ds.pairs[i] for i in idx], idx, pad_id, cfg.train.padding_side)
-        pad = bool((mb.attention_mask == 0).any())
-        mb = mb.to(device)
-        with _autocast(cfg, device):
-            logps, _ = ref(*_forward_inputs(mb, pad))
-        b = len(idx)
-        table[start:start + b, 0] = logps[:b].float().cpu()
-        table[start:start + b, 1] = logps[b:].float().cpu()
-    return table
+def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bool) -> torch.Tensor:
+    """Forward and backward of one micro-batch; its contribution to the step's device sums."""
+    cfg = setup.cfg
+    has_padding = bool((cpu_batch.attention_mask == 0).any())
+    batch = cpu_batch.to(setup.device)
+    pairs = batch.pairs
+    with _no_sync(setup.policy, sync=sync), autocast(cfg, setup.device):
+        if setup.ref_table is not None:
+            ref_logps = setup.ref_table[cpu_batch.index].t().reshape(-1).to(setup.device, non_blocking=True)
+        else:
+            # The reference runs first, while no policy activation is alive yet: its
+            # transient buffers then never add to the step's peak.
+            with torch.no_grad():
+                ref_logps, _ = setup.reference(*forward_inputs(batch, has_padding))
+        logps, token_counts = setup.policy(*forward_inputs(batch, has_padding))
+        losses, chosen_rewards, rejected_rewards = dpo_loss(
+            logps[:pairs], logps[pairs:], ref_logps[:pairs], ref_logps[pairs:], cfg.beta, cfg.train.loss,
+            cfg.train.label_smoothing, chosen_tokens=token_counts[:pairs], rejected_tokens=token_counts[pairs:])
+        if poison:
+            losses = losses * float("nan")
+        # Mean over the effective batch: micro_batch x grad_acc pairs here, and DDP/FSDP
+        # average over workers, so any split of the same pairs gives the same update.
+        loss = losses.sum() / (pairs * cfg.grad_acc)
+    setup.scaler.scale(loss).backward()
+    return metrics.micro_step_sums(losses, chosen_rewards, rejected_rewards, logps, ref_logps.float(), token_counts)
 
 
-def _wrap_parallel(cfg: TrialConfig, lp: SequenceLogProbs, device: torch.device, world: int) -> nn.Module:
-    if world == 1:
-        return lp
-    if cfg.resources.parallelism == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def _optimizer_step(setup: TrialSetup) -> torch.Tensor:
+    """Unscale, clip, update, advance the schedule; the gradient norm before clipping."""
+    setup.scaler.unscale_(setup.optimizer)
+    max_norm = setup.cfg.train.max_grad_norm
+    grad_norm = torch.nn.utils.clip_grad_norm_(setup.params, max_norm if max_norm is not None else float("inf"))
+    setup.scaler.step(setup.optimizer)
+    setup.scaler.update()
+    setup.optimizer.zero_grad(set_to_none=True)
+    setup.scheduler.step()
+    return grad_norm
 
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if cfg.train.precision == "bf16-mixed" else MixedPrecisionPolicy())
-        from dpo_sweep.train.checkpointing import decoder_layers
 
-        for layer in decoder_layers(lp.lm):
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(lp, mp_policy=mp)
-        return lp
-    from torch.nn.parallel import DistributedDataParallel as DDP
+def _all_reduce_sums(setup: TrialSetup, device_sums: torch.Tensor, host_sums: list[int]) -> torch.Tensor:
+    """The step's sums over all workers (host sums join them: one all-reduce, not two)."""
+    if setup.world == 1:
+        return device_sums
+    sums = torch.cat([device_sums, torch.tensor(host_sums, dtype=torch.float64).to(setup.device)])
+    dist.all_reduce(sums)
+    return sums
 
-    return DDP(lp, device_ids=[device.index] if device.type == "cuda" else None)
+
+def _max_over_workers(setup: TrialSetup, value: float) -> float:
+    if setup.world == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=setup.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor)
+
+
+def divergence(record: StepRecord, precision: str) -> str:
+    """Why the trial must stop at this step ("" when it need not): a non-finite loss, or a
+    non-finite gradient norm except under fp16, whose scaler skips such a step by design."""
+    if not math.isfinite(record.loss):
+        return f"non-finite loss at step {record.step}"
+    if not math.isfinite(record.grad_norm) and precision != "fp16":
+        return f"non-finite grad_norm at step {record.step}"
+    return ""
+
+
+def _step_line(cfg: TrialConfig, rec: StepRecord) -> str:
+    return (f"[{cfg.trial_id}] step {rec.step}/{cfg.train.steps} loss {rec.loss:.4f} grad_norm {rec.grad_norm:.3f} "
+            f"acc {rec.reward_accuracy:.2f} margin {rec.reward_margin:+.4f} kl {rec.kl:+.5f} "
+            f"{rec.step_time_ms:.0f} ms {rec.tokens_per_s:,.0f} tok/s peak {rec.peak_mem_gb:.2f} GB"
+            + ("" if rec.measured else " (warm-up)"))
 
 
 def _no_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -203,191 +287,49 @@ def _no_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
 
 def _inject(cfg: TrialConfig, step: int, rank: int) -> bool:
     """The fail_at_step test hook: raise here, or return True to poison this step's loss."""
-    t = cfg.train
-    if t.fail_at_step != step or (t.fail_rank is not None and t.fail_rank != rank):
+    train = cfg.train
+    if train.fail_at_step != step or (train.fail_rank is not None and train.fail_rank != rank):
         return False
-    if t.fail_kind == "oom":
+    if train.fail_kind == "oom":
         raise torch.OutOfMemoryError(f"injected OOM at step {step} (train.fail_at_step test hook)")
-    if t.fail_kind == "error":
+    if train.fail_kind == "error":
         raise InjectedFailure(f"injected failure at step {step} (train.fail_at_step test hook)")
     return True
 
 
-def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord], None], say: Logger) -> TrialOutcome:
-    t_start = time.perf_counter()
-    t = cfg.train
-    world, rank = _world()
-    say = say if rank == 0 else (lambda _m: None)
-    if device.type == "cuda" and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
-        # Segments that grow in place instead of new fixed blocks: less fragmentation, so the
-        # reserved (and NVML) peak stays closer to what is allocated. A user's setting wins.
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
-    if device.type == "cuda" and cfg.resources.gpu_memory_gb:
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.resources.gpu_memory_gb * 1e9 / total), device)
+# --- The trial's row --------------------------------------------------------------------------
 
-    # --- data -------------------------------------------------------------------------------
-    tok = load_tokenizer(cfg.model)
-    ds = load_pairs(cfg.data, tok, t.max_length)
-    per = cfg.micro_batch * cfg.grad_acc * world
-    usable = usable_pairs(len(ds), cfg.micro_batch, world, grad_acc=cfg.grad_acc)
-    if usable == 0:
-        raise DataError(f"{ds.source}: {len(ds)} pairs cannot fill one effective batch of micro_batch "
-                        f"{cfg.micro_batch} x grad_acc {cfg.grad_acc} x {world} workers; use more pairs "
-                        "or a smaller micro_batch or grad_acc")
-    say(f"[{cfg.trial_id}] data: {len(ds)} pairs from {ds.source} ({ds.truncated} truncated, "
-        f"{ds.dropped} dropped by truncation to max_length={t.max_length}) "
-        f"[{time.perf_counter() - t_start:.1f} s]")
-    if usable < len(ds):
-        say(f"[{cfg.trial_id}] {len(ds)} pairs do not divide into micro_batch x grad_acc x workers = {per}: "
-            f"{len(ds) - usable} left out of each epoch (drop_last)")
 
-    # --- models -------------------------------------------------------------------------------
-    sampler = make_memory_sampler(device)
-    # `with`: an exception of the body (an OOM) wins over one of the sampler thread.
-    with sampler:
-        built = build_model(cfg.model, t.precision, device, seed=t.seed)
-        policy = built.model
-        ref_lp = ref_table = None
-        if t.reference == "live":
-            reference = freeze_reference(copy.deepcopy(policy))  # before any checkpoint patching
-            if cfg.model.lean_ops:
-                # The same forward arithmetic as the policy's, so both agree exactly at step 1.
-                apply_lean_ops(reference, fused_kernels=built.liger_kernel)
-            ref_lp = SequenceLogProbs(reference, t.logp_chunk_tokens)
-        if cfg.model.lean_ops:
-            apply_lean_ops(policy, fused_kernels=built.liger_kernel)
-        if t.reference == "precomputed":
-            # Before the first update the policy *is* the reference: no copy of the weights needed.
-            policy.eval()
-            ref_table = precompute_reference(SequenceLogProbs(policy, t.logp_chunk_tokens), ds, cfg, device,
-                                             tok.pad_token_id)
-        apply_checkpoint_level(policy, cfg.checkpoint_level)  # after the model is on its device
-        policy.train()
-        lp = _wrap_parallel(cfg, SequenceLogProbs(policy, t.logp_chunk_tokens), device, world)
-        params = [p for p in lp.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=t.lr, betas=t.adam_betas, eps=t.adam_eps,
-                                weight_decay=t.weight_decay, fused=device.type == "cuda")
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
-        scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
-        fwd_flops = model_flops_per_token(built.n_params_non_embedding, policy.config.num_hidden_layers,
-                                          policy.config.hidden_size, t.max_length)
-        say(f"[{cfg.trial_id}] model {cfg.model.label()}: {built.n_params / 1e6:.1f}M params, "
-            f"{t.precision}, attention {built.attn_implementation}{', liger' if built.liger_kernel else ''}"
-            f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "
-            f"reference {t.reference}, device {device}, {world} worker(s) [{time.perf_counter() - t_start:.1f} s]")
-
-        batches = micro_batches(ds, cfg.micro_batch, world, rank, t.seed, tok.pad_token_id, t.padding_side,
-                               grad_acc=cfg.grad_acc)
-        timer = StepTimer(device, t.warmup_steps)
-        records: list[StepRecord] = []
-        status = "ok"
-        error = ""
-        t_measure = time.perf_counter()
-        for step in range(1, t.steps + 1):
-            if step == t.warmup_steps + 1:
-                sampler.reset_peak()  # the measured phase starts: peaks from here on
-                t_measure = time.perf_counter()
-            timer.start_step()
-            poison = _inject(cfg, step, rank)
-            sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=device)
-            host = [0.0] * len(metrics.HOST_SUMS)  # pairs, sequences, tokens
-            for micro in range(cfg.grad_acc):
-                cpu_mb = next(batches)
-                pad = bool((cpu_mb.attention_mask == 0).any())
-                tokens = cpu_mb.tokens()
-                mb = cpu_mb.to(device)
-                b = mb.pairs
-                sync = micro == cfg.grad_acc - 1 or cfg.resources.sync_every_micro_step
-                with _no_sync(lp, sync=sync), _autocast(cfg, device):
-                    if ref_table is not None:
-                        ref_logps = ref_table[cpu_mb.index].t().reshape(-1).to(device, non_blocking=True)
-                    else:
-                        # The reference runs first, while no policy activation is alive yet: its
-                        # transient buffers then never add to the step's peak.
-                        with torch.no_grad():
-                            ref_logps, _ = ref_lp(*_forward_inputs(mb, pad))
-                    logps, counts = lp(*_forward_inputs(mb, pad))
-                    losses, rew_c, rew_r = dpo_loss(logps[:b], logps[b:], ref_logps[:b], ref_logps[b:],
-                                                    cfg.beta, t.loss, t.label_smoothing,
-                                                    chosen_tokens=counts[:b], rejected_tokens=counts[b:])
-                    if poison:
-                        losses = losses * float("nan")
-                    # Mean over the effective batch: micro_batch x grad_acc pairs here, and DDP/FSDP
-                    # average over workers, so any split of the same pairs gives the same update.
-                    loss = losses.sum() / (b * cfg.grad_acc)
-                scaler.scale(loss).backward()
-                sums += metrics.micro_step_sums(losses, rew_c, rew_r, logps, ref_logps.float(), counts)
-                host = [host[0] + b, host[1] + 2 * b, host[2] + tokens]
-            scaler.unscale_(opt)
-            max_norm = t.max_grad_norm if t.max_grad_norm is not None else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-            sched.step()
-            if world > 1:
-                sums = torch.cat([sums, torch.tensor(host, dtype=torch.float64).to(device)])
-                dist.all_reduce(sums)
-            step_ms = timer.end_step()
-            values = sums.tolist()  # one host sync per step, after the step is done
-            if world == 1:
-                values += host
-            gn = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-            peak = sampler.peak_gb()
-            if world > 1:
-                peak_t = torch.tensor([peak], dtype=torch.float64, device=device)
-                dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
-                peak = float(peak_t)
-            m = metrics.step_means(values)
-            rec = StepRecord(
-                trial_id=cfg.trial_id, step=step, loss=m["loss"], grad_norm=gn, step_time_ms=step_ms,
-                peak_mem_gb=peak, reward_accuracy=m["rewards/accuracies"],
-                reward_margin=m["rewards/margins"], logps_chosen=m["logps/chosen"],
-                logps_rejected=m["logps/rejected"], kl=m["kl"], rewards_chosen=m["rewards/chosen"],
-                rewards_rejected=m["rewards/rejected"], tokens_per_s=values[-1] / (step_ms / 1e3),
-                lr=sched.get_last_lr()[0], measured=step > t.warmup_steps,
-            )
-            records.append(rec)
-            on_step(rec)
-            say(f"[{cfg.trial_id}] step {step}/{t.steps} loss {rec.loss:.4f} grad_norm {gn:.3f} "
-                f"acc {rec.reward_accuracy:.2f} margin {rec.reward_margin:+.4f} kl {rec.kl:+.5f} "
-                f"{step_ms:.0f} ms {rec.tokens_per_s:,.0f} tok/s peak {peak:.2f} GB"
-                + ("" if rec.measured else " (warm-up)"))
-            non_finite_grad = not math.isfinite(gn) and t.precision != "fp16"  # fp16: scaler skips it
-            if not math.isfinite(rec.loss) or non_finite_grad:
-                status = "diverged"
-                error = f"non-finite {'loss' if not math.isfinite(rec.loss) else 'grad_norm'} at step {step}"
-                say(f"[{cfg.trial_id}] diverged: {error}; stopping")
-                break
-        t_end = time.perf_counter()
-        alloc_gb, reserved_gb = sampler.torch_peaks_gb()
-        peak_gb = records[-1].peak_mem_gb if records else math.nan
-    sampler.close()
-
-    measured = [r for r in records if r.measured]
-    step_ms = timer.median_ms()  # the same measured steps as step_time_p90_ms below
-    tokens = metrics.mean([r.tokens_per_s * r.step_time_ms / 1e3 for r in measured])
-    flops = dpo_step_flops(fwd_flops_per_token=fwd_flops, policy_tokens=int(tokens) if math.isfinite(tokens) else 0,
-                           reference=t.reference,
+def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, clock: TrialClock, *,
+              status: str, error: str, mem_source: str, torch_peaks_gb: tuple[float, float]) -> TrialResult:
+    """The trial's results.csv row from its steps (medians and means over the measured ones)."""
+    cfg, device = setup.cfg, setup.device
+    records = [out.record for out in steps]
+    measured = [out for out in steps if out.record.measured]
+    measured_records = [out.record for out in measured]
+    step_time_ms = timer.median_ms()  # the same measured steps as step_time_p90_ms below
+    flops = dpo_step_flops(fwd_flops_per_token=setup.fwd_flops_per_token,
+                           policy_tokens=sum(out.tokens for out in measured) // len(measured) if measured else 0,
+                           reference=cfg.train.reference,
                            recompute_fraction=RECOMPUTE_FRACTION[cfg.checkpoint_level])
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    result = TrialResult(
+    alloc_gb, reserved_gb = torch_peaks_gb
+    return TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(),
-        peak_mem_gb=peak_gb, torch_peak_alloc_gb=alloc_gb, torch_peak_reserved_gb=reserved_gb,
-        step_time_ms=step_ms,
-        step_time_p10_ms=timer.p10_ms(), step_time_p90_ms=timer.p90_ms(),
-        tokens_per_s=metrics.median([r.tokens_per_s for r in measured]),
-        mfu=mfu(flops, step_ms / 1e3, gpu_name, world) if measured else math.nan,
-        loss_mean=metrics.mean([r.loss for r in measured]),
-        loss_std=metrics.detrended_std([r.loss for r in measured]),
-        grad_norm_mean=metrics.mean([r.grad_norm for r in measured]),
-        reward_accuracy=metrics.mean([r.reward_accuracy for r in measured]),
-        reward_margin=metrics.mean([r.reward_margin for r in measured]),
-        error=error, mem_source=sampler.source, loss_type=t.loss, precision=t.precision,
-        reference=t.reference, attn_implementation=built.attn_implementation, liger_kernel=built.liger_kernel,
-        lean_ops=cfg.model.lean_ops, device=str(device),
-        steps=len(records), measured_steps=len(measured), pairs_used=usable, pairs_dropped=ds.dropped,
-        startup_s=t_measure - t_start, measure_s=t_end - t_measure,
+        # The sampler's peak since the measured phase began: the last step's is the maximum.
+        peak_mem_gb=records[-1].peak_mem_gb if records else math.nan,
+        torch_peak_alloc_gb=alloc_gb, torch_peak_reserved_gb=reserved_gb,
+        step_time_ms=step_time_ms, step_time_p10_ms=timer.p10_ms(), step_time_p90_ms=timer.p90_ms(),
+        tokens_per_s=metrics.median([r.tokens_per_s for r in measured_records]),
+        mfu=mfu(flops, step_time_ms / 1e3, gpu_name, setup.world) if measured else math.nan,
+        loss_mean=metrics.mean([r.loss for r in measured_records]),
+        loss_std=metrics.detrended_std([r.loss for r in measured_records]),
+        grad_norm_mean=metrics.mean([r.grad_norm for r in measured_records]),
+        reward_accuracy=metrics.mean([r.reward_accuracy for r in measured_records]),
+        reward_margin=metrics.mean([r.reward_margin for r in measured_records]),
+        error=error, mem_source=mem_source, loss_type=cfg.train.loss, precision=cfg.train.precision,
+        reference=cfg.train.reference, attn_implementation=setup.built.attn_implementation,
+        liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops, device=str(device),
+        steps=len(records), measured_steps=len(measured), pairs_used=setup.data.usable_pairs,
+        pairs_dropped=setup.data.pairs.dropped, startup_s=clock.startup_s(), measure_s=clock.measure_s(),
     )
-    return TrialOutcome(result, tuple(records))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
-from dpo_sweep.analysis.results import write_results, write_steps
+from dpo_sweep.records import write_results, write_steps
 
 
 def cmd_trial(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from dpo_sweep.analysis.results import StepRecord, TrialResult, load_results, write_results, write_steps
+from dpo_sweep.analysis.results import load_results
+from dpo_sweep.records import StepRecord, TrialResult, write_results, write_steps
 
 HOSTILE = "<script>alert(1)</script>"
 

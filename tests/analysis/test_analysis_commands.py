@@ -149,13 +149,13 @@ def test_the_end_of_a_run_analyses_like_report_with_its_flags(tmp_path):
     objectives the space file gives (not the schema's defaults for the missing ones) and the
     run's own --memory-budget-gb / --safety-margin."""
     from dpo_sweep.cli import _parser
-    from dpo_sweep.sweep import runner
+    from dpo_sweep.sweep import command
 
     out_dir = write_dir(tmp_path / "r", sweep_trials())
     (out_dir / "space.yaml").write_text("name: r\nobjectives: {memory: min}\n")
     args = _parser().parse_args(["run", "x.yaml", "--memory-budget-gb", "20", "--safety-margin", "0.2"])
     printed: list[str] = []
-    runner._analyse(out_dir, args, printed.append)
+    command._analyse(out_dir, args, printed.append)
     after_run = ((out_dir / "frontier.md").read_text(), json.loads((out_dir / "recommendation.json").read_text()))
     assert "Objectives: memory min." in after_run[0]
     assert after_run[1]["safety_margin"] == 0.2 and after_run[1]["memory_budget_gb"] == 20.0

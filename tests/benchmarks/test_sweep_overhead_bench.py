@@ -17,9 +17,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import sweep_overhead  # noqa: E402
 
 from dpo_sweep import space as space_mod  # noqa: E402
-from dpo_sweep.analysis.results import TrialResult  # noqa: E402
+from dpo_sweep.records import TrialResult  # noqa: E402
 from dpo_sweep.sweep.driver import startup_line  # noqa: E402
-from dpo_sweep.sweep.runner import progress_line  # noqa: E402
+from dpo_sweep.sweep.recorder import progress_line  # noqa: E402
 
 
 @pytest.mark.parametrize("model", sorted(sweep_overhead.MODELS))

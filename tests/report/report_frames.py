@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from sweep_frames import trial
 
 if TYPE_CHECKING:
-    from dpo_sweep.analysis.results import TrialResult
+    from dpo_sweep.records import TrialResult
 
 CUDA_OOM = (
     "rank 0: CUDA out of memory. Tried to allocate 128.00 MiB. GPU 0 has a total capacity of 139.80 GiB "

@@ -9,7 +9,8 @@ from sweep_frames import HOSTILE, frame, steps_for, sweep_trials, trial
 
 from dpo_sweep.analysis.pareto import analyse_frontier, objectives_from_spec
 from dpo_sweep.analysis.recommend import recommend
-from dpo_sweep.analysis.results import load_steps, write_steps
+from dpo_sweep.analysis.results import load_steps
+from dpo_sweep.records import write_steps
 from dpo_sweep.report.data import (ERROR_SUMMARY_CHARS, Cell, build_report_data, compact_trial_ids,
                                    error_cell, flatten)
 

@@ -8,7 +8,8 @@ from sweep_frames import HOSTILE, frame, steps_for, sweep_trials, trial
 
 from dpo_sweep.analysis.pareto import analyse_frontier, objectives_from_spec
 from dpo_sweep.analysis.recommend import recommend
-from dpo_sweep.analysis.results import StepRecord, load_steps, write_steps
+from dpo_sweep.analysis.results import load_steps
+from dpo_sweep.records import StepRecord, write_steps
 from dpo_sweep.report.data import build_report_data
 from dpo_sweep.report.html import plotly_js, render_html, script_safe_json
 

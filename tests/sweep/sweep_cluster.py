@@ -25,7 +25,7 @@ from pathlib import Path
 
 from testkit import free_port
 
-from dpo_sweep.analysis.results import read_csv_rows as read_csv  # noqa: F401  (the tests' name)
+from dpo_sweep.records import read_csv_rows as read_csv  # noqa: F401  (the tests' name)
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,9 +13,9 @@ import pytest
 import torch
 from ray.train import WorkerGroupError
 
-from dpo_sweep.analysis.results import StepRecord, TrialResult, write_results, write_steps
+from dpo_sweep.records import StepRecord, TrialResult, write_results, write_steps
 from dpo_sweep.errors import UserError
-from dpo_sweep.sweep import driver, runner
+from dpo_sweep.sweep import driver, output_dir, recorder, tuner
 from testkit import make_cfg
 
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -55,15 +56,6 @@ def test_wrapped_oom_cause_is_found():
     assert status == "oom" and "Tried to allocate 1 GiB" in msg
 
 
-def test_step_clock_startup_and_measure():
-    clock = driver.StepClock(trial_start=100.0)
-    first = clock.tick(_step("t", 1), now=110.0)  # step took 0.1 s, so it began at 109.9
-    assert first[driver.STARTUP_KEY] == pytest.approx(9.9)
-    last = clock.tick(_step("t", 2), now=111.0)
-    assert last[driver.STARTUP_KEY] == pytest.approx(9.9)
-    assert last[driver.MEASURE_KEY] == pytest.approx(1.1)
-
-
 def _report_step(rec: StepRecord, startup: float, measure: float) -> dict:
     import dataclasses
 
@@ -79,7 +71,7 @@ def test_collector_success_uses_rank0_outcome():
     c = driver.TrialCollector()
     assert c.add("a", cfg, _report_step(steps[0], 9.0, 0.1)) is None
     assert c.add("a", cfg, _report_step(steps[1], 9.0, 0.2)) is None
-    outcome = driver.outcome_to_json(result, steps, {"hostname": "gpu-node-3"})
+    outcome = driver.outcome_to_json(result, {"hostname": "gpu-node-3"})
     assert c.add("a", cfg, {driver.OUTCOME_KEY: outcome}) is None
     done = c.add("a", cfg, {driver.SUMMARY_KEY: json.dumps({"status": "finished", "error": ""})})
     r = done.result
@@ -109,8 +101,8 @@ def test_collector_abandoned_trial_is_error():
 def test_outcome_json_round_trip_keeps_nan():
     cfg = make_cfg(trial_id="t003")
     result = TrialResult(trial_id="t003", status="diverged", **cfg.knobs(), error="non-finite loss")
-    back, steps, env = driver.outcome_from_json(
-        driver.outcome_to_json(result, [_step("t003", 1, loss=math.nan)], {"gpu_name": None}))
+    back, env = driver.outcome_from_json(driver.outcome_to_json(result, {"gpu_name": None}))
+    steps = [driver.step_from_report(dataclasses.asdict(_step("t003", 1, loss=math.nan)))]
     assert env == {"gpu_name": None}
     assert back.status == "diverged" and math.isnan(back.peak_mem_gb) and math.isnan(steps[0].loss)
 
@@ -123,15 +115,15 @@ def test_scaling_config_fractional_cpus_and_gpu():
 
 
 def test_resources_arithmetic():
-    assert runner.resolve_use_gpu("auto", 0) is False
-    assert runner.resolve_use_gpu("auto", 8) is True
+    assert tuner.resolve_use_gpu("auto", 0) is False
+    assert tuner.resolve_use_gpu("auto", 8) is True
     with pytest.raises(UserError, match="resources.use_gpu"):
-        runner.resolve_use_gpu(True, 0)
-    assert runner.default_max_concurrent(False, 0, 1) == 1
-    assert runner.default_max_concurrent(True, 8, 2) == 4
-    assert runner.default_max_concurrent(True, 1, 2) == 1
+        tuner.resolve_use_gpu(True, 0)
+    assert tuner.default_max_concurrent(False, 0, 1) == 1
+    assert tuner.default_max_concurrent(True, 8, 2) == 4
+    assert tuner.default_max_concurrent(True, 1, 2) == 1
     with pytest.raises(UserError, match="resources.cpus_per_worker"):
-        runner.check_fits(make_cfg(resources={"workers_per_trial": 4, "cpus_per_worker": 1.0}), 2.0)
+        tuner.check_fits(make_cfg(resources={"workers_per_trial": 4, "cpus_per_worker": 1.0}), 2.0)
 
 
 def _space_and_one_finished_trial(tmp_path):
@@ -147,7 +139,7 @@ def _space_and_one_finished_trial(tmp_path):
 def test_resume_skips_finished_and_drops_orphan_steps(tmp_path):
     space, out = _space_and_one_finished_trial(tmp_path)
     write_steps(out, [_step("t000", 1), _step("t001", 1)])  # t001 was killed before its row
-    done = runner.prepare_output(space, out, resume=True)
+    done = output_dir.prepare_output(space, out, resume=True)
     assert done == {"t000"}
     with (out / "steps.csv").open() as fh:
         assert [r["trial_id"] for r in csv.DictReader(fh)] == ["t000"]
@@ -156,7 +148,7 @@ def test_resume_skips_finished_and_drops_orphan_steps(tmp_path):
 
 def test_fresh_run_sets_earlier_results_aside(tmp_path):
     space, out = _space_and_one_finished_trial(tmp_path)
-    assert runner.prepare_output(space, out, resume=False) == set()
+    assert output_dir.prepare_output(space, out, resume=False) == set()
     assert not (out / "results.csv").exists()
     assert len(list(out.glob("previous-*/results.csv"))) == 1
 
@@ -165,10 +157,10 @@ def test_progress_line():
     cfg = make_cfg(trial_id="t004", micro_batch=2)
     ok = TrialResult(trial_id="t004", status="ok", **cfg.knobs(), peak_mem_gb=1.234, step_time_ms=56.7,
                      startup_s=8.0)
-    assert runner.progress_line(1, 3, ok) == (
+    assert recorder.progress_line(1, 3, ok) == (
         "[1/3] t004                             ok       peak 1.23 GB  step 57 ms  startup 8.0 s")
     oom = TrialResult(trial_id="t004", status="oom", **cfg.knobs(), error="rank 0: Tried to allocate 2 GiB")
-    assert runner.progress_line(2, 3, oom).endswith("step - ms  startup - s  | rank 0: Tried to allocate 2 GiB")
+    assert recorder.progress_line(2, 3, oom).endswith("step - ms  startup - s  | rank 0: Tried to allocate 2 GiB")
 
 
 def test_bad_max_concurrent_is_exit_2(tmp_path, capsys):
@@ -232,7 +224,7 @@ def test_lazy_torch_backend_calls_functions_that_ray_still_has():
 
 
 def test_tune_keeps_its_trial_process_between_trials():
-    from dpo_sweep.sweep.runner import tune_config
+    from dpo_sweep.sweep.tuner import tune_config
 
     cfg = tune_config(3)
     assert cfg.reuse_actors is True and cfg.max_concurrent_trials == 3
@@ -250,3 +242,22 @@ def test_worker_setup_quiets_a_logger_that_ray_still_has():
         assert importlib.util.find_spec(name) is not None, name  # renamed in a Ray upgrade?
     worker_setup.quiet_ray_train_logs()
     assert all(logging.getLogger(n).getEffectiveLevel() == logging.ERROR for n in worker_setup.NOISY_LOGGERS)
+
+
+def test_steps_travel_once_in_their_own_reports():
+    """The outcome report carries the summary row and the machine, not the steps again."""
+    cfg = make_cfg(trial_id="t005")
+    result = TrialResult(trial_id="t005", status="ok", **cfg.knobs())
+    assert set(json.loads(driver.outcome_to_json(result, {"hostname": "h"}))) == {"result", "environment"}
+
+
+def test_recorder_looks_configs_up_instead_of_validating_them(tmp_path, capsys):
+    """Tune hands the callback each trial's config as JSON; the recorder uses the config the sweep
+    validated (here the JSON holds only the id, which no TrialConfig validation would accept)."""
+    cfg = make_cfg(trial_id="t006", steps=3)
+    rec = recorder.SweepRecorder(tmp_path, [cfg], total=1, already_done=0)
+    trial = type("T", (), {"trial_id": "tune-6", "config": {"trial": {"trial_id": "t006"}}})()
+    rec.on_trial_result(0, [], trial, {driver.SUMMARY_KEY: json.dumps({"status": "oom", "error": "OOM"})})
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert [(r["trial_id"], r["status"], r["micro_batch"]) for r in rows] == [("t006", "oom", str(cfg.micro_batch))]
+    assert "[1/1] t006" in capsys.readouterr().out

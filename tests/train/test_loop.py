@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dpo_sweep.analysis.results import RESULTS_COLUMNS, STEPS_COLUMNS
+from dpo_sweep.records import RESULTS_COLUMNS, STEPS_COLUMNS
 from dpo_sweep.train.loop import run_trial
 from dpo_sweep.train.metrics import detrended_std
 
@@ -129,15 +129,15 @@ def test_precisions_run_and_stay_near_fp32(cfg_factory, precision):
 
 def test_pure_bf16_keeps_weights_in_bf16(cfg_factory, monkeypatch):
     seen = {}
-    import dpo_sweep.train.loop as loop
+    import dpo_sweep.train.setup as trial_setup
 
-    real = loop.apply_checkpoint_level
+    real = trial_setup.apply_checkpoint_level
 
     def spy(model, level):
         seen["dtype"] = {p.dtype for p in model.parameters()}
         return real(model, level)
 
-    monkeypatch.setattr(loop, "apply_checkpoint_level", spy)
+    monkeypatch.setattr(trial_setup, "apply_checkpoint_level", spy)
     run_trial(cfg_factory(steps=1, precision="bf16"), log=None)
     assert seen["dtype"] == {torch.bfloat16}
     run_trial(cfg_factory(steps=1, precision="bf16-mixed"), log=None)

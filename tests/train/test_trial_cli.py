@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dpo_sweep.analysis.results import RESULTS_COLUMNS, STEPS_COLUMNS, read_csv_rows
+from dpo_sweep.records import RESULTS_COLUMNS, STEPS_COLUMNS, read_csv_rows
 from dpo_sweep.cli import main
 from dpo_sweep.train.loop import run_trial
 from dpo_sweep.train.tokenizer import byte_level_tokenizer

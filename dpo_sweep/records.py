@@ -1,0 +1,167 @@
+"""The result schema: the row types and columns of a results directory, and their CSV writers.
+
+A neutral module (contract: ../shared/DESIGN.md): the producers (``train/``, ``sweep/``) build
+and write these rows, the consumers (``analysis/``, ``report/``) read them; neither side imports
+the other. ``results.csv`` holds one :class:`TrialResult` per trial, ``steps.csv`` one
+:class:`StepRecord` per trial per optimizer step. Results are data: an OOM or an error is a
+``status`` and an ``error`` string, never an exception that escapes. Units: GB = 1e9 bytes, ms,
+tokens/s, s.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    from dpo_sweep.config import TrialConfig
+
+#: The longest ``error`` text a failed row carries from a trainer exception's first line.
+MAX_TRAINER_ERROR_CHARS = 500
+
+STATUSES = ("ok", "oom", "diverged", "error", "pruned")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step of one trial."""
+
+    trial_id: str
+    step: int
+    loss: float
+    grad_norm: float
+    step_time_ms: float
+    peak_mem_gb: float
+    reward_accuracy: float
+    reward_margin: float
+    logps_chosen: float
+    logps_rejected: float
+    kl: float
+    rewards_chosen: float = math.nan
+    rewards_rejected: float = math.nan
+    tokens_per_s: float = math.nan
+    lr: float = math.nan
+    measured: bool = True
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One trial's summary row."""
+
+    trial_id: str
+    status: str
+    model: str
+    seq_len: int
+    micro_batch: int
+    checkpoint_level: str
+    grad_acc: int
+    beta: float
+    num_workers: int
+    effective_batch: int
+    peak_mem_gb: float = math.nan
+    torch_peak_alloc_gb: float = math.nan
+    torch_peak_reserved_gb: float = math.nan
+    step_time_ms: float = math.nan
+    step_time_p10_ms: float = math.nan
+    step_time_p90_ms: float = math.nan
+    tokens_per_s: float = math.nan
+    mfu: float = math.nan
+    loss_mean: float = math.nan
+    loss_std: float = math.nan
+    grad_norm_mean: float = math.nan
+    reward_accuracy: float = math.nan
+    reward_margin: float = math.nan
+    error: str = ""
+    # Beyond the contract's minimum: how the numbers were obtained.
+    mem_source: str = ""
+    loss_type: str = ""
+    precision: str = ""
+    reference: str = ""
+    attn_implementation: str = ""
+    liger_kernel: bool = False
+    lean_ops: bool = False
+    device: str = ""
+    steps: int = 0
+    measured_steps: int = 0
+    pairs_used: int = 0
+    pairs_dropped: int = 0
+    startup_s: float = math.nan
+    measure_s: float = math.nan
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def _columns(cls: type) -> list[str]:
+    return [f.name for f in fields(cls) if f.name != "extra"]
+
+
+RESULTS_COLUMNS: list[str] = _columns(TrialResult)
+STEPS_COLUMNS: list[str] = _columns(StepRecord)
+
+
+def _row(obj: Any, columns: list[str]) -> dict[str, Any]:
+    d = asdict(obj)
+    d.update(d.pop("extra", None) or {})
+    return {c: d.get(c, "") for c in columns}
+
+
+def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append: bool = False) -> None:
+    """Write dataclass rows as CSV (header written when the file is new or not appending)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not (append and path.exists() and path.stat().st_size > 0)
+    with path.open("a" if append else "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns)
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow(_row(r, columns))
+
+
+def read_csv_rows(path: str | Path) -> list[dict[str, str]]:
+    """Rows of a CSV file as dicts of strings; [] when the file is missing or empty."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return []
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def write_results(out_dir: str | Path, results: Iterable[TrialResult], append: bool = False) -> Path:
+    """The contract columns, then each row's ``extra`` ones (the swept train fields, the same for
+    every trial of a sweep: ``TrialConfig.swept_columns``)."""
+    path = Path(out_dir) / "results.csv"
+    results = list(results)
+    extra = [c for c in dict.fromkeys(k for r in results for k in r.extra) if c not in RESULTS_COLUMNS]
+    write_csv(path, results, RESULTS_COLUMNS + extra, append=append)
+    return path
+
+
+def write_steps(out_dir: str | Path, steps: Iterable[StepRecord], append: bool = False) -> Path:
+    path = Path(out_dir) / "steps.csv"
+    write_csv(path, steps, STEPS_COLUMNS, append=append)
+    return path
+
+
+
+
+def error_text(err: BaseException) -> str:
+    """A failed row's ``error`` from an exception: its type and the first line of its message."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:MAX_TRAINER_ERROR_CHARS]
+
+
+def failed_result(cfg: "TrialConfig", status: str, error: str,
+                  steps: Iterable[StepRecord] = (), **timing: float) -> TrialResult:
+    """The summary row of a trial that did not finish its steps (``oom``, ``error``): its knobs,
+    how it was set up, the ``error`` text, and what the steps that did run tell (their count and
+    the highest finite peak). ``timing``: ``startup_s`` / ``measure_s`` when known."""
+    steps = tuple(steps)
+    finite_mem = [s.peak_mem_gb for s in steps if math.isfinite(s.peak_mem_gb)]
+    return TrialResult(
+        trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=error,
+        peak_mem_gb=max(finite_mem) if finite_mem else math.nan,
+        loss_type=cfg.train.loss, precision=cfg.train.precision, reference=cfg.train.reference,
+        attn_implementation=cfg.model.attn_implementation, steps=len(steps), **timing,
+    )

@@ -1,0 +1,93 @@
+"""``dpo-sweep run``: the whole sweep on a Ray cluster, one Tune trial per configuration.
+
+The story: validate the space (exit 2 on a bad file) -> prepare the results directory
+(:mod:`~dpo_sweep.sweep.output_dir`: copy the space file, keep or set aside earlier results) ->
+connect to Ray (:mod:`~dpo_sweep.sweep.ray_cluster`: a new local cluster with its dashboard, or
+``--address`` / ``RAY_ADDRESS``) and print where the dashboard is and how to log in -> run the
+trials not yet in ``results.csv`` (:mod:`~dpo_sweep.sweep.tuner`), each trial's rows appended as it
+finishes (:mod:`~dpo_sweep.sweep.recorder`) -> analyse the directory and print the frontier table.
+
+This is the one producer-side file that imports the analyser: a command that ends with what
+``dpo-sweep report`` does, on purpose (tests/test_layering.py exempts exactly this file).
+
+Exit codes: 0 the sweep finished (OOM and diverged trials are results), 1 infrastructure
+failure (Ray could not start, Tune failed, a trial process died), 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+import ray
+
+from dpo_sweep import preflight
+from dpo_sweep import space as space_mod
+from dpo_sweep.errors import UserError
+from dpo_sweep.sweep.output_dir import RESULTS_FILE, default_output_dir, prepare_output, save_environment
+from dpo_sweep.sweep.ray_cluster import InfrastructureError, RayConnection, connect_ray, print_dashboard
+from dpo_sweep.sweep.recorder import say
+from dpo_sweep.sweep.tuner import run_sweep
+
+
+def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None],
+             spec: space_mod.SweepSpace | None = None) -> None:
+    """What ``dpo-sweep report DIR`` does, on the directory just written: the objectives and the
+    emulated card come from ``spec``, the space this run validated (DIR/space.yaml is its copy,
+    so the two commands agree); without it, from DIR/space.yaml."""
+    try:
+        from dpo_sweep.analysis.commands import SpaceSettings, analyse_dir, safety_margin_of
+    except ImportError as err:
+        out(f"note: the analyser is not available ({err}); results are in {out_dir}/, "
+            f"analyse them later with `dpo-sweep report {out_dir}`")
+        return
+    try:
+        analysis = analyse_dir(out_dir, memory_budget_gb=args.memory_budget_gb,
+                               safety_margin=safety_margin_of(args),
+                               space=SpaceSettings.from_space(spec) if spec is not None else None)
+    except Exception as err:  # noqa: BLE001 - the sweep's results are safe on disk either way
+        out(f"note: analysis failed ({type(err).__name__}: {err}); results are in {out_dir}/, "
+            f"retry with `dpo-sweep report {out_dir}`")
+        return
+    out("")
+    out(str(analysis.frontier_markdown).rstrip())
+    out("")
+    out(f"report: {analysis.report_path}")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``dpo-sweep run SPACE.yaml``: see the module doc for the steps and exit codes."""
+    sp = space_mod.load(args.space)  # UserError -> exit 2, before anything starts
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        raise UserError(f"--max-concurrent: {args.max_concurrent} is not allowed; give 1 or more")
+    out_dir = Path(args.output) if args.output else default_output_dir(sp.name)
+    say("\n".join(s.line() for s in preflight.check_inputs(sp.trials, out_dir)))  # exit 2 before Ray
+    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume))
+    save_environment(out_dir, say)
+
+    if done_ids >= {t.trial_id for t in sp.trials}:
+        say(f"resume: all {len(sp.trials)} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
+        _analyse(out_dir, args, say, sp.spec)
+        return 0
+
+    conn: RayConnection | None = None
+    try:
+        conn = connect_ray(args.address, dashboard=not args.no_dashboard)
+        print_dashboard(conn, say)
+        summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
+                            cluster=ray.cluster_resources())
+    except InfrastructureError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        if conn is not None and conn.started_here:
+            ray.shutdown()
+    say(f"sweep finished: {summary.ran} trial(s) run, {summary.skipped} skipped; "
+        f"results in {out_dir / RESULTS_FILE}")
+    _analyse(out_dir, args, say, sp.spec)
+    if summary.crashed:
+        print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "
+              f"infrastructure failure): {', '.join(summary.crashed)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,74 @@
+"""The results directory of a sweep: where it is, what a resumed sweep skips, the space file's copy,
+and environment.json (the layout is the results-directory contract in ../shared/DESIGN.md)."""
+from __future__ import annotations
+
+import csv
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from dpo_sweep.records import STEPS_COLUMNS, read_csv_rows
+
+RESULTS_FILE = "results.csv"
+STEPS_FILE = "steps.csv"
+
+
+def default_output_dir(space_name: str) -> Path:
+    return Path("reports") / space_name
+
+
+def finished_trial_ids(out_dir: Path) -> set[str]:
+    """Trial ids that already have a row in ``DIR/results.csv``."""
+    return {r["trial_id"] for r in read_csv_rows(out_dir / RESULTS_FILE) if r.get("trial_id")}
+
+
+def _drop_orphan_steps(out_dir: Path, keep_ids: set[str]) -> None:
+    """A sweep killed between writing a trial's steps and its summary row leaves step rows of a
+    trial that will run again: drop them so that steps.csv holds every trial exactly once."""
+    path = out_dir / STEPS_FILE
+    rows = read_csv_rows(path)
+    kept = [r for r in rows if r.get("trial_id") in keep_ids]
+    if len(kept) == len(rows):
+        return
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=STEPS_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(kept)
+
+
+def prepare_output(space_path: Path, out_dir: Path, resume: bool) -> set[str]:
+    """Create ``out_dir``, copy the space file to ``DIR/space.yaml`` and return the trial ids to
+    skip. Without ``--resume`` earlier results are moved to ``DIR/previous-<time>/``, not lost."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done: set[str] = set()
+    if resume:
+        done = finished_trial_ids(out_dir)
+        _drop_orphan_steps(out_dir, done)
+    else:
+        old = [p for p in (out_dir / RESULTS_FILE, out_dir / STEPS_FILE) if p.exists()]
+        if old:
+            aside = out_dir / time.strftime("previous-%Y%m%d-%H%M%S")
+            aside.mkdir(exist_ok=True)
+            for p in old:
+                shutil.move(str(p), aside / p.name)
+            print(f"earlier results moved to {aside} (use --resume to continue a sweep instead)")
+    target = out_dir / "space.yaml"
+    if space_path.resolve() != target.resolve():
+        shutil.copyfile(space_path, target)
+    return done
+
+
+def save_environment(out_dir: Path, out: Callable[[str], None],
+                     info: dict[str, Any] | None = None) -> None:
+    """Write DIR/environment.json (``info``: the workers' machine; None: this process's). A
+    failure is a note, never the sweep's end."""
+    try:
+        from dpo_sweep.telemetry import write_environment
+    except ImportError as err:
+        out(f"note: environment.json not written ({err})")
+        return
+    try:
+        write_environment(out_dir, info)
+    except Exception as err:  # noqa: BLE001 - a missing GPU library must not stop the sweep
+        out(f"note: environment.json not written ({type(err).__name__}: {err})")

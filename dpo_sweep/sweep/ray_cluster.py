@@ -1,0 +1,92 @@
+"""The Ray connection of a sweep: join a cluster or start a local one, with the Ray Train settings
+for short trials, and tell the user where the dashboard is and how token authentication logs in."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import ray
+
+from dpo_sweep.sweep.recorder import say
+
+
+class InfrastructureError(RuntimeError):
+    """Ray or Tune failed (not a trial's result): ``dpo-sweep run`` exits 1."""
+
+
+@dataclass(frozen=True)
+class RayConnection:
+    dashboard_url: str | None
+    token_auth: bool
+    started_here: bool  # ray.init() was called by this run (so this run shuts it down)
+
+
+def _token_auth_enabled() -> bool:
+    try:  # private module; token auth exists from Ray 2.52 and is on by default for local clusters from 2.59
+        from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+        return bool(is_token_auth_enabled())
+    except Exception:  # noqa: BLE001 - older Ray: no token auth
+        return False
+
+
+#: Ray Train settings for short trials (a user's own environment variables win); what a trial's
+#: start-up and teardown cost is measured by benchmarks/sweep_overhead.py, results in
+#: benchmarks/results/sweep_overhead_cpu/README.md.
+#: - the controller polls the worker group every 2 s by default: a finished trial waited for it;
+#: - the preemption watcher (for spot instances) polls every 5 s and held ``fit()`` back as long.
+#: - Train's print patch echoed every line of the trainer's progress twice on the console.
+RAY_TRAIN_ENV = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+}
+
+
+def _ray_env() -> dict[str, str]:
+    """RAY_TRAIN_ENV, less what the user set; also exported here, so a local cluster started by
+    this process inherits it, and passed as the job's runtime_env for an existing cluster."""
+    env = {k: v for k, v in RAY_TRAIN_ENV.items() if k not in os.environ}
+    os.environ.update(env)
+    return env
+
+
+def connect_ray(address: str | None, dashboard: bool) -> RayConnection:
+    """Join ``address`` (or ``RAY_ADDRESS``) or start a new local cluster; reuse this process's
+    connection when it already has one (a notebook, or a caller that ran ``ray.init``)."""
+    if ray.is_initialized():
+        url = ray._private.worker.get_dashboard_url() if dashboard else None  # noqa: SLF001
+        return RayConnection(_with_scheme(url), _token_auth_enabled(), started_here=False)
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    try:
+        runtime_env = {"env_vars": _ray_env(),
+                       "worker_process_setup_hook": "dpo_sweep.sweep.worker_setup.quiet_ray_train_logs"}
+        if address:
+            ctx = ray.init(address=address, runtime_env=runtime_env)
+        else:
+            # "local": always a new cluster. A bare ray.init() would join whatever cluster
+            # `ray start` last recorded in /tmp/ray (and hang if that one is gone).
+            ctx = ray.init(address="local", include_dashboard=dashboard, runtime_env=runtime_env)
+    except Exception as err:  # noqa: BLE001
+        where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
+        raise InfrastructureError(f"could not connect to {where}: {err}") from err
+    url = getattr(ctx, "dashboard_url", None) if dashboard or address else None
+    return RayConnection(_with_scheme(url), _token_auth_enabled(), started_here=True)
+
+
+def _with_scheme(url: str | None) -> str | None:
+    if not url:
+        return None
+    return url if url.startswith("http") else f"http://{url}"
+
+
+def print_dashboard(conn: RayConnection, out: Callable[[str], None] = say) -> None:
+    if not conn.dashboard_url:
+        out("Ray dashboard: off (--no-dashboard, or the cluster runs without one)")
+        return
+    out(f"Ray dashboard: {conn.dashboard_url}  (Train and Tune progress, logs, per-node CPU/GPU/memory)")
+    if conn.token_auth:
+        out("  token authentication is on: the dashboard asks for the cluster's token. Print it with "
+            "`ray get-auth-token` (stored in ~/.ray/auth_token unless RAY_AUTH_TOKEN or "
+            "RAY_AUTH_TOKEN_PATH is set); REST clients send `Authorization: Bearer <token>`.")

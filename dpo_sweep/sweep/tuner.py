@@ -1,0 +1,130 @@
+"""The sweep itself: the trials not yet in results.csv, run with ``tune.Tuner`` on the connected
+Ray cluster (one Tune trial per configuration; see :mod:`dpo_sweep.sweep.driver` for one trial)."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ray import tune
+
+from dpo_sweep import space as space_mod
+from dpo_sweep.config import TrialConfig
+from dpo_sweep.errors import UserError
+from dpo_sweep.sweep import driver
+from dpo_sweep.sweep.output_dir import RESULTS_FILE
+from dpo_sweep.sweep.ray_cluster import InfrastructureError
+from dpo_sweep.sweep.recorder import SweepRecorder, say
+
+
+def _absolute_paths(cfg: TrialConfig) -> TrialConfig:
+    """Tune runs each trial in its own working directory: make local data/model paths absolute."""
+    updates: dict[str, Any] = {}
+    if cfg.data.path and not os.path.isabs(cfg.data.path) and os.path.exists(cfg.data.path):
+        updates["data"] = cfg.data.model_copy(update={"path": os.path.abspath(cfg.data.path)})
+    name = cfg.model.name_or_path
+    if name and not os.path.isabs(name) and os.path.exists(name):
+        updates["model"] = cfg.model.model_copy(update={"name_or_path": os.path.abspath(name)})
+    return cfg.model_copy(update=updates) if updates else cfg
+
+
+def resolve_use_gpu(setting: Any, cluster_gpus: float) -> bool:
+    if setting == "auto":
+        return cluster_gpus > 0
+    if setting and cluster_gpus <= 0:
+        raise UserError("resources.use_gpu: true, but the Ray cluster has no GPUs; use "
+                        "use_gpu: auto or false, or join a GPU cluster with --address")
+    return bool(setting)
+
+
+def default_max_concurrent(use_gpu: bool, cluster_gpus: float, workers_per_trial: int) -> int:
+    """All GPUs busy with one trial per ``workers_per_trial`` GPUs; on CPU one trial at a time
+    (concurrent CPU trials would share cores and spoil each other's step times)."""
+    if not use_gpu:
+        return 1
+    return max(1, int(cluster_gpus // workers_per_trial))
+
+
+def check_fits(cfg: TrialConfig, cluster_cpus: float) -> None:
+    need = cfg.resources.workers_per_trial * cfg.resources.cpus_per_worker + driver.TRIAL_CPUS
+    if need > cluster_cpus + 1e-9:
+        raise UserError(
+            f"resources: a trial needs {need:g} CPUs ({cfg.resources.workers_per_trial} workers x "
+            f"cpus_per_worker {cfg.resources.cpus_per_worker:g} + {driver.TRIAL_CPUS:g} for the trial) "
+            f"but the Ray cluster has {cluster_cpus:g}; lower resources.cpus_per_worker or "
+            "resources.workers_per_trial")
+
+
+@dataclass
+class SweepSummary:
+    out_dir: Path
+    ran: int
+    skipped: int
+    crashed: list[str] = field(default_factory=list)
+
+
+def _trial_dirname(trial: Any) -> str:
+    return trial.config["trial"]["trial_id"]
+
+
+def tune_config(max_concurrent: int) -> tune.TuneConfig:
+    return tune.TuneConfig(
+        max_concurrent_trials=max_concurrent,
+        # The trial process only waits on fit() and never touches a GPU: keeping it saves a
+        # process start and its imports per trial (the Train workers are still new every trial).
+        reuse_actors=True,
+        trial_dirname_creator=_trial_dirname,
+    )
+
+
+def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None, done_ids: set[str],
+              cluster: dict[str, float], trainer: str = driver.DEFAULT_TRAINER,
+              out: Callable[[str], None] = say) -> SweepSummary:
+    """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster."""
+
+    todo = [_absolute_paths(t) for t in sp.trials if t.trial_id not in done_ids]
+    total = len(sp.trials)
+    if done_ids:
+        out(f"resume: {total - len(todo)} of {total} trial(s) already in {out_dir / RESULTS_FILE}")
+    if not todo:
+        return SweepSummary(out_dir, ran=0, skipped=total)
+    cluster_gpus = float(cluster.get("GPU", 0))
+    use_gpu = resolve_use_gpu(sp.spec.resources.use_gpu, cluster_gpus)
+    check_fits(todo[0], float(cluster.get("CPU", 0)))
+    workers = sp.spec.resources.workers_per_trial
+    concurrent = max_concurrent or default_max_concurrent(use_gpu, cluster_gpus, workers)
+    out(f"{len(todo)} trial(s) to run, {concurrent} at a time, {workers} worker(s) each on "
+        f"{'GPU' if use_gpu else 'CPU'}; results go to {out_dir}/")
+
+    storage = str((out_dir / "ray").resolve())
+    recorder = SweepRecorder(out_dir, todo, total, total - len(todo))
+    try:
+        tuner = tune.Tuner(
+            tune.with_resources(driver.tune_trainable, {"CPU": driver.TRIAL_CPUS}),
+            param_space={
+                "trial": tune.grid_search([t.model_dump(mode="json") for t in todo]),
+                "use_gpu": use_gpu,
+                "storage_path": storage,
+                "trainer": trainer,
+            },
+            tune_config=tune_config(concurrent),
+            run_config=tune.RunConfig(
+                name=time.strftime(f"{sp.name}-%Y%m%d-%H%M%S"),
+                storage_path=storage,
+                callbacks=[recorder],
+                failure_config=tune.FailureConfig(max_failures=0),
+                verbose=0,
+            ),
+        )
+        tuner.fit()
+    except Exception as err:  # noqa: BLE001
+        raise InfrastructureError(f"Ray Tune failed: {type(err).__name__}: {err}") from err
+    missing = [t.trial_id for t in todo if t.trial_id not in recorder.written]
+    if missing:
+        raise InfrastructureError(
+            f"Tune ended without a result for {len(missing)} trial(s) ({', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}); if the sweep was interrupted, run the same "
+            "command with --resume to run only those")
+    return SweepSummary(out_dir, ran=len(todo), skipped=total - len(todo), crashed=recorder.crashed)

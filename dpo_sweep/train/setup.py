@@ -1,0 +1,197 @@
+"""Building one trial: the device's memory settings, the data, the models and the optimizer.
+
+:func:`load_data` and :func:`build_trial` make everything the step loop of
+:mod:`dpo_sweep.train.loop` needs, as one :class:`TrialSetup`; nothing here runs a step.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from dpo_sweep.config import TrialConfig
+from dpo_sweep.errors import DataError
+from dpo_sweep.telemetry import model_flops_per_token
+from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs
+from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
+from dpo_sweep.train.data import PairDataset, load_pairs
+from dpo_sweep.train.lean import apply_lean_ops
+from dpo_sweep.train.logprobs import SequenceLogProbs
+from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference
+from dpo_sweep.train.tokenizer import load_tokenizer
+
+Logger = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TrialData:
+    """The pairs of one trial and how many of them the micro-batches of all workers use."""
+
+    pairs: PairDataset
+    pad_token_id: int
+    usable_pairs: int  # a whole number of effective batches, micro_batch x grad_acc x workers (drop_last)
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What the step loop needs, built once per trial."""
+
+    cfg: TrialConfig
+    device: torch.device
+    world: int
+    rank: int
+    data: TrialData
+    built: BuiltModel
+    policy: nn.Module  # the policy's log-prob module, wrapped for DDP/FSDP when world > 1
+    params: tuple[nn.Parameter, ...]
+    reference: SequenceLogProbs | None  # reference: live
+    ref_table: torch.Tensor | None  # reference: precomputed, [pairs, 2] (chosen, rejected)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    batches: Iterator[MicroBatch]  # this rank's micro-batches, endless
+    fwd_flops_per_token: float
+
+
+def configure_device_memory(cfg: TrialConfig, device: torch.device) -> None:
+    if device.type != "cuda":
+        return
+    if "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+        # Segments that grow in place instead of new fixed blocks: less fragmentation, so the
+        # reserved (and NVML) peak stays closer to what is allocated. A user's setting wins.
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    if cfg.resources.gpu_memory_gb:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.resources.gpu_memory_gb * 1e9 / total), device)
+
+
+def load_data(cfg: TrialConfig, world: int, say: Logger, since: float) -> TrialData:
+    """The trial's tokenized pairs; ``since``: the ``perf_counter`` its log lines count from."""
+    tok = load_tokenizer(cfg.model)
+    ds = load_pairs(cfg.data, tok, cfg.train.max_length)
+    usable = usable_pairs(len(ds), cfg.micro_batch, world, grad_acc=cfg.grad_acc)
+    if usable == 0:
+        raise DataError(f"{ds.source}: {len(ds)} pairs cannot fill one effective batch of micro_batch "
+                        f"{cfg.micro_batch} x grad_acc {cfg.grad_acc} x {world} workers; use more pairs "
+                        "or a smaller micro_batch or grad_acc")
+    say(f"[{cfg.trial_id}] data: {len(ds)} pairs from {ds.source} ({ds.truncated} truncated, "
+        f"{ds.dropped} dropped by truncation to max_length={cfg.train.max_length}) "
+        f"[{time.perf_counter() - since:.1f} s]")
+    if usable < len(ds):
+        say(f"[{cfg.trial_id}] {len(ds)} pairs do not divide into micro_batch x grad_acc x workers = "
+            f"{cfg.micro_batch * cfg.grad_acc * world}: {len(ds) - usable} left out of each epoch (drop_last)")
+    return TrialData(ds, tok.pad_token_id, usable)
+
+
+def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, data: TrialData,
+                say: Logger, since: float) -> TrialSetup:
+    """Models (policy, reference), checkpoint level, parallel wrapper, optimizer and batches."""
+    train = cfg.train
+    built = build_model(cfg.model, train.precision, device, seed=train.seed)
+    policy = built.model
+    reference = ref_table = None
+    if train.reference == "live":
+        frozen = freeze_reference(copy.deepcopy(policy))  # before any checkpoint patching
+        if cfg.model.lean_ops:
+            # The same forward arithmetic as the policy's, so both agree exactly at step 1.
+            apply_lean_ops(frozen, fused_kernels=built.liger_kernel)
+        reference = SequenceLogProbs(frozen, train.logp_chunk_tokens)
+    if cfg.model.lean_ops:
+        apply_lean_ops(policy, fused_kernels=built.liger_kernel)
+    if train.reference == "precomputed":
+        # Before the first update the policy *is* the reference: no copy of the weights needed.
+        policy.eval()
+        ref_table = precompute_reference(SequenceLogProbs(policy, train.logp_chunk_tokens), data.pairs, cfg,
+                                         device, data.pad_token_id)
+    apply_checkpoint_level(policy, cfg.checkpoint_level)  # after the model is on its device
+    policy.train()
+    policy_logps = _wrap_parallel(cfg, SequenceLogProbs(policy, train.logp_chunk_tokens), device, world)
+    params = tuple(p for p in policy_logps.parameters() if p.requires_grad)
+    optimizer = torch.optim.AdamW(params, lr=train.lr, betas=train.adam_betas, eps=train.adam_eps,
+                                  weight_decay=train.weight_decay, fused=device.type == "cuda")
+    say(f"[{cfg.trial_id}] model {cfg.model.label()}: {built.n_params / 1e6:.1f}M params, "
+        f"{train.precision}, attention {built.attn_implementation}{', liger' if built.liger_kernel else ''}"
+        f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "
+        f"reference {train.reference}, device {device}, {world} worker(s) [{time.perf_counter() - since:.1f} s]")
+    return TrialSetup(
+        cfg=cfg, device=device, world=world, rank=rank, data=data, built=built, policy=policy_logps,
+        params=params, reference=reference, ref_table=ref_table, optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg)),
+        scaler=torch.amp.GradScaler(device.type, enabled=train.precision == "fp16"),
+        batches=micro_batches(data.pairs, cfg.micro_batch, world, rank, train.seed, data.pad_token_id,
+                              train.padding_side, grad_acc=cfg.grad_acc),
+        fwd_flops_per_token=model_flops_per_token(built.n_params_non_embedding, policy.config.num_hidden_layers,
+                                                  policy.config.hidden_size, train.max_length),
+    )
+
+
+def autocast(cfg: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    precision = cfg.train.precision
+    if precision == "bf16-mixed":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def lr_factor(cfg: TrialConfig) -> Callable[[int], float]:
+    """The learning-rate schedule as LambdaLR's factor of the optimizer steps already taken."""
+    train = cfg.train
+
+    def factor(step: int) -> float:
+        if step < train.lr_warmup_steps:
+            return (step + 1) / (train.lr_warmup_steps + 1)
+        if train.lr_schedule == "constant":
+            return 1.0
+        span = max(1, train.steps - train.lr_warmup_steps)
+        frac = min(1.0, (step - train.lr_warmup_steps) / span)
+        return 1.0 - frac if train.lr_schedule == "linear" else 0.5 * (1 + math.cos(math.pi * frac))
+
+    return factor
+
+
+def forward_inputs(batch: MicroBatch, has_padding: bool) -> tuple:
+    # No padding: pass no mask, so the attention kernel can take its causal fast path.
+    return batch.input_ids, (batch.attention_mask if has_padding else None), batch.position_ids, batch.response_mask
+
+
+@torch.no_grad()
+def precompute_reference(reference: SequenceLogProbs, ds: PairDataset, cfg: TrialConfig, device: torch.device,
+                         pad_id: int) -> torch.Tensor:
+    """Reference log-probs of every pair, ``[N, 2]`` (chosen, rejected), computed once."""
+    table = torch.zeros(len(ds), 2, dtype=torch.float32)
+    for start in range(0, len(ds), cfg.micro_batch):
+        idx = list(range(start, min(start + cfg.micro_batch, len(ds))))
+        batch = collate([ds.pairs[i] for i in idx], idx, pad_id, cfg.train.padding_side)
+        has_padding = bool((batch.attention_mask == 0).any())
+        batch = batch.to(device)
+        with autocast(cfg, device):
+            logps, _ = reference(*forward_inputs(batch, has_padding))
+        pairs = len(idx)
+        table[start:start + pairs, 0] = logps[:pairs].float().cpu()
+        table[start:start + pairs, 1] = logps[pairs:].float().cpu()
+    return table
+
+
+def _wrap_parallel(cfg: TrialConfig, policy_logps: SequenceLogProbs, device: torch.device, world: int) -> nn.Module:
+    if world == 1:
+        return policy_logps
+    if cfg.resources.parallelism == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if cfg.train.precision == "bf16-mixed" else MixedPrecisionPolicy())
+        for layer in decoder_layers(policy_logps.lm):
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(policy_logps, mp_policy=mp)
+        return policy_logps
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(policy_logps, device_ids=[device.index] if device.type == "cuda" else None)
