@@ -4,7 +4,17 @@ Units everywhere: GB = 1e9 bytes, times in ms unless a name says ``_s``.
 """
 
 from .environment import environment_info, write_environment
-from .flops import dpo_step_flops, mfu, model_flops_per_token, peak_bf16_flops
+from .flops import (
+    DecoderShape,
+    ForwardFlops,
+    TokenCounts,
+    dpo_step_flops,
+    forward_flops,
+    mfu,
+    peak_bf16_flops,
+    policy_training_flops,
+    recompute_flops,
+)
 from .sampler import (
     BYTES_PER_GB,
     BoundedTimeline,
@@ -18,16 +28,21 @@ from .timing import StepTimer, percentile
 __all__ = [
     "BYTES_PER_GB",
     "BoundedTimeline",
+    "DecoderShape",
+    "ForwardFlops",
     "MemoryReader",
     "MemorySampler",
     "StepTimer",
     "TelemetryFallbackWarning",
+    "TokenCounts",
     "dpo_step_flops",
     "environment_info",
+    "forward_flops",
     "make_memory_sampler",
     "mfu",
-    "model_flops_per_token",
     "peak_bf16_flops",
     "percentile",
+    "policy_training_flops",
+    "recompute_flops",
     "write_environment",
 ]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -37,9 +38,10 @@ from torch import nn
 from dpo_sweep.analysis.results import StepRecord, TrialResult
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import DataError, UserError
-from dpo_sweep.telemetry import StepTimer, dpo_step_flops, make_memory_sampler, mfu, model_flops_per_token
+from dpo_sweep.telemetry import DecoderShape, StepTimer, TokenCounts, dpo_step_flops, make_memory_sampler, mfu
+from dpo_sweep.telemetry.flops import NO_TOKENS
 from dpo_sweep.train import metrics
-from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs
+from dpo_sweep.train.batching import MicroBatch, collate, flop_token_counts, micro_batches, usable_pairs
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.data import PairDataset, load_pairs
 from dpo_sweep.train.lean import apply_lean_ops
@@ -47,10 +49,6 @@ from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.loss import dpo_loss
 from dpo_sweep.train.model import build_model, freeze_reference
 from dpo_sweep.train.tokenizer import load_tokenizer
-
-#: Fraction of a policy forward that each level re-runs in backward (for the MFU FLOP count):
-#: the MLP is about 2/3 of a Llama layer's matmul FLOPs, the attention projections about 1/3.
-RECOMPUTE_FRACTION = {"none": 0.0, "L1": 0.62, "L2": 0.95, "L3": 0.95, "full": 1.0}
 
 Logger = Callable[[str], None]
 
@@ -213,6 +211,13 @@ def _inject(cfg: TrialConfig, step: int, rank: int) -> bool:
     return True
 
 
+def _sum_over_workers(counts: TokenCounts, device: torch.device) -> TokenCounts:
+    """Token counts summed over the process group (once per trial, after the last step)."""
+    total = torch.tensor(dataclasses.astuple(counts), dtype=torch.int64, device=device)
+    dist.all_reduce(total)
+    return TokenCounts(*(int(v) for v in total.tolist()))
+
+
 def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord], None], say: Logger) -> TrialOutcome:
     t_start = time.perf_counter()
     t = cfg.train
@@ -269,8 +274,7 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                                 weight_decay=t.weight_decay, fused=device.type == "cuda")
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
         scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
-        fwd_flops = model_flops_per_token(built.n_params_non_embedding, policy.config.num_hidden_layers,
-                                          policy.config.hidden_size, t.max_length)
+        shape = DecoderShape.from_config(policy.config)
         say(f"[{cfg.trial_id}] model {cfg.model.label()}: {built.n_params / 1e6:.1f}M params, "
             f"{t.precision}, attention {built.attn_implementation}{', liger' if built.liger_kernel else ''}"
             f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "
@@ -279,6 +283,7 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
         batches = micro_batches(ds, cfg.micro_batch, world, rank, t.seed, tok.pad_token_id, t.padding_side)
         timer = StepTimer(device, t.warmup_steps)
         records: list[StepRecord] = []
+        measured_counts = NO_TOKENS  # exact token counts of the measured steps, for the FLOPs
         status = "ok"
         error = ""
         t_measure = time.perf_counter()
@@ -294,6 +299,8 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                 cpu_mb = next(batches)
                 pad = bool((cpu_mb.attention_mask == 0).any())
                 tokens = cpu_mb.tokens()
+                if step > t.warmup_steps:
+                    measured_counts += flop_token_counts(cpu_mb, chunked_head=t.logp_chunk_tokens > 0)
                 mb = cpu_mb.to(device)
                 b = mb.pairs
                 sync = micro == cfg.grad_acc - 1 or cfg.resources.sync_every_micro_step
@@ -364,10 +371,9 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
 
     measured = [r for r in records if r.measured]
     step_ms = timer.median_ms()  # the same measured steps as step_time_p90_ms below
-    tokens = metrics.mean([r.tokens_per_s * r.step_time_ms / 1e3 for r in measured])
-    flops = dpo_step_flops(fwd_flops_per_token=fwd_flops, policy_tokens=int(tokens) if math.isfinite(tokens) else 0,
-                           reference=t.reference,
-                           recompute_fraction=RECOMPUTE_FRACTION[cfg.checkpoint_level])
+    counts = _sum_over_workers(measured_counts, device) if world > 1 else measured_counts
+    flops = dpo_step_flops(shape=shape, counts=counts, level=cfg.checkpoint_level, reference=t.reference,
+                           chunked_head=t.logp_chunk_tokens > 0, lean_mlp=cfg.model.lean_ops) / max(1, len(measured))
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     result = TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(),
