@@ -16,7 +16,9 @@ The story of one trial, top to bottom:
    reports the whole outcome (the summary row and the step rows) as one JSON string.
 4. ``fit()`` raising is a result, not a crash: a ``WorkerGroupError`` whose worker failure is a
    ``torch.OutOfMemoryError`` becomes status ``oom`` with the failed allocation's message, anything
-   else ``error`` with the message. The trainable's own last report carries this summary.
+   else ``error`` with the message. The trainable's own last report carries this summary, with
+   the peak memory up to the failure that the failed workers' exceptions carry (the trainer's
+   memory sampler attaches it; Ray pickles it along with the exception).
 5. In the sweep's driver process :class:`TrialCollector` (fed by the runner's Tune callback) turns
    the stream of reports of one trial into a :class:`CollectedTrial`: one ``TrialResult`` and its
    ``StepRecord`` rows, ready to be appended to ``results.csv`` / ``steps.csv``.
@@ -211,6 +213,14 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
     return "error", _short(f"{type(exc).__name__}: {exc}")
 
 
+def failure_peak(exc: BaseException) -> float:
+    """The peak memory up to the failure (GB), max over the failed workers; NaN if none carried it."""
+    from dpo_sweep.telemetry import failure_peak_gb, peak_up_to_failure_gb  # torch: only once it failed
+
+    failures = list((getattr(exc, "worker_failures", None) or {}).values()) or [exc]
+    return peak_up_to_failure_gb([failure_peak_gb(e) for f in failures for e in (f, _root(f))], math.nan)
+
+
 def _root(exc: BaseException) -> BaseException:
     cause = getattr(exc, "cause", None)
     return _root(cause) if isinstance(cause, BaseException) and cause is not exc else exc
@@ -252,6 +262,7 @@ def tune_trainable(param: dict[str, Any]) -> None:
         trainer.fit()
     except Exception as exc:  # noqa: BLE001 - every failure becomes this trial's status
         summary["status"], summary["error"] = classify_failure(exc)
+        summary["peak_mem_gb"] = failure_peak(exc)
     summary["wall_s"] = time.time() - trial_start
     tune.report({SUMMARY_KEY: json.dumps(summary)})
 
@@ -269,12 +280,15 @@ class CollectedTrial:
 
 
 def failure_result(cfg: TrialConfig, status: str, error: str,
-                   steps: list[StepRecord] | tuple[StepRecord, ...] = ()) -> TrialResult:
-    """The summary row of a trial that did not return an outcome (OOM, crash)."""
-    finite_mem = [s.peak_mem_gb for s in steps if math.isfinite(s.peak_mem_gb)]
+                   steps: list[StepRecord] | tuple[StepRecord, ...] = (),
+                   failing_peak_gb: float = math.nan) -> TrialResult:
+    """The summary row of a trial that did not return an outcome (OOM, crash). ``peak_mem_gb``:
+    the peak up to the failure, over the steps that ran and ``failing_peak_gb`` (the failing step's)."""
+    from dpo_sweep.telemetry import peak_up_to_failure_gb
+
     return TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=error,
-        peak_mem_gb=max(finite_mem) if finite_mem else math.nan,
+        peak_mem_gb=peak_up_to_failure_gb([s.peak_mem_gb for s in steps], failing_peak_gb),
         loss_type=cfg.train.loss, precision=cfg.train.precision, reference=cfg.train.reference,
         attn_implementation=cfg.model.attn_implementation, steps=len(steps),
     )
@@ -314,14 +328,15 @@ class TrialCollector:
             p.outcome = outcome_from_json(result[OUTCOME_KEY])
         if isinstance(result.get(SUMMARY_KEY), str):
             summary = json.loads(result[SUMMARY_KEY])
-            return self._finish(key, summary.get("status", "error"), summary.get("error", ""))
+            return self._finish(key, summary.get("status", "error"), summary.get("error", ""),
+                                float(summary.get("peak_mem_gb", math.nan)))
         return None
 
     def abandon(self, key: str, cfg: TrialConfig, error: str) -> CollectedTrial:
         self._get(key, cfg)
         return self._finish(key, "error", _short(error) or "the trial process died")
 
-    def _finish(self, key: str, status: str, error: str) -> CollectedTrial:
+    def _finish(self, key: str, status: str, error: str, failing_peak_gb: float = math.nan) -> CollectedTrial:
         p = self._pending.pop(key)
         environment = p.outcome[2] if p.outcome is not None else None
         if status == "finished" and p.outcome is not None:
@@ -330,7 +345,7 @@ class TrialCollector:
             result, steps = failure_result(
                 p.cfg, "error", "the trainer returned without reporting its outcome", p.steps), p.steps
         else:
-            result, steps = failure_result(p.cfg, status, error, p.steps), p.steps
+            result, steps = failure_result(p.cfg, status, error, p.steps, failing_peak_gb), p.steps
         if p.outcome is None or not math.isfinite(result.startup_s):
             # No outcome (OOM, crash): the timing of the steps that did run, from their reports.
             result = dataclasses.replace(result, startup_s=p.startup_s, measure_s=p.measure_s)

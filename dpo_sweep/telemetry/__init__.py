@@ -18,10 +18,14 @@ from .flops import (
 from .sampler import (
     BYTES_PER_GB,
     BoundedTimeline,
+    MemoryPeaks,
     MemoryReader,
     MemorySampler,
     TelemetryFallbackWarning,
+    failure_peak_gb,
     make_memory_sampler,
+    max_peaks,
+    peak_up_to_failure_gb,
 )
 from .timing import StepTimer, percentile
 
@@ -30,6 +34,7 @@ __all__ = [
     "BoundedTimeline",
     "DecoderShape",
     "ForwardFlops",
+    "MemoryPeaks",
     "MemoryReader",
     "MemorySampler",
     "StepTimer",
@@ -37,10 +42,13 @@ __all__ = [
     "TokenCounts",
     "dpo_step_flops",
     "environment_info",
+    "failure_peak_gb",
     "forward_flops",
     "make_memory_sampler",
+    "max_peaks",
     "mfu",
     "peak_bf16_flops",
+    "peak_up_to_failure_gb",
     "percentile",
     "policy_training_flops",
     "recompute_flops",

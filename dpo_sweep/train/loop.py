@@ -38,7 +38,8 @@ from torch import nn
 from dpo_sweep.analysis.results import StepRecord, TrialResult
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import DataError, UserError
-from dpo_sweep.telemetry import DecoderShape, StepTimer, TokenCounts, dpo_step_flops, make_memory_sampler, mfu
+from dpo_sweep.telemetry import (DecoderShape, MemoryPeaks, StepTimer, TokenCounts, dpo_step_flops,
+                                 failure_peak_gb, make_memory_sampler, max_peaks, mfu, peak_up_to_failure_gb)
 from dpo_sweep.telemetry.flops import NO_TOKENS
 from dpo_sweep.train import metrics
 from dpo_sweep.train.batching import MicroBatch, collate, flop_token_counts, micro_batches, usable_pairs
@@ -85,10 +86,12 @@ def _world() -> tuple[int, int]:
     return 1, 0
 
 
-def _failure_result(cfg: TrialConfig, status: str, err: BaseException) -> TrialResult:
+def _failure_result(cfg: TrialConfig, status: str, err: BaseException,
+                    steps: list[StepRecord]) -> TrialResult:
     text = str(err).strip().splitlines()
     msg = f"{type(err).__name__}: {text[0] if text else ''}"
-    return TrialResult(trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=msg[:500],
+    peak_gb = peak_up_to_failure_gb([s.peak_mem_gb for s in steps], failure_peak_gb(err))
+    return TrialResult(trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=msg[:500], peak_mem_gb=peak_gb,
                        loss_type=cfg.train.loss, precision=cfg.train.precision,
                        reference=cfg.train.reference, steps=cfg.train.steps)
 
@@ -103,20 +106,27 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
     """
     say = log or (lambda _msg: None)
     device = resolve_device(cfg)
+    report = on_step or (lambda _r: None)
+    done: list[StepRecord] = []  # the steps that ran: a failure's row and steps.csv keep them
+
+    def keep(record: StepRecord) -> None:
+        done.append(record)
+        report(record)
+
     try:
-        return _train(cfg, device, on_step or (lambda _r: None), say)
+        return _train(cfg, device, keep, say)
     except UserError:
         raise
     except torch.OutOfMemoryError as err:
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] out of memory: {str(err).splitlines()[0] if str(err) else ''}")
-        return TrialOutcome(_failure_result(cfg, "oom", err), ())
+        return TrialOutcome(_failure_result(cfg, "oom", err, done), tuple(done))
     except Exception as err:  # noqa: BLE001 - a trial's failure is a result, not a crash
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] error: {type(err).__name__}: {err}")
-        return TrialOutcome(_failure_result(cfg, "error", err), ())
+        return TrialOutcome(_failure_result(cfg, "error", err, done), tuple(done))
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -283,14 +293,15 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
         batches = micro_batches(ds, cfg.micro_batch, world, rank, t.seed, tok.pad_token_id, t.padding_side)
         timer = StepTimer(device, t.warmup_steps)
         records: list[StepRecord] = []
+        peaks: list[MemoryPeaks] = []  # each step's own, parallel to records
         measured_counts = NO_TOKENS  # exact token counts of the measured steps, for the FLOPs
         status = "ok"
         error = ""
         t_measure = time.perf_counter()
         for step in range(1, t.steps + 1):
             if step == t.warmup_steps + 1:
-                sampler.reset_peak()  # the measured phase starts: peaks from here on
                 t_measure = time.perf_counter()
+            sampler.reset_peak()  # this step's own peak (not the model build's or earlier steps')
             timer.start_step()
             poison = _inject(cfg, step, rank)
             sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=device)
@@ -338,11 +349,13 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
             if world == 1:
                 values += host
             gn = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-            peak = sampler.peak_gb()
+            peaks.append(sampler.peaks())
+            peak = peaks[-1].peak_gb
             if world > 1:
                 peak_t = torch.tensor([peak], dtype=torch.float64, device=device)
                 dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
                 peak = float(peak_t)
+                peaks[-1] = dataclasses.replace(peaks[-1], peak_gb=peak)
             m = metrics.step_means(values)
             rec = StepRecord(
                 trial_id=cfg.trial_id, step=step, loss=m["loss"], grad_norm=gn, step_time_ms=step_ms,
@@ -365,11 +378,11 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                 say(f"[{cfg.trial_id}] diverged: {error}; stopping")
                 break
         t_end = time.perf_counter()
-        alloc_gb, reserved_gb = sampler.torch_peaks_gb()
-        peak_gb = records[-1].peak_mem_gb if records else math.nan
     sampler.close()
 
     measured = [r for r in records if r.measured]
+    # Over the measured steps; a trial that stopped in its warm-up still says what it took.
+    trial_peaks = max_peaks([p for p, r in zip(peaks, records) if r.measured] or peaks)
     step_ms = timer.median_ms()  # the same measured steps as step_time_p90_ms below
     counts = _sum_over_workers(measured_counts, device) if world > 1 else measured_counts
     flops = dpo_step_flops(shape=shape, counts=counts, level=cfg.checkpoint_level, reference=t.reference,
@@ -377,7 +390,8 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     result = TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(),
-        peak_mem_gb=peak_gb, torch_peak_alloc_gb=alloc_gb, torch_peak_reserved_gb=reserved_gb,
+        peak_mem_gb=trial_peaks.peak_gb, torch_peak_alloc_gb=trial_peaks.torch_alloc_gb,
+        torch_peak_reserved_gb=trial_peaks.torch_reserved_gb,
         step_time_ms=step_ms,
         step_time_p90_ms=timer.p90_ms(),
         tokens_per_s=metrics.median([r.tokens_per_s for r in measured]),
