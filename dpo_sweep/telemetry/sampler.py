@@ -8,7 +8,7 @@ The loop uses it as::
             sampler.reset_peak()                   # this step's own peak starts here
             ...
             peaks.append(sampler.peaks())          # NVML/RSS and torch's peaks of this step
-        trial_peaks = max_peaks(measured_peaks)
+        trial_peaks = max_peaks(peaks[warmup_steps:])   # the measured steps
 
 Units: GB = 1e9 bytes. The peak is the max over every reading since the last ``reset_peak``
 (thread samples, ``sample_now`` calls, and the final reading ``peak_gb`` takes itself); the

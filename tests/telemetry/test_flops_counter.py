@@ -72,12 +72,13 @@ def _counted_micro_step(policy, reference, mb, chunk_tokens: int, live_reference
     lp, ref_lp = SequenceLogProbs(policy, chunk_tokens), SequenceLogProbs(reference, chunk_tokens)
     args = (mb.input_ids, None, mb.position_ids, mb.response_mask)
     b = mb.pairs
-    with FlopCounterMode(display=False, custom_mapping=GAPS) as counter:
+    if not live_reference:  # the precomputed table: looked up, not counted
         with torch.no_grad():
             ref_logps, _ = ref_lp(*args)
-        if not live_reference:
-            ref_logps = torch.zeros_like(ref_logps)  # stands in for the precomputed table
-            counter.flop_counts.clear()
+    with FlopCounterMode(display=False, custom_mapping=GAPS) as counter:
+        if live_reference:
+            with torch.no_grad():
+                ref_logps, _ = ref_lp(*args)
         logps, _ = lp(*args)
         losses, _, _ = dpo_loss(logps[:b], logps[b:], ref_logps[:b], ref_logps[b:], 0.1)
         losses.mean().backward()
