@@ -222,7 +222,8 @@ def render_markdown(ours: list[dict[str, str]], trl_measured: list[dict[str, str
         f"steps, the first {scale.warmup_steps} left out of the medians and of the peaks.",
         "- tokens/s counts policy tokens: 2 x seq_len x micro_batch per step / median step time.",
         "- NVML peak = device-used peak over the measured steps, shown in GiB (2^30 B, TRL's table) and "
-        "GB (1e9 B, our results.csv); `whole-run` also counts model build and warm-up; memory source of our rows: "
+        "GB (1e9 B, our results.csv); `whole-run` also counts warm-up (ours: the max of steps.csv's per-step "
+        "peaks; TRL's: model build too); memory source of our rows: "
         + (", ".join(sorted({r.get("mem_source", "") or "?" for r in ours})) or "-")
         + ". torch peak alloc in GB. Ratios convert units first; "
         "`x TRL` < 1 is less memory, > 1 is more tokens/s.",

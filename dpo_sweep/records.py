@@ -64,7 +64,6 @@ class TrialResult:
     torch_peak_alloc_gb: float = math.nan
     torch_peak_reserved_gb: float = math.nan
     step_time_ms: float = math.nan
-    step_time_p10_ms: float = math.nan
     step_time_p90_ms: float = math.nan
     tokens_per_s: float = math.nan
     mfu: float = math.nan
@@ -75,6 +74,7 @@ class TrialResult:
     reward_margin: float = math.nan
     error: str = ""
     # Beyond the contract's minimum: how the numbers were obtained.
+    step_time_p10_ms: float = math.nan  # with step_time_p90_ms: the throughput noise (analysis/noise.py)
     mem_source: str = ""
     loss_type: str = ""
     precision: str = ""
@@ -152,13 +152,14 @@ def error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:MAX_TRAINER_ERROR_CHARS]
 
 
-def failed_result(cfg: "TrialConfig", status: str, error: str,
-                  steps: Iterable[StepRecord] = (), **timing: float) -> TrialResult:
+def failed_result(cfg: "TrialConfig", status: str, error: str, steps: Iterable[StepRecord] = (),
+                  failing_peak_gb: float = math.nan, **timing: float) -> TrialResult:
     """The summary row of a trial that did not finish its steps (``oom``, ``error``): its knobs,
     how it was set up, the ``error`` text, and what the steps that did run tell (their count and
-    the highest finite peak). ``timing``: ``startup_s`` / ``measure_s`` when known."""
+    the peak up to the failure: the highest finite peak of those steps and ``failing_peak_gb``, the
+    failing step's so far). ``timing``: ``startup_s`` / ``measure_s`` when known."""
     steps = tuple(steps)
-    finite_mem = [s.peak_mem_gb for s in steps if math.isfinite(s.peak_mem_gb)]
+    finite_mem = [p for p in (*(s.peak_mem_gb for s in steps), failing_peak_gb) if math.isfinite(p)]
     return TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=error,
         peak_mem_gb=max(finite_mem) if finite_mem else math.nan,

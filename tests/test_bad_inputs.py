@@ -21,7 +21,8 @@ from typing import Callable
 import pandas as pd
 import pytest
 
-from dpo_sweep.analysis.results import TrialResult, load_results, write_results
+from dpo_sweep.analysis.results import load_results
+from dpo_sweep.records import TrialResult, write_results
 from dpo_sweep.cli import main
 from dpo_sweep.train import pretrained
 from dpo_sweep.train.data import read_file

@@ -17,7 +17,9 @@ The story of one trial, top to bottom:
    the per-step reports.
 4. ``fit()`` raising is a result, not a crash: a ``WorkerGroupError`` whose worker failure is a
    ``torch.OutOfMemoryError`` becomes status ``oom`` with the failed allocation's message, anything
-   else ``error`` with the message. The trainable's own last report carries this summary.
+   else ``error`` with the message. The trainable's own last report carries this summary, with
+   the peak memory up to the failure that the failed workers' exceptions carry (the trainer's
+   memory sampler attaches it; Ray pickles it along with the exception).
 5. In the sweep's driver process :class:`TrialCollector` (fed by the runner's Tune callback) turns
    the stream of reports of one trial into a :class:`CollectedTrial`: one ``TrialResult`` and its
    ``StepRecord`` rows, ready to be appended to ``results.csv`` / ``steps.csv``.
@@ -190,6 +192,14 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
     return "error", _short(f"{type(exc).__name__}: {exc}")
 
 
+def failure_peak(exc: BaseException) -> float:
+    """The peak memory up to the failure (GB), max over the failed workers; NaN if none carried it."""
+    from dpo_sweep.telemetry import failure_peak_gb, peak_up_to_failure_gb  # torch: only once it failed
+
+    failures = list((getattr(exc, "worker_failures", None) or {}).values()) or [exc]
+    return peak_up_to_failure_gb([failure_peak_gb(e) for f in failures for e in (f, _root(f))], math.nan)
+
+
 def _root(exc: BaseException) -> BaseException:
     cause = getattr(exc, "cause", None)
     return _root(cause) if isinstance(cause, BaseException) and cause is not exc else exc
@@ -231,6 +241,7 @@ def tune_trainable(param: dict[str, Any]) -> None:
         trainer.fit()
     except Exception as exc:  # noqa: BLE001 - every failure becomes this trial's status
         summary["status"], summary["error"] = classify_failure(exc)
+        summary["peak_mem_gb"] = failure_peak(exc)
     summary["wall_s"] = time.time() - trial_start
     tune.report({SUMMARY_KEY: json.dumps(summary)})
 
@@ -281,14 +292,15 @@ class TrialCollector:
             p.outcome = outcome_from_json(result[OUTCOME_KEY])
         if isinstance(result.get(SUMMARY_KEY), str):
             summary = json.loads(result[SUMMARY_KEY])
-            return self._finish(key, summary.get("status", "error"), summary.get("error", ""))
+            return self._finish(key, summary.get("status", "error"), summary.get("error", ""),
+                                float(summary.get("peak_mem_gb", math.nan)))
         return None
 
     def abandon(self, key: str, cfg: TrialConfig, error: str) -> CollectedTrial:
         self._get(key, cfg)
         return self._finish(key, "error", _short(error) or "the trial process died")
 
-    def _finish(self, key: str, status: str, error: str) -> CollectedTrial:
+    def _finish(self, key: str, status: str, error: str, failing_peak_gb: float = math.nan) -> CollectedTrial:
         p = self._pending.pop(key)
         # The steps come from their own reports, whatever the ending; the row from the trainer
         # when it got to write one, else from what those steps (and their timing) tell.
@@ -298,6 +310,7 @@ class TrialCollector:
         else:
             if status == "finished":
                 status, error = "error", "the trainer returned without reporting its outcome"
-            result = failed_result(p.cfg, status, error, p.steps, startup_s=p.startup_s, measure_s=p.measure_s)
+            result = failed_result(p.cfg, status, error, p.steps, failing_peak_gb=failing_peak_gb,
+                                   startup_s=p.startup_s, measure_s=p.measure_s)
         result = dataclasses.replace(result, extra=p.cfg.swept_columns())  # results.csv columns
         return CollectedTrial(result=result, steps=tuple(p.steps), environment=environment)

@@ -1,27 +1,45 @@
-"""Model FLOPs and MFU for a DPO step. Pure functions, no torch.
+"""Model FLOPs and MFU for a DPO step, counted from the model's shapes. Pure functions, no torch.
 
-Convention (matches Kaplan et al. 2020 and the PaLM MFU appendix, with the causal halving below):
+What is counted: the matmuls, per token, of each decoder layer (q, k, v - with grouped-query
+attention k and v are ``n_kv_heads * head_dim`` wide -, o, gate, up, down), the attention
+score and value matmuls, and the ``lm_head``. A multiply-add is 2 FLOPs. Norms, RoPE, softmax and
+the optimizer are left out (well under 1 % at these shapes). The input embedding is a lookup.
 
-* forward FLOPs per token = ``2 * N + 2 * n_layers * seq_len * hidden``.
-  ``2 * N``: one multiply-add per weight per token. ``N`` is the non-embedding parameter count;
-  it should include the output projection (``lm_head``), which is a real ``hidden x vocab`` matmul
-  per token even when tied to the input embedding, and leave out only the input embedding,
-  which is a lookup.
-  Attention: ``QK^T`` and ``AV`` each cost ``2 * seq_len * hidden`` per token per layer without a
-  mask, ``4 * seq_len * hidden`` together. **We halve it** for the causal mask, giving
-  ``2 * n_layers * seq_len * hidden``: FlashAttention / SDPA with ``is_causal`` skip the masked
-  half, and counting it would credit the GPU with work it never did. PaLM and Megatron count the
-  full ``4 * seq_len * hidden``, so their MFU reads a little higher than ours at long sequence
-  lengths (TinyLlama-1.1B at seq_len 1024: about 4 %). Pass the mean unpadded sequence length
-  as ``seq_len`` where the loop knows it.
-* training = forward + backward = 3 x forward (backward is two matmuls per forward matmul:
-  gradients for the activations and for the weights).
+* **Real tokens.** Layer matmuls run over the non-padding tokens; the attention matmuls over
+  the causal (query, key) pairs of each sequence, ``L * (L + 1) / 2`` for a sequence of ``L``
+  real tokens: the causal kernels (FlashAttention, SDPA ``is_causal``) skip the masked half, and
+  counting it would credit the GPU with work it never did (PaLM and Megatron count the full
+  square, so their MFU reads a little higher at long sequences). The lm_head runs over the rows
+  the log-prob head computes: response tokens with the chunked head (``logp_chunk_tokens > 0``),
+  every real position but each sequence's last with the plain head (``0``).
+* **Backward** = 2 x forward for every matmul (gradients for the input and for the weight),
+  except attention: the attention kernels' backward recomputes the scores first, 2.5 x forward
+  (five matmuls of the forward's size against two; this is also what
+  ``torch.utils.flop_counter`` counts). The chunked head recomputes its logits in backward: one
+  more head forward.
+* **Recompute** per checkpoint level: what its regions re-run in backward. Non-reentrant
+  checkpointing stops recomputing a region once every tensor its backward needs is back (torch's
+  default early stop), so a region's last matmul (``down`` for the MLP, ``o`` for the attention
+  sub-block) is never re-run: only its input is needed. L2/L3 keep the attention kernel's
+  outputs, so the scores are not re-run either; ``full`` re-runs them. L3's nested q/k/v regions
+  re-run what L2 already re-runs, nothing more. With ``model.lean_ops`` the MLP is one autograd
+  function, and a region re-runs it whole: ``down`` is then recomputed too.
+* **Reference**: one forward over the same tokens, unless ``precomputed``.
+
+Recompute is counted, so this is "hardware FLOPs" for checkpointing: MFU in the strict PaLM
+sense would leave it out. We count it because the question the sweep answers is what each
+checkpoint level costs, and leaving it out would hide it.
+``tests/telemetry/test_flops_counter.py`` checks the count against
+``torch.utils.flop_counter.FlopCounterMode`` on the tiny model for every level.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from dataclasses import dataclass
+from typing import Any
 
 # Dense (no 2:4 sparsity) bf16 tensor-core peak, FLOP/s, per GPU. Patterns are matched against
 # the upper-cased device name with '-'/'_' turned into spaces (torch.cuda.get_device_name gives
@@ -52,45 +70,121 @@ _PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-def model_flops_per_token(n_params_non_embedding: int, n_layers: int, hidden: int, seq_len: int) -> float:
-    """Forward FLOPs per token of a causal decoder (see the module doc for the convention)."""
-    for name, value in (("n_params_non_embedding", n_params_non_embedding), ("n_layers", n_layers),
-                        ("hidden", hidden), ("seq_len", seq_len)):
+@dataclass(frozen=True)
+class DecoderShape:
+    """The shapes of a Llama-style decoder that decide its matmul FLOPs."""
+
+    hidden: int
+    intermediate: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_layers: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> DecoderShape:
+        """From a transformers model config (only its attributes are read)."""
+        n_heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+        return cls(hidden=config.hidden_size, intermediate=config.intermediate_size, n_heads=n_heads,
+                   n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads, head_dim=head_dim,
+                   n_layers=config.num_hidden_layers, vocab=config.vocab_size)
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """Exact token counts of one or more micro-batches (sum them with ``+``)."""
+
+    tokens: int        # non-padding tokens of every sequence (chosen and rejected)
+    causal_pairs: int  # sum over sequences of L * (L + 1) / 2, L its non-padding tokens
+    head_rows: int     # rows the lm_head is computed for
+
+    def __add__(self, other: TokenCounts) -> TokenCounts:
+        return TokenCounts(self.tokens + other.tokens, self.causal_pairs + other.causal_pairs,
+                           self.head_rows + other.head_rows)
+
+
+NO_TOKENS = TokenCounts(0, 0, 0)
+
+
+@dataclass(frozen=True)
+class ForwardFlops:
+    """One forward's matmul FLOPs over all layers, by sub-block."""
+
+    qkv: float       # q, k, v projections
+    o_proj: float
+    mlp_in: float    # gate and up projections
+    mlp_down: float
+    attention: float  # scores (q k^T) and values (p v)
+    head: float      # lm_head
+
+    def total(self) -> float:
+        return self.qkv + self.o_proj + self.mlp_in + self.mlp_down + self.attention + self.head
+
+
+#: The parts of :class:`ForwardFlops` each checkpoint level re-runs in backward (module doc).
+RECOMPUTED_PARTS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "L1": ("mlp_in",),
+    "L2": ("mlp_in", "qkv"),
+    "L3": ("mlp_in", "qkv"),
+    "full": ("qkv", "o_proj", "attention", "mlp_in"),
+}
+#: Attention backward over forward: the kernels recompute the scores, then four matmuls.
+ATTENTION_BACKWARD_FACTOR = 2.5
+
+
+def forward_flops(shape: DecoderShape, counts: TokenCounts) -> ForwardFlops:
+    """Matmul FLOPs of one forward of the model over ``counts``."""
+    for name, value in dataclasses.asdict(counts).items():
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
-    return 2.0 * n_params_non_embedding + 2.0 * n_layers * seq_len * hidden
+    q_width, kv_width = shape.n_heads * shape.head_dim, shape.n_kv_heads * shape.head_dim
+    per_layer_token = counts.tokens * shape.n_layers * 2.0  # 2 FLOPs per multiply-add
+    return ForwardFlops(
+        qkv=per_layer_token * shape.hidden * (q_width + 2 * kv_width),
+        o_proj=per_layer_token * q_width * shape.hidden,
+        mlp_in=per_layer_token * 2 * shape.hidden * shape.intermediate,
+        mlp_down=per_layer_token * shape.intermediate * shape.hidden,
+        # per (query, key) pair and head: q.k and p*v, head_dim multiply-adds each
+        attention=counts.causal_pairs * shape.n_layers * 2.0 * 2 * q_width,
+        head=counts.head_rows * 2.0 * shape.hidden * shape.vocab,
+    )
 
 
-def dpo_step_flops(
-    *,
-    fwd_flops_per_token: float,
-    policy_tokens: int,
-    reference: str,
-    recompute_fraction: float,
-) -> float:
-    """Model FLOPs of one DPO optimizer step.
+def recompute_flops(fwd: ForwardFlops, level: str, lean_mlp: bool) -> float:
+    """FLOPs the checkpoint ``level`` re-runs in backward.
 
-    ``policy_tokens``: all non-padding tokens of the chosen and rejected sequences in the step
-    (every micro-batch of the accumulation, every worker if MFU is over several GPUs).
-    Policy forward + backward = 3 x forward; activation checkpointing re-runs
-    ``recompute_fraction`` of the forward in the backward (0 for ``none``, about 1 for ``full``);
-    the reference model costs one forward over the same tokens unless
-    ``reference == "precomputed"`` (log-probs loaded from a cache).
-
-    Recompute is counted, so this is "hardware FLOPs" for checkpointing: MFU in the strict PaLM
-    sense would leave it out. We count it because the question the sweep answers is what each
-    checkpoint level costs, and leaving it out would hide it.
+    ``lean_mlp``: the MLP is lean ops' single autograd function (``model.lean_ops``), which
+    re-runs whole, ``down`` included: early stop cannot cut inside one function's forward.
     """
-    if fwd_flops_per_token < 0:
-        raise ValueError(f"fwd_flops_per_token must be >= 0, got {fwd_flops_per_token}")
-    if policy_tokens < 0:
-        raise ValueError(f"policy_tokens must be >= 0, got {policy_tokens}")
-    if not 0.0 <= recompute_fraction <= 1.0:
-        raise ValueError(f"recompute_fraction must be in [0, 1], got {recompute_fraction}")
-    forward = fwd_flops_per_token * policy_tokens
-    policy = 3.0 * forward + recompute_fraction * forward
-    reference_forward = 0.0 if reference == "precomputed" else forward
-    return policy + reference_forward
+    if level not in RECOMPUTED_PARTS:
+        raise ValueError(f"checkpoint level {level!r}; allowed: {', '.join(RECOMPUTED_PARTS)}")
+    parts = RECOMPUTED_PARTS[level]
+    if lean_mlp and "mlp_in" in parts:
+        parts = (*parts, "mlp_down")
+    return sum(getattr(fwd, part) for part in parts)
+
+
+def policy_training_flops(fwd: ForwardFlops, level: str, *, chunked_head: bool, lean_mlp: bool) -> float:
+    """Forward + backward (+ recompute) of the policy over the tokens of ``fwd``."""
+    backward = 2.0 * (fwd.total() - fwd.attention) + ATTENTION_BACKWARD_FACTOR * fwd.attention
+    head_recompute = fwd.head if chunked_head else 0.0
+    return fwd.total() + backward + recompute_flops(fwd, level, lean_mlp) + head_recompute
+
+
+def dpo_step_flops(*, shape: DecoderShape, counts: TokenCounts, level: str, reference: str,
+                   chunked_head: bool, lean_mlp: bool) -> float:
+    """Model FLOPs of the DPO micro-steps over ``counts``: the policy's forward, backward and
+    recompute, and the reference forward unless ``reference == "precomputed"``.
+
+    ``counts``: every micro-batch of the steps counted, every worker if MFU is over several GPUs.
+    ``chunked_head``: ``logp_chunk_tokens > 0``; ``lean_mlp``: ``model.lean_ops``.
+    """
+    fwd = forward_flops(shape, counts)
+    reference_forward = 0.0 if reference == "precomputed" else fwd.total()
+    return policy_training_flops(fwd, level, chunked_head=chunked_head, lean_mlp=lean_mlp) + reference_forward
 
 
 def _normalise_gpu_name(gpu_name: str) -> str:

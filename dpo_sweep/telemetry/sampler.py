@@ -5,15 +5,16 @@ The loop uses it as::
     sampler = make_memory_sampler(device)          # NVML on a GPU, process RSS otherwise
     with sampler:                                  # start() ... stop(); stop() re-raises thread errors
         for step in range(steps):
-            if step == warmup_steps:
-                sampler.reset_peak()               # the measured phase starts here
+            sampler.reset_peak()                   # this step's own peak starts here
             ...
-        peak_mem_gb = sampler.peak_gb()
-        alloc_gb, reserved_gb = sampler.torch_peaks_gb()
+            peaks.append(sampler.peaks())          # NVML/RSS and torch's peaks of this step
+        trial_peaks = max_peaks(peaks[warmup_steps:])   # the measured steps
 
 Units: GB = 1e9 bytes. The peak is the max over every reading since the last ``reset_peak``
 (thread samples, ``sample_now`` calls, and the final reading ``peak_gb`` takes itself); the
 timeline is a bounded, max-preserving record of the same readings for the report's curves.
+When the body of ``with sampler:`` raises (an OOM), the peak up to the failure travels on the
+exception: :func:`failure_peak_gb` reads it, in this process or after Ray has pickled it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import math
 import threading
 import time
 import warnings
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol
 
 import torch
 
@@ -33,6 +35,8 @@ from .nvml import open_nvml_reader
 BYTES_PER_GB = 1e9
 DEFAULT_INTERVAL_S = 0.02
 DEFAULT_MAX_TIMELINE_POINTS = 10_000
+#: The exception attribute that carries the peak up to a failure (plain data: it survives pickling).
+FAILURE_PEAK_ATTR = "dpo_sweep_peak_mem_gb"
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +99,45 @@ class BoundedTimeline:
 
     def __len__(self) -> int:
         return len(self._points) + (self._bucket is not None)
+
+
+@dataclass(frozen=True)
+class MemoryPeaks:
+    """Peaks of one phase (an optimizer step), GB: the sampler's (NVML or RSS) and torch's."""
+
+    peak_gb: float
+    torch_alloc_gb: float
+    torch_reserved_gb: float
+
+
+def _finite_max(values: Iterable[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return max(finite) if finite else math.nan
+
+
+def max_peaks(peaks: Iterable[MemoryPeaks]) -> MemoryPeaks:
+    """Field-wise max over phases (NaN readings ignored); all NaN when there is none."""
+    peaks = list(peaks)
+    return MemoryPeaks(_finite_max(p.peak_gb for p in peaks), _finite_max(p.torch_alloc_gb for p in peaks),
+                       _finite_max(p.torch_reserved_gb for p in peaks))
+
+
+def failure_peak_gb(exc: BaseException) -> float:
+    """The peak up to the failure that ``exc`` is, GB; NaN when no sampler saw it."""
+    return float(getattr(exc, FAILURE_PEAK_ATTR, math.nan))
+
+
+def peak_up_to_failure_gb(step_peaks_gb: Iterable[float], failing_peak_gb: float) -> float:
+    """A failed trial's ``peak_mem_gb``: the max of the peaks of the steps that ran and of the
+    failing step up to the failure (NaN when none is known)."""
+    return _finite_max([*step_peaks_gb, failing_peak_gb])
+
+
+def _attach_failure_peak(exc: BaseException, peak_gb: float) -> None:
+    try:
+        setattr(exc, FAILURE_PEAK_ATTR, peak_gb)
+    except (AttributeError, TypeError):  # an exception type without a __dict__
+        pass
 
 
 class MemorySampler:
@@ -167,6 +210,11 @@ class MemorySampler:
             return False
         # The body's exception (say a CUDA OOM the trial reports as a result) wins; a sampler
         # failure at the same time is logged rather than allowed to replace it.
+        if exc is not None and not hasattr(exc, FAILURE_PEAK_ATTR):
+            try:
+                _attach_failure_peak(exc, self.peak_gb())  # the failing phase's peak up to here
+            except Exception:
+                logger.warning("memory reading at the failure failed", exc_info=True)
         try:
             self.stop()
         except Exception:
@@ -230,6 +278,10 @@ class MemorySampler:
         """(seconds since start, GB) readings; at most ``max_timeline_points``, peaks kept."""
         with self._lock:
             return list(self._timeline.points())
+
+    def peaks(self) -> MemoryPeaks:
+        """This phase's peaks (since the last ``reset_peak``): ``peak_gb`` and torch's two."""
+        return MemoryPeaks(self.peak_gb(), *self.torch_peaks_gb())
 
     def torch_peaks_gb(self) -> tuple[float, float]:
         """(max_memory_allocated, max_memory_reserved) in GB since reset_peak; (nan, nan) off CUDA."""

@@ -7,6 +7,7 @@ from typing import Iterator
 
 import torch
 
+from dpo_sweep.telemetry.flops import TokenCounts
 from dpo_sweep.train.data import PairDataset, TokenizedPair
 
 
@@ -99,3 +100,16 @@ def micro_batches(ds: PairDataset, micro_batch: int, world_size: int, rank: int,
     """Endless collated micro-batches for this rank."""
     for idx in micro_batch_order(len(ds), micro_batch, world_size, rank, seed, grad_acc=grad_acc):
         yield collate([ds.pairs[i] for i in idx], idx, pad_id, padding_side)
+
+
+def flop_token_counts(mb: MicroBatch, chunked_head: bool) -> TokenCounts:
+    """The exact token counts the FLOP count needs (telemetry.flops), from a CPU micro-batch.
+
+    ``chunked_head``: the log-prob head computes the lm_head on response tokens only
+    (``logp_chunk_tokens > 0``); the plain head computes it on every position but the last.
+    """
+    lengths = mb.attention_mask.sum(-1)
+    # Token t is predicted from position t-1 (logprobs.SequenceLogProbs): response_mask[:, 1:].
+    head_rows = mb.response_mask[:, 1:].sum() if chunked_head else (lengths - 1).clamp(min=0).sum()
+    return TokenCounts(tokens=int(lengths.sum()), causal_pairs=int((lengths * (lengths + 1) // 2).sum()),
+                       head_rows=int(head_rows))

@@ -24,6 +24,7 @@ updates; use bf16-mixed when the run is meant to learn, bf16 when it is meant to
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -37,9 +38,11 @@ from torch import nn
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
-from dpo_sweep.telemetry import MemorySampler, StepTimer, TrialClock, dpo_step_flops, make_memory_sampler, mfu
+from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCounts, TrialClock, dpo_step_flops,
+                                 failure_peak_gb, make_memory_sampler, max_peaks, mfu)
+from dpo_sweep.telemetry.flops import NO_TOKENS
 from dpo_sweep.train import metrics
-from dpo_sweep.train.batching import MicroBatch
+from dpo_sweep.train.batching import MicroBatch, flop_token_counts
 from dpo_sweep.train.loss import dpo_loss
 from dpo_sweep.train.setup import (
     Logger,
@@ -51,11 +54,6 @@ from dpo_sweep.train.setup import (
     load_data,
 )
 
-#: Fraction of a policy forward that each level re-runs in backward (for the MFU FLOP count):
-#: the MLP is about 2/3 of a Llama layer's matmul FLOPs, the attention projections about 1/3.
-RECOMPUTE_FRACTION = {"none": 0.0, "L1": 0.62, "L2": 0.95, "L3": 0.95, "full": 1.0}
-
-
 @dataclass(frozen=True)
 class TrialOutcome:
     """What a trial returns: its summary row and its per-step rows."""
@@ -66,11 +64,14 @@ class TrialOutcome:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """One optimizer step: its row, and the exact count of policy tokens it trained on (all
-    workers; the FLOP count needs the count, which the row only has as a rate)."""
+    """One optimizer step: its row, the exact count of policy tokens it trained on (all workers),
+    the token counts the FLOP count needs (this worker's: telemetry.flops.TokenCounts) and the
+    step's own memory peaks (the row's ``peak_mem_gb`` is their max over workers)."""
 
     record: StepRecord
     tokens: int
+    flop_counts: TokenCounts
+    peaks: MemoryPeaks
 
 
 class InjectedFailure(RuntimeError):
@@ -110,23 +111,36 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
     say = log or (lambda _msg: None)
     clock = clock or TrialClock()
     device = resolve_device(cfg)
+    report = on_step or (lambda _r: None)
+    done: list[StepRecord] = []  # the steps that ran: a failure's row and steps.csv keep them
+
+    def keep(record: StepRecord) -> None:
+        done.append(record)
+        report(record)
+
     try:
-        return _train(cfg, device, clock, on_step or (lambda _r: None), say)
+        return _train(cfg, device, clock, keep, say)
     except UserError:
         raise
     except torch.OutOfMemoryError as err:
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] out of memory: {str(err).splitlines()[0] if str(err) else ''}")
-        return TrialOutcome(failed_result(cfg, "oom", error_text(err)), ())
+        return TrialOutcome(_failed(cfg, "oom", err, done), tuple(done))
     except Exception as err:  # noqa: BLE001 - a trial's failure is a result, not a crash
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] error: {type(err).__name__}: {err}")
-        return TrialOutcome(failed_result(cfg, "error", error_text(err)), ())
+        return TrialOutcome(_failed(cfg, "error", err, done), tuple(done))
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _failed(cfg: TrialConfig, status: str, err: BaseException, done: list[StepRecord]) -> TrialResult:
+    """The row of a trial that raised: its peak is the peak up to the failure (the steps that ran,
+    and the failing step's so far, which the memory sampler attached to the exception)."""
+    return failed_result(cfg, status, error_text(err), done, failing_peak_gb=failure_peak_gb(err))
 
 
 def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
@@ -144,8 +158,7 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
         steps: list[StepOutput] = []
         status, error = "ok", ""
         for step in range(1, cfg.train.steps + 1):
-            if step == cfg.train.warmup_steps + 1:
-                sampler.reset_peak()  # the measured phase starts: peaks from here on
+            sampler.reset_peak()  # this step's own peak (not the model build's or earlier steps')
             out = train_step(setup, step, timer, sampler, clock)
             steps.append(out)
             on_step(out.record)
@@ -155,10 +168,8 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
                 status = "diverged"
                 say(f"[{cfg.trial_id}] diverged: {error}; stopping")
                 break
-        torch_peaks_gb = sampler.torch_peaks_gb()
     sampler.close()
-    result = summarise(setup, steps, timer, clock, status=status, error=error, mem_source=sampler.source,
-                       torch_peaks_gb=torch_peaks_gb)
+    result = summarise(setup, steps, timer, clock, status=status, error=error, mem_source=sampler.source)
     return TrialOutcome(result, tuple(out.record for out in steps))
 
 
@@ -175,8 +186,10 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     poison = _inject(cfg, step, setup.rank)
     device_sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=setup.device)
     host_sums = [0] * len(metrics.HOST_SUMS)  # pairs, sequences, tokens: known without the device
+    flop_counts = NO_TOKENS
     for micro in range(cfg.grad_acc):
         batch = next(setup.batches)
+        flop_counts += flop_token_counts(batch, chunked_head=cfg.train.logp_chunk_tokens > 0)
         sync = micro == cfg.grad_acc - 1 or cfg.resources.sync_every_micro_step
         device_sums += _micro_step(setup, batch, sync, poison)
         host_sums = [host_sums[0] + batch.pairs, host_sums[1] + 2 * batch.pairs, host_sums[2] + batch.tokens()]
@@ -188,18 +201,20 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     if setup.world == 1:
         totals += host_sums
     tokens = int(totals[-1])
+    peaks = sampler.peaks()
+    peaks = dataclasses.replace(peaks, peak_gb=_max_over_workers(setup, peaks.peak_gb))
     means = metrics.step_means(totals)
     record = StepRecord(
         trial_id=cfg.trial_id, step=step, loss=means["loss"],
         grad_norm=float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
-        step_time_ms=step_time_ms, peak_mem_gb=_max_over_workers(setup, sampler.peak_gb()),
+        step_time_ms=step_time_ms, peak_mem_gb=peaks.peak_gb,
         reward_accuracy=means["rewards/accuracies"], reward_margin=means["rewards/margins"],
         logps_chosen=means["logps/chosen"], logps_rejected=means["logps/rejected"], kl=means["kl"],
         rewards_chosen=means["rewards/chosen"], rewards_rejected=means["rewards/rejected"],
         tokens_per_s=tokens / (step_time_ms / 1e3), lr=setup.scheduler.get_last_lr()[0],
         measured=step > cfg.train.warmup_steps,
     )
-    return StepOutput(record, tokens)
+    return StepOutput(record, tokens, flop_counts, peaks)
 
 
 def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bool) -> torch.Tensor:
@@ -300,25 +315,34 @@ def _inject(cfg: TrialConfig, step: int, rank: int) -> bool:
 # --- The trial's row --------------------------------------------------------------------------
 
 
+def _sum_over_workers(setup: TrialSetup, counts: TokenCounts) -> TokenCounts:
+    """Token counts summed over the process group (once per trial, after the last step)."""
+    if setup.world == 1:
+        return counts
+    total = torch.tensor(dataclasses.astuple(counts), dtype=torch.int64, device=setup.device)
+    dist.all_reduce(total)
+    return TokenCounts(*(int(v) for v in total.tolist()))
+
+
 def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, clock: TrialClock, *,
-              status: str, error: str, mem_source: str, torch_peaks_gb: tuple[float, float]) -> TrialResult:
+              status: str, error: str, mem_source: str) -> TrialResult:
     """The trial's results.csv row from its steps (medians and means over the measured ones)."""
     cfg, device = setup.cfg, setup.device
     records = [out.record for out in steps]
     measured = [out for out in steps if out.record.measured]
     measured_records = [out.record for out in measured]
+    # Over the measured steps; a trial that stopped in its warm-up still says what it took.
+    trial_peaks = max_peaks([out.peaks for out in measured] or [out.peaks for out in steps])
     step_time_ms = timer.median_ms()  # the same measured steps as step_time_p90_ms below
-    flops = dpo_step_flops(fwd_flops_per_token=setup.fwd_flops_per_token,
-                           policy_tokens=sum(out.tokens for out in measured) // len(measured) if measured else 0,
-                           reference=cfg.train.reference,
-                           recompute_fraction=RECOMPUTE_FRACTION[cfg.checkpoint_level])
+    counts = _sum_over_workers(setup, sum((out.flop_counts for out in measured), NO_TOKENS))
+    flops = dpo_step_flops(shape=setup.shape, counts=counts, level=cfg.checkpoint_level,
+                           reference=cfg.train.reference, chunked_head=cfg.train.logp_chunk_tokens > 0,
+                           lean_mlp=cfg.model.lean_ops) / max(1, len(measured))
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    alloc_gb, reserved_gb = torch_peaks_gb
     return TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(),
-        # The sampler's peak since the measured phase began: the last step's is the maximum.
-        peak_mem_gb=records[-1].peak_mem_gb if records else math.nan,
-        torch_peak_alloc_gb=alloc_gb, torch_peak_reserved_gb=reserved_gb,
+        peak_mem_gb=trial_peaks.peak_gb, torch_peak_alloc_gb=trial_peaks.torch_alloc_gb,
+        torch_peak_reserved_gb=trial_peaks.torch_reserved_gb,
         step_time_ms=step_time_ms, step_time_p10_ms=timer.p10_ms(), step_time_p90_ms=timer.p90_ms(),
         tokens_per_s=metrics.median([r.tokens_per_s for r in measured_records]),
         mfu=mfu(flops, step_time_ms / 1e3, gpu_name, setup.world) if measured else math.nan,

@@ -18,7 +18,7 @@ from torch import nn
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import DataError
-from dpo_sweep.telemetry import model_flops_per_token
+from dpo_sweep.telemetry import DecoderShape
 from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs
 from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
 from dpo_sweep.train.data import PairDataset, load_pairs
@@ -57,7 +57,7 @@ class TrialSetup:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     batches: Iterator[MicroBatch]  # this rank's micro-batches, endless
-    fwd_flops_per_token: float
+    shape: DecoderShape  # for the FLOP count (telemetry.flops)
 
 
 def configure_device_memory(cfg: TrialConfig, device: torch.device) -> None:
@@ -127,8 +127,7 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         scaler=torch.amp.GradScaler(device.type, enabled=train.precision == "fp16"),
         batches=micro_batches(data.pairs, cfg.micro_batch, world, rank, train.seed, data.pad_token_id,
                               train.padding_side, grad_acc=cfg.grad_acc),
-        fwd_flops_per_token=model_flops_per_token(built.n_params_non_embedding, policy.config.num_hidden_layers,
-                                                  policy.config.hidden_size, train.max_length),
+        shape=DecoderShape.from_config(policy.config),
     )
 
 

@@ -92,6 +92,40 @@ def test_collector_oom_keeps_steps_that_ran_and_their_timing():
     assert [s.step for s in done.steps] == [1]
 
 
+def _oom_with_peak(peak_gb: float) -> torch.OutOfMemoryError:
+    from dpo_sweep.telemetry.sampler import MemorySampler
+
+    class Reader:  # the reading the failing worker's sampler last saw
+        source = "nvml"
+        used_bytes = staticmethod(lambda: int(peak_gb * 1e9))
+        process_used_bytes = high_water_mark_bytes = staticmethod(lambda: None)
+        reset_high_water_mark = close = staticmethod(lambda: None)
+
+    with pytest.raises(torch.OutOfMemoryError) as info, MemorySampler(Reader(), torch.device("cpu")):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    return info.value
+
+
+def test_failure_peak_is_what_the_failed_workers_carried_through_pickling():
+    import pickle
+
+    # Ray pickles each worker's exception back to the trial process.
+    err = WorkerGroupError("x", {0: pickle.loads(pickle.dumps(_oom_with_peak(61.5))),
+                                 1: pickle.loads(pickle.dumps(_oom_with_peak(79.0))), 2: RuntimeError("peer")})
+    assert driver.failure_peak(err) == pytest.approx(79.0)
+    assert math.isnan(driver.failure_peak(WorkerGroupError("x", {0: ValueError("bad")})))
+    assert math.isnan(driver.failure_peak(RuntimeError("placement group timed out")))
+
+
+def test_collector_oom_row_has_the_peak_up_to_the_failure():
+    cfg = make_cfg(trial_id="t004", steps=3)
+    c = driver.TrialCollector()
+    c.add("d", cfg, _report_step(_step("t004", 1, peak=2.5), 7.0, 0.3))
+    summary = {"status": "oom", "error": "rank 0: OOM", "peak_mem_gb": 79.0}  # the failing step's
+    done = c.add("d", cfg, {driver.SUMMARY_KEY: json.dumps(summary)})
+    assert done.result.peak_mem_gb == 79.0 and [s.step for s in done.steps] == [1]
+
+
 def test_collector_abandoned_trial_is_error():
     cfg = make_cfg(trial_id="t002")
     done = driver.TrialCollector().abandon("c", cfg, "actor died")

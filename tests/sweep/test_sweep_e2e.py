@@ -88,6 +88,7 @@ def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(c
             assert r["error"] == ""
         else:
             assert "OOM" in r["error"] and r["error"].startswith("rank 0"), r
+            assert float(r["peak_mem_gb"]) > 0, r  # the peak up to the failure
 
     steps = read_csv(out / "steps.csv")
     assert set(CONTRACT_STEP_COLUMNS) <= set(steps[0])

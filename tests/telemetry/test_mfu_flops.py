@@ -6,40 +6,61 @@ import math
 
 import pytest
 
-from dpo_sweep.telemetry import dpo_step_flops, mfu, model_flops_per_token, peak_bf16_flops
+from dpo_sweep.telemetry import (
+    DecoderShape,
+    TokenCounts,
+    dpo_step_flops,
+    forward_flops,
+    mfu,
+    peak_bf16_flops,
+    recompute_flops,
+)
 
 
-def test_model_flops_per_token_hand_worked():
-    # 2 * 1e9 + 2 * 16 layers * 1024 tokens * 2048 hidden = 2e9 + 67_108_864
-    assert model_flops_per_token(1_000_000_000, 16, 2048, 1024) == 2_067_108_864.0
-    # attention term alone: causal-halved QK^T + AV
-    assert model_flops_per_token(0, 1, 4, 8) == 2 * 1 * 8 * 4
-    with pytest.raises(ValueError, match="seq_len"):
-        model_flops_per_token(10, 1, 4, -1)
+# A toy decoder: hidden 4, intermediate 8, 2 query heads and 1 kv head of width 2, 3 layers, vocab 10.
+TOY = DecoderShape(hidden=4, intermediate=8, n_heads=2, n_kv_heads=1, head_dim=2, n_layers=3, vocab=10)
+
+
+def test_forward_flops_hand_worked():
+    fwd = forward_flops(TOY, TokenCounts(tokens=5, causal_pairs=9, head_rows=2))
+    # per token and layer: q 2*4*4, k and v 2*4*2 each, o 2*4*4, gate+up 2*2*4*8, down 2*8*4
+    assert (fwd.qkv, fwd.o_proj, fwd.mlp_in, fwd.mlp_down) == (5 * 3 * 64, 5 * 3 * 32, 5 * 3 * 128, 5 * 3 * 64)
+    assert fwd.attention == 9 * 3 * 2 * 2 * 4  # per causal pair, layer: q.k and p*v over 2 heads x 2
+    assert fwd.head == 2 * 2 * 4 * 10
+    assert fwd.total() == 960 + 480 + 1920 + 960 + 432 + 160
+    with pytest.raises(ValueError, match="causal_pairs"):
+        forward_flops(TOY, TokenCounts(tokens=1, causal_pairs=-1, head_rows=0))
 
 
 @pytest.mark.parametrize(
-    ("reference", "recompute_fraction", "expected"),
+    ("level", "lean_mlp", "expected"),
     [
-        ("model", 0.0, 4.0e12),        # 3 x fwd policy + 1 x fwd reference
-        ("model", 1.0, 5.0e12),        # full checkpointing re-runs the whole forward
-        ("model", 0.25, 4.25e12),
-        ("precomputed", 0.0, 3.0e12),  # reference log-probs from a cache
-        ("precomputed", 0.5, 3.5e12),
+        ("none", False, 0.0),
+        ("L1", False, 1920.0),                  # gate and up; down's output is not needed
+        ("L1", True, 1920.0 + 960),             # lean ops' MLP function re-runs whole
+        ("L2", False, 1920.0 + 960),            # + q, k, v (the attention kernel's outputs kept)
+        ("L3", False, 1920.0 + 960),
+        ("full", False, 960.0 + 480 + 432 + 1920),  # the layer but its last matmul (down)
+        ("full", True, 960.0 + 480 + 432 + 1920 + 960),
     ],
 )
-def test_dpo_step_flops_hand_worked(reference, recompute_fraction, expected):
-    # forward = 1e9 FLOPs/token * 1000 tokens = 1e12
-    got = dpo_step_flops(fwd_flops_per_token=1e9, policy_tokens=1000, reference=reference,
-                         recompute_fraction=recompute_fraction)
-    assert got == pytest.approx(expected, rel=1e-12)
+def test_recompute_flops_per_level(level, lean_mlp, expected):
+    fwd = forward_flops(TOY, TokenCounts(tokens=5, causal_pairs=9, head_rows=2))
+    assert recompute_flops(fwd, level, lean_mlp) == expected
 
 
-def test_dpo_step_flops_refuses_bad_inputs():
-    with pytest.raises(ValueError, match="recompute_fraction"):
-        dpo_step_flops(fwd_flops_per_token=1.0, policy_tokens=1, reference="model", recompute_fraction=1.5)
-    with pytest.raises(ValueError, match="policy_tokens"):
-        dpo_step_flops(fwd_flops_per_token=1.0, policy_tokens=-1, reference="model", recompute_fraction=0)
+def test_dpo_step_flops_hand_worked():
+    counts = TokenCounts(tokens=5, causal_pairs=9, head_rows=2)
+    total = 4912.0  # the forward above
+    # policy: forward + 2 x backward, attention backward 2.5 x; the chunked head re-runs its logits
+    policy = total + 2 * (total - 432) + 2.5 * 432 + 160
+    got = dpo_step_flops(shape=TOY, counts=counts, level="none", reference="live", chunked_head=True,
+                         lean_mlp=False)
+    assert got == policy + total
+    assert dpo_step_flops(shape=TOY, counts=counts, level="L1", reference="precomputed", chunked_head=False,
+                          lean_mlp=False) == policy - 160 + 1920
+    with pytest.raises(ValueError, match="L4"):
+        dpo_step_flops(shape=TOY, counts=counts, level="L4", reference="live", chunked_head=True, lean_mlp=False)
 
 
 @pytest.mark.parametrize(

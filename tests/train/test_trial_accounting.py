@@ -36,8 +36,8 @@ def test_startup_counts_from_the_callers_start_and_measure_covers_every_step(cfg
 
 
 def test_the_flop_count_gets_the_exact_token_count(cfg_factory, monkeypatch, tmp_path):
-    """Padded micro-batches of different lengths: the FLOP count's tokens per step are the mean
-    of the exact non-padding counts of the measured steps (floored), not a rate turned back."""
+    """Padded micro-batches of different lengths: the FLOP count gets the exact non-padding token
+    total of the measured steps (then divides the FLOPs per step), not a rate turned back."""
     import json
     import random
 
@@ -51,7 +51,7 @@ def test_the_flop_count_gets_the_exact_token_count(cfg_factory, monkeypatch, tmp
     real = loop.dpo_step_flops
 
     def spy(**kw):
-        seen.append(kw["policy_tokens"])
+        seen.append(kw["counts"].tokens)
         return real(**kw)
 
     monkeypatch.setattr(loop, "dpo_step_flops", spy)
@@ -60,4 +60,4 @@ def test_the_flop_count_gets_the_exact_token_count(cfg_factory, monkeypatch, tmp
     assert out.result.status == "ok", out.result.error
     exact = [round(s.tokens_per_s * s.step_time_ms / 1e3) for s in out.steps if s.measured]
     assert len(set(exact)) > 1  # the steps really differ in length
-    assert seen == [sum(exact) // len(exact)]
+    assert seen == [sum(exact)]  # the measured steps' exact total (the FLOPs are then per step)
