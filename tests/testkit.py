@@ -4,6 +4,8 @@ from __future__ import annotations
 import random
 import socket
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, TrainSpec, TrialConfig
 from dpo_sweep.train.data import TokenizedPair
 
@@ -39,3 +41,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class AtenOps(TorchDispatchMode):
+    """Records the name of every aten (or custom) op dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def is_attention_forward(name: str) -> bool:
+    return "scaled_dot_product" in name and "backward" not in name

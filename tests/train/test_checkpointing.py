@@ -3,7 +3,6 @@ the attention kernel (no re-run in backward), and refuse attention they cannot k
 import copy
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy
 
 from dpo_sweep.config import ModelSpec
@@ -14,7 +13,7 @@ from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.loss import dpo_loss
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.model import build_model, freeze_reference
-from testkit import ragged_pairs
+from testkit import AtenOps, is_attention_forward, ragged_pairs
 
 CPU = torch.device("cpu")
 
@@ -87,20 +86,6 @@ def test_levels_really_recompute(models):
         assert len(calls) == mlp_calls, level
 
 
-class AtenOps(TorchDispatchMode):
-    """Records the name of every aten (or custom) op dispatched while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-def is_attention_forward(name: str) -> bool:
-    return "scaled_dot_product" in name and "backward" not in name
 
 
 @pytest.mark.parametrize("lean", [False, True], ids=["stock", "lean"])
