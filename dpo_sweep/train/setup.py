@@ -67,9 +67,13 @@ def configure_device_memory(cfg: TrialConfig, device: torch.device) -> None:
         # Segments that grow in place instead of new fixed blocks: less fragmentation, so the
         # reserved (and NVML) peak stays closer to what is allocated. A user's setting wins.
         torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    # Always set: the cap is a setting of the process, so a trial without one must lift the cap
+    # that an earlier trial in the same process (a warm worker, a test session) left behind.
+    fraction = 1.0
     if cfg.resources.gpu_memory_gb:
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, cfg.resources.gpu_memory_gb * 1e9 / total), device)
+        fraction = min(1.0, cfg.resources.gpu_memory_gb * 1e9 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
 
 
 def load_data(cfg: TrialConfig, world: int, say: Logger, since: float) -> TrialData:

@@ -61,3 +61,21 @@ def test_the_flop_count_gets_the_exact_token_count(cfg_factory, monkeypatch, tmp
     exact = [round(s.tokens_per_s * s.step_time_ms / 1e3) for s in out.steps if s.measured]
     assert len(set(exact)) > 1  # the steps really differ in length
     assert seen == [sum(exact)]  # the measured steps' exact total (the FLOPs are then per step)
+
+
+def test_a_trial_without_a_memory_cap_lifts_an_earlier_trials_cap(cfg_factory, monkeypatch):
+    """resources.gpu_memory_gb caps the process's CUDA allocator; the next trial in the same
+    process (a warm worker, a test session) must not inherit the cap."""
+    import torch
+
+    from dpo_sweep.train import setup
+
+    fractions = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d=None: fractions.append(f))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"total_memory": 100e9})())
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda s: None)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")  # leave the allocator settings alone here
+    cuda = torch.device("cuda", 0)
+    setup.configure_device_memory(cfg_factory(resources={"use_gpu": False, "gpu_memory_gb": 40.0}), cuda)
+    setup.configure_device_memory(cfg_factory(), cuda)
+    assert fractions == [0.4, 1.0]
