@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import time
@@ -34,11 +35,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpo_sweep import stability
 from dpo_sweep.analysis.results import StepRecord, TrialResult
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import DataError, UserError
 from dpo_sweep.telemetry import StepTimer, dpo_step_flops, make_memory_sampler, mfu, model_flops_per_token
-from dpo_sweep.train import metrics
+from dpo_sweep.train import evaluation, knobs, metrics
 from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.data import PairDataset, load_pairs
@@ -270,6 +272,9 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                                 weight_decay=t.weight_decay, fused=device.type == "cuda")
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
         scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
+        clip = knobs.AdaptiveClip(params, t.adaptive_clip_window) if t.adaptive_clip else None
+        ema = knobs.WeightEma(params, t.ema_decay) if t.ema_decay is not None else None
+        acc_schedule = knobs.GradAccSchedule(t.grad_acc_schedule, cfg.grad_acc, t.steps)
         fwd_flops = model_flops_per_token(built.n_params_non_embedding, policy.config.num_hidden_layers,
                                           policy.config.hidden_size, t.max_length)
         say(f"[{cfg.trial_id}] model {cfg.model.label()}: {built.n_params / 1e6:.1f}M params, "
@@ -292,13 +297,15 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
             poison = _inject(cfg, step, rank)
             sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=device)
             host = [0.0] * len(metrics.HOST_SUMS)  # pairs, sequences, tokens
-            for micro in range(cfg.grad_acc):
+            acc = acc_schedule.for_step(step)
+            beta = knobs.seed_beta(step, t.steps, cfg.beta) if t.beta_schedule == "seed" else cfg.beta
+            for micro in range(acc):
                 cpu_mb = next(batches)
                 pad = bool((cpu_mb.attention_mask == 0).any())
                 tokens = cpu_mb.tokens()
                 mb = cpu_mb.to(device)
                 b = mb.pairs
-                sync = micro == cfg.grad_acc - 1 or cfg.resources.sync_every_micro_step
+                sync = micro == acc - 1 or cfg.resources.sync_every_micro_step
                 with _no_sync(lp, sync=sync), _autocast(cfg, device):
                     if ref_table is not None:
                         ref_logps = ref_table[cpu_mb.index].t().reshape(-1).to(device, non_blocking=True)
@@ -309,21 +316,25 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                             ref_logps, _ = ref_lp(*_forward_inputs(mb, pad))
                     logps, counts = lp(*_forward_inputs(mb, pad))
                     losses, rew_c, rew_r = dpo_loss(logps[:b], logps[b:], ref_logps[:b], ref_logps[b:],
-                                                    cfg.beta, t.loss, t.label_smoothing,
+                                                    beta, t.loss, t.label_smoothing,
                                                     chosen_tokens=counts[:b], rejected_tokens=counts[b:])
                     if poison:
                         losses = losses * float("nan")
                     # Mean over the effective batch: micro_batch x grad_acc pairs here, and DDP/FSDP
                     # average over workers, so any split of the same pairs gives the same update.
-                    loss = losses.sum() / (b * cfg.grad_acc)
+                    loss = losses.sum() / (b * acc)
                 scaler.scale(loss).backward()
                 sums += metrics.micro_step_sums(losses, rew_c, rew_r, logps, ref_logps.float(), counts)
                 host = [host[0] + b, host[1] + 2 * b, host[2] + tokens]
             scaler.unscale_(opt)
+            if clip is not None:
+                clip.clip_()
             max_norm = t.max_grad_norm if t.max_grad_norm is not None else float("inf")
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             scaler.step(opt)
             scaler.update()
+            if ema is not None:
+                ema.update()
             opt.zero_grad(set_to_none=True)
             sched.step()
             if world > 1:
@@ -347,7 +358,9 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                 logps_rejected=m["logps/rejected"], kl=m["kl"], rewards_chosen=m["rewards/chosen"],
                 rewards_rejected=m["rewards/rejected"], tokens_per_s=values[-1] / (step_ms / 1e3),
                 lr=sched.get_last_lr()[0], measured=step > t.warmup_steps,
+                logratio_mean=m["logratio_mean"], logratio_std=m["logratio_std"], beta=beta, grad_acc=acc,
             )
+            acc_schedule.observe(rec.kl)
             records.append(rec)
             on_step(rec)
             say(f"[{cfg.trial_id}] step {step}/{t.steps} loss {rec.loss:.4f} grad_norm {gn:.3f} "
@@ -364,6 +377,13 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
         alloc_gb, reserved_gb = sampler.torch_peaks_gb()
         peak_gb = records[-1].peak_mem_gb if records else math.nan
     sampler.close()
+    if ema is not None:
+        ema.copy_to_params()
+    eval_loss = math.nan if status != "ok" else evaluation.held_batch_loss(
+        lambda model, held: precompute_reference(model, held, cfg, device, tok.pad_token_id),
+        lp, ref_lp, ref_table, ds, cfg.effective_batch(), records[-1].beta, t)
+    signals = stability.signals(*([getattr(r, k) for r in records] for k in (
+        "loss", "grad_norm", "logratio_std", "reward_accuracy", "reward_margin")))
 
     measured = [r for r in records if r.measured]
     step_ms = timer.median_ms()  # the same measured steps as step_time_p90_ms below
@@ -389,5 +409,6 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
         lean_ops=cfg.model.lean_ops, device=str(device),
         steps=len(records), measured_steps=len(measured), pairs_used=usable, pairs_dropped=ds.dropped,
         startup_s=t_measure - t_start, measure_s=t_end - t_measure,
+        **dataclasses.asdict(signals), eval_loss=eval_loss,
     )
     return TrialOutcome(result, tuple(records))
