@@ -44,7 +44,6 @@ spike. Their per-token log-ratio std stays below 0.9; at lr 0.05 it passes 1.5 b
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 VERDICTS = ("stable", "noisy", "diverging")
@@ -86,14 +85,19 @@ def detrended_std(values: Sequence[float]) -> float:
     return math.sqrt(sum(r * r for r in resid) / (n - 2))
 
 
-def spike_ratio(values: Sequence[float]) -> float:
-    """max / median of the finite values; NaN when there are none or the median is 0."""
+def median(values: Sequence[float]) -> float:
+    """Median of the finite values; NaN when there are none."""
     v = sorted(x for x in values if math.isfinite(x))
     if not v:
         return math.nan
     mid = len(v) // 2
-    med = v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
-    return v[-1] / med if med > 0 else math.nan
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def spike_ratio(values: Sequence[float]) -> float:
+    """max / median of the finite values; NaN when there are none or the median is 0."""
+    med = median(values)
+    return max(x for x in values if math.isfinite(x)) / med if med > 0 else math.nan
 
 
 def rollback_step(logratio_std: Sequence[float], threshold: float = ROLLBACK_LOGRATIO_STD,
@@ -106,20 +110,6 @@ def rollback_step(logratio_std: Sequence[float], threshold: float = ROLLBACK_LOG
         if streak == run:
             return step
     return None
-
-
-@dataclass(frozen=True)
-class StabilitySignals:
-    """One trial's stability signals and verdict (results.csv columns of the same names)."""
-
-    stability: str = ""
-    loss_slope: float = math.nan
-    loss_spread: float = math.nan
-    grad_norm_spike: float = math.nan
-    logratio_std_max: float = math.nan
-    reward_accuracy_slope: float = math.nan
-    reward_margin_slope: float = math.nan
-    rollback_step: int | None = None
 
 
 def verdict(losses: Sequence[float], grad_norms: Sequence[float], rollback: int | None = None) -> str:
@@ -140,17 +130,18 @@ def verdict(losses: Sequence[float], grad_norms: Sequence[float], rollback: int 
 
 
 def signals(losses: Sequence[float], grad_norms: Sequence[float], logratio_std: Sequence[float],
-            reward_accuracy: Sequence[float], reward_margin: Sequence[float]) -> StabilitySignals:
-    """Every signal of the module doc from a trial's per-step values (all steps that ran, in order)."""
+            reward_accuracy: Sequence[float], reward_margin: Sequence[float]) -> dict[str, float | int | str | None]:
+    """Every signal of the module doc from a trial's per-step values (all steps that ran, in order),
+    keyed by its results.csv column (fields of the results row, ``TrialResult``, which types them)."""
     std_finite = [v for v in logratio_std if math.isfinite(v)]
     rollback = rollback_step(logratio_std)
-    return StabilitySignals(
-        stability=verdict(losses, grad_norms, rollback),
-        loss_slope=slope(losses),
-        loss_spread=detrended_std(losses),
-        grad_norm_spike=spike_ratio(grad_norms),
-        logratio_std_max=max(std_finite) if std_finite else math.nan,
-        reward_accuracy_slope=slope(reward_accuracy),
-        reward_margin_slope=slope(reward_margin),
-        rollback_step=rollback,
-    )
+    return {
+        "stability": verdict(losses, grad_norms, rollback),
+        "loss_slope": slope(losses),
+        "loss_spread": detrended_std(losses),
+        "grad_norm_spike": spike_ratio(grad_norms),
+        "logratio_std_max": max(std_finite) if std_finite else math.nan,
+        "reward_accuracy_slope": slope(reward_accuracy),
+        "reward_margin_slope": slope(reward_margin),
+        "rollback_step": rollback,
+    }

@@ -55,7 +55,9 @@ def test_signals_report_the_rollback_and_call_it_diverging():
     n = 8
     sig = st.signals([LN2 - 0.02 * k for k in range(n)], [1.0] * n, [0.1, 0.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1],
                      [0.5 + 0.05 * k for k in range(n)], [0.1 * k for k in range(n)])
-    assert sig.rollback_step == 7 and sig.stability == "diverging"
-    assert sig.logratio_std_max == pytest.approx(2.1)
-    assert sig.reward_accuracy_slope == pytest.approx(0.05) and sig.reward_margin_slope == pytest.approx(0.1)
-    assert sig.loss_slope == pytest.approx(-0.02) and sig.grad_norm_spike == pytest.approx(1.0)
+    assert sig["rollback_step"] == 7 and sig["stability"] == "diverging"
+    assert sig["logratio_std_max"] == pytest.approx(2.1)
+    assert sig["reward_accuracy_slope"] == pytest.approx(0.05) and sig["reward_margin_slope"] == pytest.approx(0.1)
+    assert sig["loss_slope"] == pytest.approx(-0.02) and sig["grad_norm_spike"] == pytest.approx(1.0)
+    from dpo_sweep.analysis.results import RESULTS_COLUMNS
+    assert set(sig) <= set(RESULTS_COLUMNS)  # each signal is a typed results.csv column

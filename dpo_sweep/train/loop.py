@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import math
 import os
 import time
@@ -409,6 +408,6 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
         lean_ops=cfg.model.lean_ops, device=str(device),
         steps=len(records), measured_steps=len(measured), pairs_used=usable, pairs_dropped=ds.dropped,
         startup_s=t_measure - t_start, measure_s=t_end - t_measure,
-        **dataclasses.asdict(signals), eval_loss=eval_loss,
+        **signals, eval_loss=eval_loss,
     )
     return TrialOutcome(result, tuple(records))

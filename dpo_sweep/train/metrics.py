@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-from dpo_sweep.stability import detrended_std  # noqa: F401 - loss_std, shared with the verdict
+from dpo_sweep.stability import detrended_std, median  # noqa: F401 - shared with the verdict
 
 #: Sums accumulated on the device over a step's micro-batches, in this order ...
 #: ``kl`` sums each sequence's policy/reference log-ratio per response token; ``kl_sq`` its square
@@ -59,14 +59,6 @@ def step_means(sums: Sequence[float]) -> dict[str, float]:
         # float64 sums: no cancellation at a step's sizes; max(0, .) absorbs last-bit rounding.
         "logratio_std": math.sqrt(max(0.0, s["kl_sq"] / s["seqs"] - logratio_mean ** 2)),
     }
-
-
-def median(values: Sequence[float]) -> float:
-    v = sorted(x for x in values if math.isfinite(x))
-    if not v:
-        return math.nan
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def mean(values: Sequence[float]) -> float:
