@@ -39,6 +39,15 @@ def refused_attention(level: str, attn_implementation: str) -> str | None:
     )
 
 
+def refused_adaptive_clip(train: TrainSpec, resources: ResourcesSpec) -> str | None:
+    """Why ``train.adaptive_clip`` is refused with these resources; None when they go together."""
+    if not (train.adaptive_clip and resources.parallelism == "fsdp" and resources.workers_per_trial > 1):
+        return None
+    return ("train.adaptive_clip: true with resources.parallelism: fsdp is refused: each worker holds a "
+            "shard of every parameter, so a per-parameter gradient norm would be a shard's; use "
+            "parallelism: ddp, one worker, or adaptive_clip: false")
+
+
 LossType = Literal["sigmoid", "ipo", "hinge"]
 LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16"]
