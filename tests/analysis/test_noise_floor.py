@@ -62,3 +62,15 @@ def test_frontier_md_states_the_drift_of_same_maths_trials(tmp_path):
     assert groups[0].max_abs_delta_loss == pytest.approx(0.681 - 0.675)
     text = commands.analyse_dir(out_dir, memory_budget_gb=40.0).frontier_path.read_text()
     assert "## Noise floor" in text and "s4 (4 x none x 1)" in text and "0.006" in text
+
+
+def test_report_notes_state_the_noise_floor(tmp_path):
+    from dpo_sweep.report.data import build_report_data
+
+    steps = _steps("s1", [0.693, 0.680]) + _steps("s2", [0.693, 0.683])
+    out_dir = write_dir(tmp_path / "r", _splits()[:2], steps)
+    outcome = commands.analyse_dir(out_dir, memory_budget_gb=40.0)
+    data = build_report_data(outcome.analysed, recommend(outcome.analysed, 40.0), OBJS,
+                             commands.results.load_steps(out_dir))
+    assert any(n.startswith("Noise floor: s1, s2 are the same maths") and "0.003 over 2 steps" in n
+               for n in data.notes)
