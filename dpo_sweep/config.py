@@ -39,6 +39,15 @@ def refused_attention(level: str, attn_implementation: str) -> str | None:
     )
 
 
+def refused_adaptive_clip(train: TrainSpec, resources: ResourcesSpec) -> str | None:
+    """Why ``train.adaptive_clip`` is refused with these resources; None when they go together."""
+    if not (train.adaptive_clip and resources.parallelism == "fsdp" and resources.workers_per_trial > 1):
+        return None
+    return ("train.adaptive_clip: true with resources.parallelism: fsdp is refused: each worker holds a "
+            "shard of every parameter, so a per-parameter gradient norm would be a shard's; use "
+            "parallelism: ddp, one worker, or adaptive_clip: false")
+
+
 LossType = Literal["sigmoid", "ipo", "hinge"]
 LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16"]
@@ -179,6 +188,27 @@ class TrainSpec(_Strict):
         1024, ge=0,
         description="Tokens per chunk of the lm_head + log-softmax (recomputed in backward); "
         "0 = naive full-vocabulary logits for the whole batch.",
+    )
+    beta_schedule: Literal["constant", "seed"] = Field(
+        "constant",
+        description="constant: beta every step; seed: the DPO-stability article's schedule "
+        "(0.1 -> 0.3 over the first 10% of steps, 0.2 + 0.1 cos(2 pi step / steps), 0.15 for the "
+        "last 5%), scaled by beta / 0.1 (train/knobs.py).",
+    )
+    adaptive_clip: bool = Field(
+        False, description="Clip each parameter's gradient at the P90 of its own norms over the last "
+        "adaptive_clip_window steps (before the max_grad_norm clip)."
+    )
+    adaptive_clip_window: int = Field(20, ge=2, description="Steps of gradient-norm history per parameter.")
+    ema_decay: float | None = Field(
+        None, gt=0, lt=1,
+        description="Exponential moving average of the weights (e.g. 0.99), updated every step; the "
+        "averaged weights are the trial's final weights (eval_loss). null: no EMA.",
+    )
+    grad_acc_schedule: Literal["constant", "seed"] = Field(
+        "constant",
+        description="constant: grad_acc every step; seed: grad_acc until KL is stable, then grad_acc/2, "
+        "grad_acc/8 for the last 10% of steps (32, 16, 4 at grad_acc 32).",
     )
     padding_side: Literal["right", "left"] = Field("right", description="Where batches are padded.")
     seed: int = Field(0, description="Seed for weights, data order and dropout.")

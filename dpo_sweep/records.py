@@ -44,6 +44,11 @@ class StepRecord:
     tokens_per_s: float = math.nan
     lr: float = math.nan
     measured: bool = True
+    # Stability signals (dpo_sweep/stability.py) and the knobs' per-step values.
+    logratio_mean: float = math.nan
+    logratio_std: float = math.nan
+    beta: float = math.nan
+    grad_acc: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,16 @@ class TrialResult:
     pairs_dropped: int = 0
     startup_s: float = math.nan
     measure_s: float = math.nan
+    # Stability (dpo_sweep/stability.py: signals over every step, verdict, rollback trigger).
+    stability: str = ""
+    loss_slope: float = math.nan
+    loss_spread: float = math.nan
+    grad_norm_spike: float = math.nan
+    logratio_std_max: float = math.nan
+    reward_accuracy_slope: float = math.nan
+    reward_margin_slope: float = math.nan
+    rollback_step: int | None = None
+    eval_loss: float = math.nan
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

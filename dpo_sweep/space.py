@@ -30,6 +30,7 @@ from dpo_sweep.config import (
     SamplerSpec,
     TrainSpec,
     TrialConfig,
+    refused_adaptive_clip,
     refused_attention,
 )
 from dpo_sweep.errors import SpaceError
@@ -283,6 +284,9 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
         refused = refused_attention(point["checkpoint_level"], p["model"].attn_implementation)
         if refused:
             raise SpaceError(f"{source}: search.checkpoint_level {point['checkpoint_level']!r}: {refused}")
+        refused = refused_adaptive_clip(train, spec.resources)
+        if refused:
+            raise SpaceError(f"{source}: {refused}")
         trial_id = _trial_id(index, point, {k: getattr(train, k) for k in train_over})
         trials.append(
             TrialConfig(

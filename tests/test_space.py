@@ -144,3 +144,15 @@ def test_sweep_rows_carry_swept_train_fields_as_columns(tmp_path):
     assert list(written[0]) == RESULTS_COLUMNS + ["seed"]  # loss is already the loss_type column
     assert [(r["seed"], r["loss_type"]) for r in written] == [
         (str(t.train.seed), t.train.loss) for t in trials[:3]]
+
+
+def test_adaptive_clip_with_fsdp_is_refused_naming_both_fields(tmp_path, capsys):
+    import yaml
+
+    raw = quickstart(resources={"workers_per_trial": 2, "parallelism": "fsdp", "use_gpu": False})
+    raw["train"] = {**raw["train"], "adaptive_clip": True}
+    path = tmp_path / "clip.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "train.adaptive_clip" in err and "parallelism: fsdp" in err

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.analysis import pareto, results, tables
+from dpo_sweep.analysis import noise_floor, pareto, results, tables
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
@@ -165,7 +165,9 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
 
     table = tables.frontier_markdown(analysed)
     frontier_path = out_dir / "frontier.md"
-    frontier_path.write_text(_frontier_document(table, objs, rec), encoding="utf-8")
+    floor = noise_floor.noise_floor_markdown(noise_floor.noise_floor(analysed, steps))
+    frontier_path.write_text(_frontier_document(table, objs, rec) + (f"\n{floor}" if floor else ""),
+                             encoding="utf-8")
     rec_json = rec.to_json_dict()
     rec_path = out_dir / "recommendation.json"
     rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

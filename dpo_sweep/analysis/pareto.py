@@ -33,7 +33,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from dpo_sweep.analysis import noise
+from dpo_sweep.analysis import noise, noise_floor
 from dpo_sweep.config import ObjectivesSpec
 from dpo_sweep.errors import UserError
 
@@ -41,7 +41,8 @@ from dpo_sweep.errors import UserError
 OBJECTIVE_COLUMNS: dict[str, str] = {
     "memory": "peak_mem_gb",
     "throughput": "tokens_per_s",
-    "loss_std": "loss_std",
+    # Pooled over same-maths trials (analysis/noise_floor.py): their loss std difference is rounding.
+    "loss_std": noise_floor.POOLED_COLUMN,
 }
 DEFAULT_OBJECTIVES: dict[str, str | None] = ObjectivesSpec().model_dump()
 #: The objective whose values carry a measured noise interval (noise.throughput_interval).
@@ -159,7 +160,9 @@ def analyse_frontier(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> pd.
     * ``frontier_distance``: float, 0 on the frontier, NaN for ineligible rows.
     * ``frontier_rank``: 1 for every frontier row, then 2, 3, ... by distance (ties share a
       rank); <NA> for ineligible rows.
+    * ``loss_std_pooled``: the loss-std objective's column (noise_floor.with_pooled_loss_std).
     """
+    df = noise_floor.with_pooled_loss_std(df)
     out = df.copy()
     eligible = eligible_mask(df, objectives)
     points = as_minimisation(df, objectives)[eligible]

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from dpo_sweep.analysis import noise
+from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.reasons import amount, exactness_sentence, failure_summary, interval, tie_sentence, tied_faster
 from dpo_sweep.analysis.tables import is_finite
 from dpo_sweep.errors import UserError
@@ -133,7 +134,7 @@ def rank_candidates(rows: pd.DataFrame) -> pd.DataFrame:
     key = rows.assign(
         _tps=-rows["tokens_per_s"].astype(float).fillna(-np.inf),
         _mem=rows["peak_mem_gb"].astype(float).fillna(np.inf),
-        _std=rows["loss_std"].astype(float).fillna(np.inf),
+        _std=rows[POOLED_COLUMN].astype(float).fillna(np.inf),
     )
     if key.empty:
         return rows
@@ -174,7 +175,7 @@ def runner_up_cost(winner: pd.Series, other: pd.Series) -> str:
     w_time, o_time = winner["step_time_ms"], other["step_time_ms"]
     if is_finite(w_time) and is_finite(o_time) and abs(o_time - w_time) > 0.05:
         parts.append(f"take {amount(o_time)} ms per step instead of {amount(w_time)}")
-    w_std, o_std = winner["loss_std"], other["loss_std"]
+    w_std, o_std = winner[POOLED_COLUMN], other[POOLED_COLUMN]  # same maths: equal, not compared
     if is_finite(w_std) and is_finite(o_std) and abs(o_std - w_std) > 1e-12:
         parts.append(f"have loss std {_g(o_std, 3)} instead of {_g(w_std, 3)}")
     if not parts:
@@ -218,7 +219,7 @@ def recommend(
         budget_source = "none"
     usable = None if memory_budget_gb is None else memory_budget_gb * (1.0 - safety_margin)
     ok = analysed[analysed["status"] == "ok"]
-    limit = stability_limit(ok["loss_std"].to_numpy(dtype=float))
+    limit = stability_limit(ok[POOLED_COLUMN].to_numpy(dtype=float))
     common = dict(memory_budget_gb=memory_budget_gb, budget_source=budget_source,
                   safety_margin=safety_margin, usable_memory_gb=usable, loss_std_limit=limit)
 
@@ -295,9 +296,11 @@ def _fits(rows: pd.DataFrame, usable_gb: float | None) -> pd.DataFrame:
 
 
 def _stable(rows: pd.DataFrame, limit: float | None) -> pd.DataFrame:
+    """Rows not judged ``diverging`` (stability.py's verdict) whose pooled loss std is within ``limit``."""
+    rows = rows[rows["stability"].astype(str) != "diverging"] if "stability" in rows else rows
     if limit is None:
         return rows
-    return rows[rows["loss_std"].astype(float) <= limit]
+    return rows[rows[POOLED_COLUMN].astype(float) <= limit]
 
 
 def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,

@@ -58,6 +58,8 @@ LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("train", "steps"), ("train", "warmup_steps"), ("train", "max_length"), ("train", "weight_decay"),
     ("train", "adam_betas"), ("train", "adam_eps"), ("train", "max_grad_norm"), ("train", "device"),
     ("train", "fail_at_step"), ("train", "fail_kind"), ("train", "fail_rank"),
+    ("train", "beta_schedule"), ("train", "adaptive_clip"), ("train", "adaptive_clip_window"),
+    ("train", "ema_decay"), ("train", "grad_acc_schedule"),  # the stability knobs (train/knobs.py)
 )
 #: Checkpoint levels from most activations kept to fewest (README: none > L1 > L2 >= L3 > full).
 LEVELS_BY_MEMORY: tuple[str, ...] = ("none", "L1", "L2", "L3", "full")

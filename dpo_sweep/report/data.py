@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpo_sweep.analysis import tables
+from dpo_sweep.analysis import noise_floor, tables
 from dpo_sweep.analysis.pareto import Objective
 from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.records import STATUSES
@@ -225,6 +225,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     if len(ineligible_ok):
         notes.append("Completed but missing an objective metric (NaN), so not compared for the frontier: "
                      + ", ".join(ineligible_ok["trial_id"]))
+    notes += [noise_floor.noise_floor_sentence(g) for g in noise_floor.noise_floor(analysed, steps)]
     names = [o.name for o in objectives]
     figs = [
         _figure("plot-memory-time", "Each point is a trial; the ringed points joined by the dotted line are "

@@ -35,13 +35,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpo_sweep import stability
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
 from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCounts, TrialClock, dpo_step_flops,
                                  failure_peak_gb, make_memory_sampler, max_peaks, mfu)
 from dpo_sweep.telemetry.flops import NO_TOKENS
-from dpo_sweep.train import metrics
+from dpo_sweep.train import evaluation, knobs, metrics
 from dpo_sweep.train.batching import MicroBatch, flop_token_counts
 from dpo_sweep.train.loss import dpo_loss
 from dpo_sweep.train.setup import (
@@ -52,6 +53,7 @@ from dpo_sweep.train.setup import (
     configure_device_memory,
     forward_inputs,
     load_data,
+    precompute_reference,
 )
 
 @dataclass(frozen=True)
@@ -169,7 +171,17 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
                 say(f"[{cfg.trial_id}] diverged: {error}; stopping")
                 break
     sampler.close()
-    result = summarise(setup, steps, timer, clock, status=status, error=error, mem_source=sampler.source)
+    if setup.ema is not None:
+        setup.ema.copy_to_params()  # the EMA weights are the trial's final weights
+    records = [out.record for out in steps]
+    eval_loss = math.nan if status != "ok" else evaluation.held_batch_loss(
+        lambda model, held: precompute_reference(model, held, cfg, device, setup.data.pad_token_id),
+        setup.policy, setup.reference, setup.ref_table, setup.data.pairs, cfg.effective_batch(),
+        records[-1].beta, cfg.train)
+    signals = stability.signals(*([getattr(r, k) for r in records] for k in (
+        "loss", "grad_norm", "logratio_std", "reward_accuracy", "reward_margin")))
+    result = summarise(setup, steps, timer, clock, status=status, error=error, mem_source=sampler.source,
+                       signals={**signals, "eval_loss": eval_loss})
     return TrialOutcome(result, tuple(out.record for out in steps))
 
 
@@ -184,14 +196,16 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     timer.start_step()
     clock.step_started()
     poison = _inject(cfg, step, setup.rank)
+    grad_acc = setup.grad_acc_schedule.for_step(step)  # cfg.grad_acc unless train.grad_acc_schedule
+    beta = knobs.seed_beta(step, cfg.train.steps, cfg.beta) if cfg.train.beta_schedule == "seed" else cfg.beta
     device_sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=setup.device)
     host_sums = [0] * len(metrics.HOST_SUMS)  # pairs, sequences, tokens: known without the device
     flop_counts = NO_TOKENS
-    for micro in range(cfg.grad_acc):
+    for micro in range(grad_acc):
         batch = next(setup.batches)
         flop_counts += flop_token_counts(batch, chunked_head=cfg.train.logp_chunk_tokens > 0)
-        sync = micro == cfg.grad_acc - 1 or cfg.resources.sync_every_micro_step
-        device_sums += _micro_step(setup, batch, sync, poison)
+        sync = micro == grad_acc - 1 or cfg.resources.sync_every_micro_step
+        device_sums += _micro_step(setup, batch, sync, poison, beta, grad_acc)
         host_sums = [host_sums[0] + batch.pairs, host_sums[1] + 2 * batch.pairs, host_sums[2] + batch.tokens()]
     grad_norm = _optimizer_step(setup)
     sums = _all_reduce_sums(setup, device_sums, host_sums)
@@ -213,12 +227,16 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
         rewards_chosen=means["rewards/chosen"], rewards_rejected=means["rewards/rejected"],
         tokens_per_s=tokens / (step_time_ms / 1e3), lr=setup.scheduler.get_last_lr()[0],
         measured=step > cfg.train.warmup_steps,
+        logratio_mean=means["logratio_mean"], logratio_std=means["logratio_std"], beta=beta, grad_acc=grad_acc,
     )
+    setup.grad_acc_schedule.observe(record.kl)
     return StepOutput(record, tokens, flop_counts, peaks)
 
 
-def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bool) -> torch.Tensor:
-    """Forward and backward of one micro-batch; its contribution to the step's device sums."""
+def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bool, beta: float,
+                grad_acc: int) -> torch.Tensor:
+    """Forward and backward of one micro-batch of a step of ``grad_acc``; its contribution to the
+    step's device sums. ``beta``: this step's (train.beta_schedule)."""
     cfg = setup.cfg
     has_padding = bool((cpu_batch.attention_mask == 0).any())
     batch = cpu_batch.to(setup.device)
@@ -233,13 +251,13 @@ def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bo
                 ref_logps, _ = setup.reference(*forward_inputs(batch, has_padding))
         logps, token_counts = setup.policy(*forward_inputs(batch, has_padding))
         losses, chosen_rewards, rejected_rewards = dpo_loss(
-            logps[:pairs], logps[pairs:], ref_logps[:pairs], ref_logps[pairs:], cfg.beta, cfg.train.loss,
+            logps[:pairs], logps[pairs:], ref_logps[:pairs], ref_logps[pairs:], beta, cfg.train.loss,
             cfg.train.label_smoothing, chosen_tokens=token_counts[:pairs], rejected_tokens=token_counts[pairs:])
         if poison:
             losses = losses * float("nan")
         # Mean over the effective batch: micro_batch x grad_acc pairs here, and DDP/FSDP
         # average over workers, so any split of the same pairs gives the same update.
-        loss = losses.sum() / (pairs * cfg.grad_acc)
+        loss = losses.sum() / (pairs * grad_acc)
     setup.scaler.scale(loss).backward()
     return metrics.micro_step_sums(losses, chosen_rewards, rejected_rewards, logps, ref_logps.float(), token_counts)
 
@@ -247,10 +265,14 @@ def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bo
 def _optimizer_step(setup: TrialSetup) -> torch.Tensor:
     """Unscale, clip, update, advance the schedule; the gradient norm before clipping."""
     setup.scaler.unscale_(setup.optimizer)
+    if setup.adaptive_clip is not None:
+        setup.adaptive_clip.clip_()  # per parameter, before the total-norm clip
     max_norm = setup.cfg.train.max_grad_norm
     grad_norm = torch.nn.utils.clip_grad_norm_(setup.params, max_norm if max_norm is not None else float("inf"))
     setup.scaler.step(setup.optimizer)
     setup.scaler.update()
+    if setup.ema is not None:
+        setup.ema.update()
     setup.optimizer.zero_grad(set_to_none=True)
     setup.scheduler.step()
     return grad_norm
@@ -325,8 +347,9 @@ def _sum_over_workers(setup: TrialSetup, counts: TokenCounts) -> TokenCounts:
 
 
 def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, clock: TrialClock, *,
-              status: str, error: str, mem_source: str) -> TrialResult:
-    """The trial's results.csv row from its steps (medians and means over the measured ones)."""
+              status: str, error: str, mem_source: str, signals: dict[str, float | int | str | None]) -> TrialResult:
+    """The trial's results.csv row from its steps (medians and means over the measured ones);
+    ``signals``: the stability columns (dpo_sweep/stability.py) and ``eval_loss``."""
     cfg, device = setup.cfg, setup.device
     records = [out.record for out in steps]
     measured = [out for out in steps if out.record.measured]
@@ -356,4 +379,5 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
         liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops, device=str(device),
         steps=len(records), measured_steps=len(measured), pairs_used=setup.data.usable_pairs,
         pairs_dropped=setup.data.pairs.dropped, startup_s=clock.startup_s(), measure_s=clock.measure_s(),
+        **signals,
     )

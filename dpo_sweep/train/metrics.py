@@ -6,28 +6,15 @@ from typing import Sequence
 
 import torch
 
+from dpo_sweep.stability import detrended_std, median  # noqa: F401 - shared with the verdict
+
 #: Sums accumulated on the device over a step's micro-batches, in this order ...
-DEVICE_SUMS = ("loss", "acc", "margin", "rew_c", "rew_r", "logp_c", "logp_r", "kl")
+#: ``kl`` sums each sequence's policy/reference log-ratio per response token; ``kl_sq`` its square
+#: (for ``logratio_std``).
+DEVICE_SUMS = ("loss", "acc", "margin", "rew_c", "rew_r", "logp_c", "logp_r", "kl", "kl_sq")
 #: ... and sums the host knows without asking the device. Both are all-reduced over workers.
 HOST_SUMS = ("pairs", "seqs", "tokens")
 STEP_SUMS = DEVICE_SUMS + HOST_SUMS
-
-
-def detrended_std(values: Sequence[float]) -> float:
-    """Spread of values around their least-squares line: sqrt(sum(residual^2) / (n - 2)).
-
-    This is ``loss_std``: a loss that falls steadily has a std of 0, a loss that jumps around its
-    trend does not. NaN with fewer than 3 values (a line through 2 points fits exactly).
-    """
-    n = len(values)
-    if n < 3 or any(not math.isfinite(v) for v in values):
-        return math.nan
-    xs = range(n)
-    mx, my = (n - 1) / 2, sum(values) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, values)) / sxx
-    resid = [y - (my + slope * (x - mx)) for x, y in zip(xs, values)]
-    return math.sqrt(sum(r * r for r in resid) / (n - 2))
 
 
 def micro_step_sums(losses: torch.Tensor, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
@@ -48,6 +35,7 @@ def micro_step_sums(losses: torch.Tensor, chosen_rewards: torch.Tensor, rejected
         policy_logps[:b].detach().sum(),
         policy_logps[b:].detach().sum(),
         per_token_ratio.sum(),
+        per_token_ratio.double().square().sum(),
     ]).double()
 
 
@@ -55,6 +43,7 @@ def step_means(sums: Sequence[float]) -> dict[str, float]:
     """TRL-named step metrics from the all-reduced sums."""
     s = dict(zip(STEP_SUMS, sums))
     pairs = s["pairs"]
+    logratio_mean = s["kl"] / s["seqs"]
     return {
         "loss": s["loss"] / pairs,
         "rewards/accuracies": s["acc"] / pairs,
@@ -63,16 +52,13 @@ def step_means(sums: Sequence[float]) -> dict[str, float]:
         "rewards/rejected": s["rew_r"] / pairs,
         "logps/chosen": s["logp_c"] / pairs,
         "logps/rejected": s["logp_r"] / pairs,
-        "kl": s["kl"] / s["seqs"],
+        "kl": logratio_mean,
+        # The seed article's log_ratio: log pi(y|x) - log ref(y|x) per response token, mean and
+        # population std over the step's sequences (chosen and rejected). The mean is ``kl``.
+        "logratio_mean": logratio_mean,
+        # float64 sums: no cancellation at a step's sizes; max(0, .) absorbs last-bit rounding.
+        "logratio_std": math.sqrt(max(0.0, s["kl_sq"] / s["seqs"] - logratio_mean ** 2)),
     }
-
-
-def median(values: Sequence[float]) -> float:
-    v = sorted(x for x in values if math.isfinite(x))
-    if not v:
-        return math.nan
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def mean(values: Sequence[float]) -> float:

@@ -19,6 +19,7 @@ from torch import nn
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import DataError
 from dpo_sweep.telemetry import DecoderShape
+from dpo_sweep.train import knobs
 from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs
 from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
 from dpo_sweep.train.data import PairDataset, load_pairs
@@ -58,6 +59,9 @@ class TrialSetup:
     scaler: torch.amp.GradScaler
     batches: Iterator[MicroBatch]  # this rank's micro-batches, endless
     shape: DecoderShape  # for the FLOP count (telemetry.flops)
+    grad_acc_schedule: knobs.GradAccSchedule  # micro-steps per step (train.grad_acc_schedule)
+    adaptive_clip: knobs.AdaptiveClip | None  # train.adaptive_clip
+    ema: knobs.WeightEma | None  # train.ema_decay
 
 
 def configure_device_memory(cfg: TrialConfig, device: torch.device) -> None:
@@ -132,6 +136,9 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         batches=micro_batches(data.pairs, cfg.micro_batch, world, rank, train.seed, data.pad_token_id,
                               train.padding_side, grad_acc=cfg.grad_acc),
         shape=DecoderShape.from_config(policy.config),
+        grad_acc_schedule=knobs.GradAccSchedule(train.grad_acc_schedule, cfg.grad_acc, train.steps),
+        adaptive_clip=knobs.AdaptiveClip(params, train.adaptive_clip_window) if train.adaptive_clip else None,
+        ema=knobs.WeightEma(params, train.ema_decay) if train.ema_decay is not None else None,
     )
 
 

@@ -30,6 +30,10 @@ def cmd_trial(args: argparse.Namespace) -> int:
         print(f"done: peak memory {r.peak_mem_gb:.3f} GB ({r.mem_source}), step time {r.step_time_ms:.0f} ms "
               f"(median of {r.measured_steps}), {r.tokens_per_s:,.0f} tokens/s, loss std "
               f"{r.loss_std:.4g}" + ("" if math.isnan(r.mfu) else f", MFU {r.mfu:.1%}"))
+        print(f"stability: {r.stability or 'no verdict (fewer than 5 steps)'} (loss slope {r.loss_slope:+.4g}/step, "
+              f"spread {r.loss_spread:.4g}, grad-norm spike {r.grad_norm_spike:.3g}x, log-ratio std max "
+              f"{r.logratio_std_max:.3g}" + (f", rollback trigger at step {r.rollback_step}" if r.rollback_step else "")
+              + f"), eval_loss {r.eval_loss:.4g}")
     else:
         print(f"done: status {r.status}: {r.error}", file=sys.stderr)
     print(f"wrote {out / 'results.csv'} and {out / 'steps.csv'}")

@@ -16,14 +16,20 @@ HOSTILE = "<script>alert(1)</script>"
 
 def trial(trial_id: str, mem: float = math.nan, time_ms: float = math.nan, std: float = math.nan,
           tps: float | None = None, status: str = "ok", mb: int = 1, level: str = "none", ga: int = 1,
-          beta: float = 0.1, model: str = "tiny-llama", error: str = "") -> TrialResult:
-    """One results row; tokens/s defaults to 1e6 / step time (so faster steps = more throughput)."""
+          beta: float = 0.1, model: str = "tiny-llama", error: str = "", seed: int | str | None = None
+          ) -> TrialResult:
+    """One results row; tokens/s defaults to 1e6 / step time (so faster steps = more throughput).
+
+    ``seed``: a swept ``seed`` column, by default the trial id, so that hand-made rows are
+    different learning set-ups (analysis/noise_floor.py pools the loss std of the same maths);
+    rows given one seed (and equal effective batch, beta, ...) are the same maths."""
     if tps is None:
         tps = 1e6 / time_ms if math.isfinite(time_ms) and time_ms > 0 else math.nan
     return TrialResult(trial_id=trial_id, status=status, model=model, seq_len=128, micro_batch=mb,
                        checkpoint_level=level, grad_acc=ga, beta=beta, num_workers=1,
                        effective_batch=mb * ga, peak_mem_gb=mem, step_time_ms=time_ms,
-                       tokens_per_s=tps, loss_std=std, error=error)
+                       tokens_per_s=tps, loss_std=std, error=error,
+                       extra={"seed": trial_id if seed is None else seed})
 
 
 def write_dir(out_dir: Path, trials: Iterable[TrialResult], steps: Iterable[StepRecord] = (),

@@ -118,7 +118,7 @@ def test_distance_grows_with_how_far_a_point_is_behind():
 def test_objectives_from_spec():
     assert objectives_from_spec(None) == (
         Objective("memory", "peak_mem_gb", "min"), Objective("throughput", "tokens_per_s", "max"),
-        Objective("loss_std", "loss_std", "min"))
+        Objective("loss_std", "loss_std_pooled", "min"))  # pooled over same maths: noise_floor.py
     assert [o.name for o in objectives_from_spec({"memory": "min", "throughput": None})] == ["memory"]
     from dpo_sweep.config import ObjectivesSpec
     assert objectives_from_spec(ObjectivesSpec(loss_std=None)) == objectives_from_spec(

@@ -171,3 +171,11 @@ def test_pick_learning_trial_is_the_largest_micro_batch_that_fits():
     assert rules.pick_learning_trial(group, _peak, 0.0) is None
     fastest = rules.pick_learning_trial(group, _peak, budget, step_ms=lambda c: 100.0 * c.grad_acc + c.micro_batch)
     assert fastest.trial_id in ("t001", "t002") and fastest.grad_acc == 2
+
+
+@pytest.mark.parametrize("knob", [{"beta_schedule": "seed"}, {"adaptive_clip": True},
+                                  {"adaptive_clip_window": 5}, {"ema_decay": 0.99},
+                                  {"grad_acc_schedule": "seed"}])
+def test_stability_knobs_are_part_of_the_learning_setup(knob):
+    base = _cfg(0, micro_batch=2, grad_acc=4)
+    assert rules.learning_key(_cfg(1, micro_batch=2, grad_acc=4, **knob)) != rules.learning_key(base)

@@ -1,0 +1,147 @@
+"""Stability signals of one trial and its verdict: pure functions over its per-step values.
+
+Neutral ground (standard library only): the trainer computes a trial's verdict and its rollback
+step from its steps for results.csv, the analyser reads the same definitions.
+
+Signals (TRL's names where TRL has one, per optimizer step, every step that ran: a learning
+trajectory starts at step 1, so the warm-up steps that the time medians leave out count here):
+
+* ``loss_slope``: least-squares slope of the loss per step (negative: it falls);
+* ``loss_spread``: the loss's spread around that line (:func:`detrended_std`);
+* ``grad_norm_spike``: max over median of ``grad_norm``;
+* ``logratio_mean`` / ``logratio_std`` (per step, from the trainer): mean and std over the step's
+  sequences (chosen and rejected) of ``log pi(y|x) - log ref(y|x)`` per response token (the
+  mean is steps.csv's ``kl``); per token, so the 1.5 threshold means the same at any length;
+  ``logratio_std_max`` is the largest per-step std;
+* ``reward_accuracy_slope`` / ``reward_margin_slope``: slopes of ``rewards/accuracies`` and
+  ``rewards/margins`` per step;
+* ``rollback_step``: the step at which the log-ratio std has stayed above
+  :data:`ROLLBACK_LOGRATIO_STD` for :data:`ROLLBACK_STEPS` consecutive steps (the rollback trigger
+  of the seed article on DPO stability), None when it never fires.
+
+The verdict (:func:`verdict`), with ``scale`` = |loss| at step 1, where the policy is still the
+reference: the loss type's value at a zero margin (ln 2 for sigmoid, 1 for hinge, (1 / 2 beta)^2
+for ipo), so every threshold is relative to a scale the configuration fixes:
+
+* ``diverging``: a non-finite loss or grad norm; or the rollback trigger fired (the policy has
+  moved from the reference by more than 1.5 nats per token, in spread, for 5 steps: the loss may
+  then be falling *because* the policy degenerates); or the fitted loss *rises* over the run by
+  more than :data:`RISE_FRACTION` of ``scale`` and by more than :data:`RISE_OVER_SPREAD` x its
+  spread (a rise the step-to-step noise cannot explain);
+* ``noisy``: otherwise, a spread above :data:`NOISY_SPREAD_FRACTION` of ``scale``, or a grad-norm
+  spike above :data:`NOISY_GRAD_SPIKE`;
+* ``stable``: otherwise; ``""`` (no verdict) with fewer than :data:`MIN_VERDICT_STEPS` finite steps.
+
+How the thresholds were chosen (README "Stability"): on the H200, splits of one effective batch
+(the same maths) gave loss_std 0.0028-0.023 at a step-1 loss of ln 2, bf16 rounding: at most 3.3%
+of the scale. On the CPU tiny model, runs that learn (loss 0.69 -> 0.14-0.31 in 12-16 steps, lr
+5e-4 and 1e-3, effective batch 16) have a spread of 4.4-7.4% (their curve is not a line), runs at
+lr 0.05 37-53%. ``noisy`` starts at 10%: above the healthy runs, three times bf16's rounding. A
+rise of 5% of the scale that is also twice the spread is beyond both. The healthy runs keep their
+grad norm within 1.4-1.9x of its median, one at lr 0.3 without clipping reaches 298x; 5x is a
+spike. Their per-token log-ratio std stays below 0.9; at lr 0.05 it passes 1.5 by step 4-6.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+VERDICTS = ("stable", "noisy", "diverging")
+MIN_VERDICT_STEPS = 5
+NOISY_SPREAD_FRACTION = 0.10
+NOISY_GRAD_SPIKE = 5.0
+RISE_FRACTION = 0.05
+RISE_OVER_SPREAD = 2.0
+ROLLBACK_LOGRATIO_STD = 1.5
+ROLLBACK_STEPS = 5
+
+
+def _finite(values: Sequence[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
+def slope(values: Sequence[float]) -> float:
+    """Least-squares slope of ``values`` against 0, 1, 2, ...; NaN with fewer than 2 finite values."""
+    n = len(values)
+    if n < 2 or not _finite(values):
+        return math.nan
+    mx, my = (n - 1) / 2, sum(values) / n
+    sxx = sum((x - mx) ** 2 for x in range(n))
+    return sum((x - mx) * (y - my) for x, y in enumerate(values)) / sxx
+
+
+def detrended_std(values: Sequence[float]) -> float:
+    """Spread of values around their least-squares line: sqrt(sum(residual^2) / (n - 2)).
+
+    This is ``loss_std``: a loss that falls steadily has a std of 0, a loss that jumps around its
+    trend does not. NaN with fewer than 3 values (a line through 2 points fits exactly).
+    """
+    n = len(values)
+    if n < 3 or not _finite(values):
+        return math.nan
+    b = slope(values)
+    mx, my = (n - 1) / 2, sum(values) / n
+    resid = [y - (my + b * (x - mx)) for x, y in enumerate(values)]
+    return math.sqrt(sum(r * r for r in resid) / (n - 2))
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of the finite values; NaN when there are none."""
+    v = sorted(x for x in values if math.isfinite(x))
+    if not v:
+        return math.nan
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def spike_ratio(values: Sequence[float]) -> float:
+    """max / median of the finite values; NaN when there are none or the median is 0."""
+    med = median(values)
+    return max(x for x in values if math.isfinite(x)) / med if med > 0 else math.nan
+
+
+def rollback_step(logratio_std: Sequence[float], threshold: float = ROLLBACK_LOGRATIO_STD,
+                  run: int = ROLLBACK_STEPS) -> int | None:
+    """1-based step at which ``logratio_std`` has been above ``threshold`` for ``run`` consecutive
+    steps (the step the rollback would happen at); None when that never happens."""
+    streak = 0
+    for step, value in enumerate(logratio_std, start=1):
+        streak = streak + 1 if value > threshold else 0  # NaN compares False: breaks the streak
+        if streak == run:
+            return step
+    return None
+
+
+def verdict(losses: Sequence[float], grad_norms: Sequence[float], rollback: int | None = None) -> str:
+    """``stable``, ``noisy``, ``diverging`` or ``""`` (too few steps); the rules are the module doc's.
+    ``rollback``: :func:`rollback_step` of the trial's log-ratio std."""
+    if not _finite(losses) or not _finite(grad_norms) or rollback is not None:
+        return "diverging"
+    if len(losses) < MIN_VERDICT_STEPS:
+        return ""
+    scale = abs(losses[0]) or max(abs(v) for v in losses)
+    spread = detrended_std(losses)
+    rise = slope(losses) * (len(losses) - 1)
+    if rise > RISE_FRACTION * scale and rise > RISE_OVER_SPREAD * spread:
+        return "diverging"
+    if spread > NOISY_SPREAD_FRACTION * scale or spike_ratio(grad_norms) > NOISY_GRAD_SPIKE:
+        return "noisy"
+    return "stable"
+
+
+def signals(losses: Sequence[float], grad_norms: Sequence[float], logratio_std: Sequence[float],
+            reward_accuracy: Sequence[float], reward_margin: Sequence[float]) -> dict[str, float | int | str | None]:
+    """Every signal of the module doc from a trial's per-step values (all steps that ran, in order),
+    keyed by its results.csv column (fields of the results row, ``TrialResult``, which types them)."""
+    std_finite = [v for v in logratio_std if math.isfinite(v)]
+    rollback = rollback_step(logratio_std)
+    return {
+        "stability": verdict(losses, grad_norms, rollback),
+        "loss_slope": slope(losses),
+        "loss_spread": detrended_std(losses),
+        "grad_norm_spike": spike_ratio(grad_norms),
+        "logratio_std_max": max(std_finite) if std_finite else math.nan,
+        "reward_accuracy_slope": slope(reward_accuracy),
+        "reward_margin_slope": slope(reward_margin),
+        "rollback_step": rollback,
+    }
