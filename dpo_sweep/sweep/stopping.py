@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import signal
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -139,4 +140,5 @@ def interrupted_line(finished: int, total: int, resume_command: str) -> str:
 
 
 def resume_command(space_path: str, out_dir: str) -> str:
-    return f"dpo-sweep run {space_path} --output {out_dir} --resume"
+    """The command that continues this sweep (paths quoted for a shell where they need it)."""
+    return f"dpo-sweep run {shlex.quote(space_path)} --output {shlex.quote(out_dir)} --resume"

@@ -138,3 +138,9 @@ def test_token_command_is_the_ray_script_next_to_this_python():
     assert cmd == want
     done = subprocess.run([*cmd.split()[:-1], "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "get-auth-token" in done.stdout
+
+
+def test_interrupted_line_gives_a_resume_command_a_shell_can_run():
+    line = stopping.interrupted_line(2, 6, stopping.resume_command("my spaces/q.yaml", "reports/q"))
+    assert line == ("interrupted: 2 of 6 trials finished; continue with: "
+                    "dpo-sweep run 'my spaces/q.yaml' --output reports/q --resume")
