@@ -6,7 +6,8 @@ command, one trial at a time, and timestamps its console output as it arrives. P
 - ``wall_s``: from the previous trial's progress line (for the first: from the "trial(s) to run"
   line) to this one's - what the user waits per trial;
 - ``ray_s``: Tune trial start -> our worker loop running (Ray: trial, Train controller, worker
-  processes), from rank 0's ``worker loop started`` line; ``import_s``: importing the trainer;
+  processes), from rank 0's ``worker loop started`` line (in the sweep's DIR/logs/<trial>.log);
+  ``import_s``: importing the trainer;
 - ``data_s``, ``model_s``: the trainer's own marks; ``startup_s`` / ``measure_s``: results.csv
   (Tune trial start -> first optimizer step / the optimizer steps);
 - ``rest_s`` = ``wall_s - startup_s - measure_s``: Tune scheduling, ``fit()`` teardown, reporting.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -108,6 +110,13 @@ def run_timed(cmd: list[str], log: Path) -> list[tuple[float, str]]:
     return lines
 
 
+def worker_lines(sweep_dir: Path) -> list[tuple[float, str]]:
+    """Rank 0's lines from the sweep's per-trial logs (DIR/logs/<trial>.log, not on the console);
+    untimed: :func:`timings` reads their numbers, not when they came."""
+    return [(math.nan, line) for log in sorted((sweep_dir / "logs").glob("*.log"))
+            for line in log.read_text(errors="replace").splitlines()]
+
+
 def _strip(line: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", line)
 
@@ -182,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         lines = run_timed(cmd, args.out / "console.log")
         wall_s = time.monotonic() - t0
+        lines += worker_lines(Path(sweep_dir))
         for name in ("results.csv", "environment.json"):
             shutil.copy(Path(sweep_dir) / name, args.out / name)
     rows = timings(lines, read_csv_rows(args.out / "results.csv"))

@@ -1,7 +1,8 @@
 """Command line: ``dpo-sweep run | validate | report | recommend | trial``.
 
-Exit codes: 0 done (OOM or diverged trials are results), 1 infrastructure failure,
-2 invalid input (the message names the field, the value and what is allowed).
+Exit codes: 0 done (OOM or diverged trials are results), 1 infrastructure failure (or ``run``'s
+first trials all failing the same way before a step), 2 invalid input (the message names the
+field, the value and what is allowed), 130 Ctrl-C.
 """
 from __future__ import annotations
 

@@ -43,6 +43,8 @@ class AnalysisOutcome:
     """results.csv plus the frontier columns (eligible, on_frontier, frontier_distance, frontier_rank)."""
     objectives: tuple[pareto.Objective, ...] = ()
     """The objectives the frontier was taken over."""
+    recommendation_text: str = ""
+    """The recommendation as ``dpo-sweep recommend`` prints it (:func:`format_recommendation`)."""
 
 
 def gpu_memory_gb_from_environment(env: Mapping[str, Any] | None) -> float | None:
@@ -172,7 +174,8 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     rec_path = out_dir / "recommendation.json"
     rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     report_path = write_report(out_dir / "report.html", build_report_data(analysed, rec, objs, steps, env))
-    return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed, objs)
+    return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed, objs,
+                           format_recommendation(rec))
 
 
 def describe_objectives(objs: tuple[pareto.Objective, ...]) -> str:

@@ -5,13 +5,16 @@ The story: validate the space (exit 2 on a bad file) -> prepare the results dire
 connect to Ray (:mod:`~dpo_sweep.sweep.ray_cluster`: a new local cluster with its dashboard, or
 ``--address`` / ``RAY_ADDRESS``) and print where the dashboard is and how to log in -> run the
 trials not yet in ``results.csv`` (:mod:`~dpo_sweep.sweep.tuner`), each trial's rows appended as it
-finishes (:mod:`~dpo_sweep.sweep.recorder`) -> analyse the directory and print the frontier table.
+finishes (:mod:`~dpo_sweep.sweep.recorder`), its workers' output in ``DIR/logs/`` -> analyse the
+directory and print the frontier table and the recommendation. Ctrl-C and a failure that every
+trial meets the same way end the sweep early (:mod:`~dpo_sweep.sweep.stopping`).
 
 This is the one producer-side file that imports the analyser: a command that ends with what
 ``dpo-sweep report`` does, on purpose (tests/test_layering.py exempts exactly this file).
 
 Exit codes: 0 the sweep finished (OOM and diverged trials are results), 1 infrastructure
-failure (Ray could not start, Tune failed, a trial process died), 2 bad input.
+failure (Ray could not start, Tune failed, a trial process died) or the first trials all failed
+the same way before their first step, 2 bad input, 130 Ctrl-C (finished rows kept).
 """
 from __future__ import annotations
 
@@ -25,10 +28,15 @@ import ray
 from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
 from dpo_sweep.errors import UserError
-from dpo_sweep.sweep.output_dir import RESULTS_FILE, default_output_dir, prepare_output, save_environment
+from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finished_trial_ids, prepare_output,
+                                         save_environment)
 from dpo_sweep.sweep.ray_cluster import InfrastructureError, RayConnection, connect_ray, print_dashboard
+from dpo_sweep.sweep.driver import LOGS_DIR
 from dpo_sweep.sweep.recorder import say
-from dpo_sweep.sweep.tuner import run_sweep
+from dpo_sweep.sweep.stopping import INTERRUPTED, interrupted_line, resume_command
+from dpo_sweep.sweep.tuner import SweepSummary, run_sweep
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None],
@@ -53,7 +61,22 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     out("")
     out(str(analysis.frontier_markdown).rstrip())
     out("")
+    out(analysis.recommendation_text)
+    out("")
     out(f"report: {analysis.report_path}")
+
+
+def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Path, total: int) -> int:
+    """The exit of a sweep that ``stopping`` ended: its one line, and no analysis (what did not run
+    is not a result; ``dpo-sweep report DIR`` analyses the rows there are)."""
+    if summary.stopped == INTERRUPTED:
+        say(interrupted_line(summary.finished, total, resume_command(args.space, str(out_dir))))
+        return EXIT_INTERRUPTED
+    print(f"error: the first {summary.ran} trial(s) all failed "
+          f"before their first step with the same cause; the sweep stopped, "
+          f"{len(summary.not_run)} trial(s) not run. Their rows and logs: {out_dir / RESULTS_FILE}, "
+          f"{out_dir / LOGS_DIR}/. The cause: {summary.stopped}", file=sys.stderr)
+    return 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -72,6 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
 
     conn: RayConnection | None = None
+    total = len(sp.trials)
     try:
         conn = connect_ray(args.address, dashboard=not args.no_dashboard)
         print_dashboard(conn, say)
@@ -80,11 +104,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # before the trials start, or a second Ctrl-C: rows on disk are kept
+        say(interrupted_line(len(finished_trial_ids(out_dir)), total,
+                             resume_command(args.space, str(out_dir))))
+        return EXIT_INTERRUPTED
     finally:
+        # Ends the trials still running when the sweep stopped early: a local cluster with
+        # everything in it; on a joined cluster, the job's trial actors (their Train controllers
+        # and workers are owned by them, so they end too).
         if conn is not None and conn.started_here:
             ray.shutdown()
+    if summary.stopped is not None:
+        return _stopped_early(summary, args, out_dir, total)
     say(f"sweep finished: {summary.ran} trial(s) run, {summary.skipped} skipped; "
-        f"results in {out_dir / RESULTS_FILE}")
+        f"results in {out_dir / RESULTS_FILE}, worker output in {out_dir / LOGS_DIR}/")
     _analyse(out_dir, args, say, sp.spec)
     if summary.crashed:
         print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "

@@ -38,9 +38,13 @@ import dataclasses
 import importlib
 import json
 import math
+import os
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.records import StepRecord, TrialResult, failed_result
@@ -57,6 +61,8 @@ SUMMARY_KEY = "dpo/summary"    # the trainable's last report: how fit() ended (J
 STARTUP_KEY = "dpo/startup_s"  # TrialClock.startup_s() so far (for a trial that ends without a row)
 MEASURE_KEY = "dpo/measure_s"  # TrialClock.measure_s() so far
 MAX_ERROR_CHARS = 2000
+#: Under the results directory: one log file per trial with everything its workers print.
+LOGS_DIR = "logs"
 
 
 # --- Ray Train worker ------------------------------------------------------------------------
@@ -117,14 +123,56 @@ def startup_line(trial_id: str, ray_s: float, import_s: float) -> str:
             f"in {import_s:.1f} s")
 
 
+def worker_log_path(log_dir: str, trial_id: str, rank: int) -> Path:
+    """``DIR/logs/<trial_id>.log`` for rank 0, ``<trial_id>.rank<N>.log`` for the others."""
+    return Path(log_dir) / (f"{trial_id}.log" if rank == 0 else f"{trial_id}.rank{rank}.log")
+
+
+@contextmanager
+def output_to_file(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr - file descriptors 1 and 2, so C++ (c10d) and CUDA
+    messages too, not only Python's - appended to ``path`` within the block. A worker process
+    runs one trial, but its descriptors are given back anyway: Ray writes its own markers there."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with path.open("ab", buffering=0) as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+
+
 def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Runs inside every Ray Train worker: build, step, measure, report (the trainer does the
-    first three; this function only wires its per-step callback to ``ray.train.report``)."""
+    """Runs inside every Ray Train worker: everything it prints goes to the trial's log file
+    (:func:`worker_log_path`; the driver's console gets one line per trial from the reports)."""
+    import ray.train
+
+    cfg: TrialConfig = loop_config["trial"]  # validated once, by tune_trainable
+    log_dir = loop_config.get("log_dir")
+    if not log_dir:
+        _train_loop(loop_config)
+        return
+    rank = ray.train.get_context().get_world_rank()
+    with output_to_file(worker_log_path(log_dir, cfg.trial_id, rank)):
+        _train_loop(loop_config)
+
+
+def _train_loop(loop_config: dict[str, Any]) -> None:
+    """Build, step, measure, report (the trainer does the first three; this function only wires
+    its per-step callback to ``ray.train.report``)."""
     import ray.train
 
     entered = time.time()
     _quiet_train_reports()
-    cfg: TrialConfig = loop_config["trial"]  # validated once, by tune_trainable
+    cfg: TrialConfig = loop_config["trial"]
     run_trial = import_trainer(loop_config.get("trainer", DEFAULT_TRAINER))
     from dpo_sweep.telemetry.timing import TrialClock  # imports torch (the trainer just did): workers only
 
@@ -223,7 +271,7 @@ def tune_trainable(param: dict[str, Any]) -> None:
     cfg = TrialConfig.model_validate(param["trial"])  # the one validation of this trial's config
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"trial": cfg, "trial_start": trial_start,
+        train_loop_config={"trial": cfg, "trial_start": trial_start, "log_dir": param.get("log_dir"),
                            "trainer": param.get("trainer", DEFAULT_TRAINER)},
         # Ray's TorchConfig would make every trial's fresh controller process import torch first.
         torch_config=LazyTorchConfig(),

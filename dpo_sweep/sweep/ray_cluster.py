@@ -2,8 +2,12 @@
 for short trials, and tell the user where the dashboard is and how token authentication logs in."""
 from __future__ import annotations
 
+import logging
 import os
+import shlex
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import ray
@@ -62,17 +66,39 @@ def connect_ray(address: str | None, dashboard: bool) -> RayConnection:
     try:
         runtime_env = {"env_vars": _ray_env(),
                        "worker_process_setup_hook": "dpo_sweep.sweep.worker_setup.quiet_ray_train_logs"}
+        quiet = quiet_driver_settings()
+        # Its "Token authentication is enabled" warning says less than print_dashboard's note.
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         if address:
-            ctx = ray.init(address=address, runtime_env=runtime_env)
+            ctx = ray.init(address=address, runtime_env=runtime_env, **quiet)
         else:
             # "local": always a new cluster. A bare ray.init() would join whatever cluster
             # `ray start` last recorded in /tmp/ray (and hang if that one is gone).
-            ctx = ray.init(address="local", include_dashboard=dashboard, runtime_env=runtime_env)
+            ctx = ray.init(address="local", include_dashboard=dashboard, runtime_env=runtime_env, **quiet)
     except Exception as err:  # noqa: BLE001
         where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
         raise InfrastructureError(f"could not connect to {where}: {err}") from err
     url = getattr(ctx, "dashboard_url", None) if dashboard or address else None
     return RayConnection(_with_scheme(url), _token_auth_enabled(), started_here=True)
+
+
+def quiet_driver_settings() -> dict[str, object]:
+    """``ray.init`` settings for the sweep's console. ``log_to_driver=False``: what Ray's worker
+    processes print (the trial processes, the Train controllers - which logged an OOM's traceback
+    twice -, placement-group cleaners, and the training workers before their output goes to
+    DIR/logs/) stays in Ray's session logs instead of being echoed here; a trial's failure still
+    reaches its row and progress line through its result. The "ray" logger of this process at
+    WARNING: not Ray's "Started a local Ray instance" and Tune's result-file notes."""
+    return {"log_to_driver": False, "logging_level": logging.WARNING}
+
+
+def auth_token_command() -> str:
+    """The command that prints the cluster's token from this interpreter: the ``ray`` script next
+    to it (a virtualenv's, whether or not it is activated), else the CLI module."""
+    script = Path(sys.executable).with_name("ray")
+    if script.is_file() and os.access(script, os.X_OK):
+        return f"{shlex.quote(str(script))} get-auth-token"
+    return f"{shlex.quote(sys.executable)} -m ray.scripts.scripts get-auth-token"
 
 
 def _with_scheme(url: str | None) -> str | None:
@@ -87,6 +113,6 @@ def print_dashboard(conn: RayConnection, out: Callable[[str], None] = say) -> No
         return
     out(f"Ray dashboard: {conn.dashboard_url}  (Train and Tune progress, logs, per-node CPU/GPU/memory)")
     if conn.token_auth:
-        out("  token authentication is on: the dashboard asks for the cluster's token. Print it with "
-            "`ray get-auth-token` (stored in ~/.ray/auth_token unless RAY_AUTH_TOKEN or "
+        out(f"  token authentication is on: the dashboard asks for the cluster's token. Print it with "
+            f"`{auth_token_command()}` (stored in ~/.ray/auth_token unless RAY_AUTH_TOKEN or "
             "RAY_AUTH_TOKEN_PATH is set); REST clients send `Authorization: Bearer <token>`.")

@@ -1,17 +1,23 @@
 """The sweep's Tune callback: each trial's rows appended to results.csv / steps.csv the moment it
-finishes (a killed sweep keeps every finished trial; ``--resume`` skips them), and its progress line."""
+finishes (a killed sweep keeps every finished trial; ``--resume`` skips them), its progress line
+(with the sweep's elapsed time and an estimate of what is left), and the same-failure early stop
+(:mod:`~dpo_sweep.sweep.stopping`)."""
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
+import ray
 from ray import tune
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.records import TrialResult, write_results, write_steps
 from dpo_sweep.sweep import driver
 from dpo_sweep.sweep.output_dir import save_environment
+from dpo_sweep.sweep.stopping import Ending, StopRequest, same_early_failure
 
 
 def say(line: str) -> None:
@@ -19,16 +25,52 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def progress_line(index: int, total: int, result: TrialResult) -> str:
+def eta_s(remaining: int, trial_walls_s: list[float], concurrent: int) -> float:
+    """What is left: the remaining trials x the median trial wall so far, ``concurrent`` at a time
+    (NaN before any trial has finished)."""
+    if remaining <= 0:
+        return 0.0
+    if not trial_walls_s:
+        return math.nan
+    return math.ceil(remaining / max(1, concurrent)) * statistics.median(trial_walls_s)
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``1 h 02 min``; ``?`` when unknown."""
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float = math.nan,
+                  left_s: float = math.nan) -> str:
     def num(x: float, fmt: str) -> str:
         return format(x, fmt) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
 
     line = (f"[{index}/{total}] {result.trial_id:<32} {result.status:<8} "
             f"peak {num(result.peak_mem_gb, '.2f')} GB  step {num(result.step_time_ms, '.0f')} ms  "
             f"startup {num(result.startup_s, '.1f')} s")
+    if math.isfinite(elapsed_s):
+        line += f"  | {duration(elapsed_s)} elapsed, ~{duration(left_s)} left"
     if result.error:
         line += f"  | {result.error[:120]}"
     return line
+
+
+def end_running_trials(trials: Iterable[Any]) -> None:
+    """Kill the process of every running trial, now. Tune's own stop asks the trial to stop and
+    then gives it 10 s (a constant of its controller) before it kills it, while our trial sits in
+    ``fit()``; killing its process ends its Train controller and workers too (Ray ends the actors
+    an actor owns with it)."""
+    for trial in trials:
+        actor = getattr(trial.temporary_state, "ray_actor", None)
+        if trial.status == "RUNNING" and actor is not None:
+            ray.kill(actor, no_restart=True)
 
 
 class SweepRecorder(tune.Callback):
@@ -36,7 +78,8 @@ class SweepRecorder(tune.Callback):
     its progress line. Output goes through the module-level :func:`say` (a picklable reference:
     Tune pickles its callbacks with the experiment state)."""
 
-    def __init__(self, out_dir: Path, configs: Iterable[TrialConfig], total: int, already_done: int) -> None:
+    def __init__(self, out_dir: Path, configs: Iterable[TrialConfig], total: int, already_done: int,
+                 stop: StopRequest | None = None, concurrent: int = 1) -> None:
         self.out_dir = out_dir
         # The configs the sweep already validated, by trial id: a Tune trial's config dict is
         # only looked up here, never validated again.
@@ -47,6 +90,12 @@ class SweepRecorder(tune.Callback):
         self.written: set[str] = set()
         self.crashed: list[str] = []
         self.worker_environment_written = False
+        self.stop = stop if stop is not None else StopRequest()
+        self.concurrent = concurrent
+        self.endings: list[Ending] = []  # this run's finished trials, in the order they finished
+        self.started_at = time.monotonic()
+        self.trial_started: dict[str, float] = {}
+        self.trial_walls_s: list[float] = []
 
     def _cfg(self, trial: Any) -> TrialConfig:
         return self.configs[trial.config["trial"]["trial_id"]]
@@ -63,7 +112,24 @@ class SweepRecorder(tune.Callback):
             save_environment(self.out_dir, say, done.environment)
             self.worker_environment_written = True
         self.finished += 1
-        say(progress_line(self.finished, self.total, done.result))
+        r = done.result
+        started = self.trial_started.pop(r.trial_id, None)
+        if started is not None:
+            self.trial_walls_s.append(time.monotonic() - started)
+        left = eta_s(self.total - self.finished, self.trial_walls_s, self.concurrent)
+        say(progress_line(self.finished, self.total, r, time.monotonic() - self.started_at, left))
+        self.endings.append(Ending(r.trial_id, r.status, len(done.steps), r.error))
+        cause = same_early_failure(self.endings, len(self.configs))
+        if cause is not None and self.stop.reason is None:
+            self.stop.reason = cause  # SweepStopper: Tune schedules nothing more
+
+    def on_step_begin(self, iteration, trials, **info):
+        if self.stop.reason is not None:
+            end_running_trials(trials)
+            self.stop.trials_ended = True
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.trial_started[self._cfg(trial).trial_id] = time.monotonic()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         done = self.collector.add(trial.trial_id, self._cfg(trial), result)
@@ -72,8 +138,8 @@ class SweepRecorder(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         cfg = self._cfg(trial)
-        if cfg.trial_id in self.written:
-            return
+        if cfg.trial_id in self.written or self.stop.reason is not None:
+            return  # stopped early: a trial ended by end_running_trials is not run, not failed
         self.crashed.append(cfg.trial_id)
         err = getattr(trial, "error_msg", None) or "the Tune trial process failed"
         self._write(self.collector.abandon(trial.trial_id, cfg, str(err)))

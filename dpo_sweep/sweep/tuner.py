@@ -2,6 +2,7 @@
 Ray cluster (one Tune trial per configuration; see :mod:`dpo_sweep.sweep.driver` for one trial)."""
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,21 @@ from dpo_sweep.sweep import driver
 from dpo_sweep.sweep.output_dir import RESULTS_FILE
 from dpo_sweep.sweep.ray_cluster import InfrastructureError
 from dpo_sweep.sweep.recorder import SweepRecorder, say
+from dpo_sweep.sweep.stopping import StopRequest, SweepStopper, quiet_tune_once_stopping, stop_on_sigint
+
+#: Tune settings of the sweep's driver process (a user's own environment variables win):
+#: - our SIGINT handling (stopping.py) instead of Tune's;
+#: - Tune's console output off: the old reporter at verbose 0 prints nothing, where the new one
+#:   printed its experiment table and result path whatever the verbosity;
+#: - no TensorBoard/CSV/JSON result loggers (and so no TensorBoard hint): results.csv is ours.
+TUNE_DRIVER_ENV = {
+    "TUNE_DISABLE_SIGINT_HANDLER": "1",
+    "RAY_AIR_NEW_OUTPUT": "0",
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+}
+#: Without those loggers there is no result.json for fit()'s ResultGrid, which it warns about for
+#: every trial; the sweep reads its results from its own callback, never from the ResultGrid.
+RESULT_GRID_LOGGER = "ray.tune.analysis.experiment_analysis"
 
 
 def _absolute_paths(cfg: TrialConfig) -> TrialConfig:
@@ -60,9 +76,12 @@ def check_fits(cfg: TrialConfig, cluster_cpus: float) -> None:
 @dataclass
 class SweepSummary:
     out_dir: Path
-    ran: int
+    ran: int  # trials that finished in this run (their rows are in results.csv)
     skipped: int
     crashed: list[str] = field(default_factory=list)
+    stopped: str | None = None  # why the sweep ended early: stopping.INTERRUPTED or a failure's cause
+    not_run: list[str] = field(default_factory=list)  # trials without a row (stopped early)
+    finished: int = 0  # trials with a row, earlier runs' included
 
 
 def _trial_dirname(trial: Any) -> str:
@@ -89,7 +108,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     if done_ids:
         out(f"resume: {total - len(todo)} of {total} trial(s) already in {out_dir / RESULTS_FILE}")
     if not todo:
-        return SweepSummary(out_dir, ran=0, skipped=total)
+        return SweepSummary(out_dir, ran=0, skipped=total, finished=total)
     cluster_gpus = float(cluster.get("GPU", 0))
     use_gpu = resolve_use_gpu(sp.spec.resources.use_gpu, cluster_gpus)
     check_fits(todo[0], float(cluster.get("CPU", 0)))
@@ -99,7 +118,11 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
         f"{'GPU' if use_gpu else 'CPU'}; results go to {out_dir}/")
 
     storage = str((out_dir / "ray").resolve())
-    recorder = SweepRecorder(out_dir, todo, total, total - len(todo))
+    stop = StopRequest()
+    recorder = SweepRecorder(out_dir, todo, total, total - len(todo), stop=stop, concurrent=concurrent)
+    for key, value in TUNE_DRIVER_ENV.items():
+        os.environ.setdefault(key, value)
+    logging.getLogger(RESULT_GRID_LOGGER).setLevel(logging.ERROR)
     try:
         tuner = tune.Tuner(
             tune.with_resources(driver.tune_trainable, {"CPU": driver.TRIAL_CPUS}),
@@ -107,6 +130,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
                 "trial": tune.grid_search([t.model_dump(mode="json") for t in todo]),
                 "use_gpu": use_gpu,
                 "storage_path": storage,
+                "log_dir": str((out_dir / driver.LOGS_DIR).resolve()),
                 "trainer": trainer,
             },
             tune_config=tune_config(concurrent),
@@ -114,17 +138,24 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
                 name=time.strftime(f"{sp.name}-%Y%m%d-%H%M%S"),
                 storage_path=storage,
                 callbacks=[recorder],
+                stop=SweepStopper(stop),
                 failure_config=tune.FailureConfig(max_failures=0),
                 verbose=0,
             ),
         )
-        tuner.fit()
+        with stop_on_sigint(stop), quiet_tune_once_stopping(stop):
+            tuner.fit()
     except Exception as err:  # noqa: BLE001
         raise InfrastructureError(f"Ray Tune failed: {type(err).__name__}: {err}") from err
     missing = [t.trial_id for t in todo if t.trial_id not in recorder.written]
+    ran = len(todo) - len(missing)
+    if stop.reason is not None:
+        return SweepSummary(out_dir, ran=ran, skipped=total - len(todo), crashed=recorder.crashed,
+                            stopped=stop.reason, not_run=missing, finished=recorder.finished)
     if missing:
         raise InfrastructureError(
             f"Tune ended without a result for {len(missing)} trial(s) ({', '.join(missing[:5])}"
             f"{', ...' if len(missing) > 5 else ''}); if the sweep was interrupted, run the same "
             "command with --resume to run only those")
-    return SweepSummary(out_dir, ran=len(todo), skipped=total - len(todo), crashed=recorder.crashed)
+    return SweepSummary(out_dir, ran=ran, skipped=total - len(todo), crashed=recorder.crashed,
+                        finished=recorder.finished)

@@ -63,3 +63,16 @@ def test_timings_from_console_lines_and_results():
     table = sweep_overhead.markdown(rows, "cmd", "desc", 30.0, "no GPU, 2 CPU cores")
     assert "| t001_b | ok | 9.5 | 4.0 | 1.0 |" in table and "median after the first" in table
     assert "Machine: no GPU, 2 CPU cores" in table
+
+
+def test_worker_lines_come_from_the_sweeps_trial_logs(tmp_path):
+    """Rank 0's lines are in DIR/logs/<trial>.log, not on the console; the progress lines carry the
+    sweep's elapsed time and ETA after what the benchmark reads."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "t000_a.log").write_text(
+        startup_line("t000_a", 5.0, 1.0) + "\n[t000_a] model tiny-llama: 0.9M params [1.4 s]\n")
+    console = [(2.0, "1 trial(s) to run, 1 at a time, 1 worker(s) each on CPU; results go to x/"),
+               (12.0, progress_line(1, 1, _result("t000_a", 8.0, 0.5), elapsed_s=10.0, left_s=0.0))]
+    rows = sweep_overhead.timings(console + sweep_overhead.worker_lines(tmp_path),
+                                  [{"trial_id": "t000_a", "startup_s": "8.0", "measure_s": "0.5"}])
+    assert [(r.trial_id, r.wall_s, r.ray_s, r.import_s, r.model_s) for r in rows] == [("t000_a", 10.0, 5.0, 1.0, 1.4)]

@@ -155,10 +155,10 @@ def run_sweep(args: list[str], env: dict[str, str], timeout_s: float = 240,
                              f"--- stdout tail ---\n{tail[0]}\n--- stderr tail ---\n{tail[1]}") from None
 
 
-def start_sweep(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+def start_sweep(args: list[str], env: dict[str, str], log: Path, **popen) -> subprocess.Popen:
     fh = log.open("w")
     return subprocess.Popen([*DPO_SWEEP, "run", *args], env=env, cwd=REPO, stdout=fh,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, **popen)
 
 
 def write_space(path: Path, name: str, search: str, train_extra: str = "") -> Path:

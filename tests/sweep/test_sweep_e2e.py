@@ -46,6 +46,30 @@ def _poll_dashboard(cluster, proc, seen: dict) -> None:
     seen["no_token_code"], _ = http_get(f"{cluster.dashboard_url}/api/jobs/")
 
 
+def _assert_console_budget(log: str, out, trials: int) -> None:
+    """What the terminal shows: the data line, the dashboard (2 lines), the header, one line per
+    trial (and Ray's own cluster warnings, if any), the end line, then the frontier table and the recommendation; the workers' output
+    (model build, per-step lines, warnings, an OOM's traceback) is in DIR/logs/<trial>.log."""
+    for noise in ("Traceback", "Loading weights", "Tuner.restore", "TensorBoard", "RayTrainWorker",
+                  "TrainController", "Configuration for experiment", "View detailed results"):
+        assert noise not in log, (noise, log[-4000:])
+    # Ray's cluster-level warnings stay (its memory monitor killing a worker matters); on the 2-core
+    # test machine the raylet may warn that worker processes start faster than it expects.
+    lines = [line for line in log.splitlines() if "(raylet)" not in line]
+    end = next(i for i, line in enumerate(lines) if line.startswith("sweep finished:"))
+    assert len(lines[:end]) == 4 + trials, "\n".join(lines[:end])
+    assert sum(line.startswith(f"[{i}/{trials}] ") and " elapsed, ~" in line
+               for i in range(1, trials + 1) for line in lines) == trials
+    assert f"worker output in {out / 'logs'}/" in lines[end]
+    tail = "\n".join(lines[end:])
+    assert "| micro_batch | checkpoint |" in tail and "\nrecommended: " in tail
+    assert len(lines) - end <= 1 + 1 + 2 + trials + 1 + 4 + 1 + 1 + 1, tail  # table, recommendation, report
+    ids = [r["trial_id"] for r in read_csv(out / "results.csv")]
+    assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(f"{t}.log" for t in ids)
+    for tid in ids:
+        assert f"[{tid}] step 1/3" in (out / "logs" / f"{tid}.log").read_text()
+
+
 def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(cluster, tmp_path):
     # none/L1 x (no failure, an OOM raised inside the worker at step 2): 4 trials, 2 at a time.
     space = write_space(tmp_path / "e2e.yaml", "e2e", """\
@@ -72,6 +96,7 @@ def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(c
     assert f"Ray dashboard: {cluster.dashboard_url}" in log
     assert "token authentication is on" in log and "Authorization: Bearer" in log
     assert "[4/4]" in log
+    _assert_console_budget(log, out, trials=4)
 
     expected = {t.trial_id: t for t in space_mod.load(space).trials}
     results = read_csv(out / "results.csv")
@@ -137,3 +162,25 @@ def test_killed_sweep_resumes_without_repeating_a_trial(cluster, tmp_path):
     assert sorted(ids) == sorted(t.trial_id for t in space_mod.load(space).trials)  # each exactly once
     step_keys = [(s["trial_id"], s["step"]) for s in read_csv(out / "steps.csv")]
     assert len(step_keys) == len(set(step_keys)) == 3 * 3
+
+
+def test_same_failure_before_the_first_step_stops_the_sweep_with_exit_1(cluster, tmp_path):
+    # liger_kernel: true needs CUDA: preflight cannot see it, every CPU worker fails at model build.
+    space = write_space(tmp_path / "liger.yaml", "liger", """\
+        micro_batch: [2]
+        checkpoint_level: [none, L1, L2, full]
+        """)
+    space.write_text(space.read_text().replace("{preset: tiny-llama}", "{preset: tiny-llama, liger_kernel: true}"))
+    out = tmp_path / "out"
+    done = run_sweep([str(space), "--address", cluster.address, "--output", str(out), "--max-concurrent", "1"],
+                     cluster.env, timeout_s=300)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = read_csv(out / "results.csv")
+    assert [r["status"] for r in rows] == ["error", "error"], rows
+    assert all("model.liger_kernel: true needs a CUDA GPU" in r["error"] for r in rows)
+    assert read_csv(out / "steps.csv") == []
+    assert ("error: the first 2 trial(s) all failed before their first step with the same cause; the "
+            "sweep stopped, 2 trial(s) not run.") in done.stderr
+    assert "The cause: rank 0: UserError: model.liger_kernel: true needs a CUDA GPU" in done.stderr
+    assert "[3/4]" not in done.stdout and "Traceback" not in done.stdout + done.stderr
+    assert not (out / "frontier.md").exists()  # nothing ran to analyse

@@ -1,0 +1,144 @@
+"""Ending a sweep before its last trial: Ctrl-C, and a failure that every trial meets the same way.
+
+Both go through one :class:`StopRequest`, read by Tune through :class:`SweepStopper` once per turn
+of its loop (every 0.1 s): Tune then schedules nothing more and stops the running trials (whose
+trial processes own the Train controllers, which own the workers: they end with them). Tune's own
+SIGINT handler is switched off for the sweep (``TUNE_DISABLE_SIGINT_HANDLER``): it let the next
+trial start, waited for a last experiment checkpoint and printed ``Tuner.restore(...)`` advice, the
+wrong way to continue a dpo-sweep (``--resume`` is). A second Ctrl-C is Python's default again.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import signal
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from ray import tune
+
+#: Trials that must all fail the same way before their first step to end the sweep (or every
+#: trial, when the sweep has fewer). Two: one failure can be the trial's own; the second with the
+#: same cause says the cause is the sweep's (the model, the data, the machine).
+EARLY_FAILURE_TRIALS = 2
+
+INTERRUPTED = "interrupted"
+
+#: Tune's driver-side loggers that report the trials we kill on a stop as failed ("Trial task
+#: failed ... ActorDiedError" with its traceback, "Trials did not complete").
+TUNE_TRIAL_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune")
+
+
+@dataclass
+class StopRequest:
+    """Why the sweep should stop now; None while it should go on. Set by the SIGINT handler
+    (:data:`INTERRUPTED`) or by the recorder (a failure's cause). Plain data: Tune pickles its
+    stopper and callbacks with the experiment state."""
+
+    reason: str | None = None
+    trials_ended: bool = False  # the recorder killed the running trials (Tune's stop may go on)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.reason == INTERRUPTED
+
+
+class SweepStopper(tune.Stopper):
+    """Stops the whole experiment once its :class:`StopRequest` has a reason; never one trial."""
+
+    def __init__(self, request: StopRequest) -> None:
+        self.request = request
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        # Only once the running trials were killed: a running trial that Tune stops itself gets
+        # 10 s to end on its own, and ours sit in fit() for all of them.
+        return self.request.reason is not None and self.request.trials_ended
+
+
+class _QuietOnceStopping(logging.Filter):
+    def __init__(self, request: StopRequest) -> None:
+        super().__init__()
+        self.request = request
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.request.reason is None
+
+
+@contextmanager
+def quiet_tune_once_stopping(request: StopRequest) -> Iterator[None]:
+    """Within the block, once ``request`` has a reason, Tune's trial-failure logs are dropped: the
+    trials it would name are the ones the stop ended (the sweep's own line says what happened)."""
+    quiet = _QuietOnceStopping(request)
+    loggers = [logging.getLogger(name) for name in TUNE_TRIAL_LOGGERS]
+    for lg in loggers:
+        lg.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(quiet)
+
+
+@contextmanager
+def stop_on_sigint(request: StopRequest) -> Iterator[None]:
+    """Within the block the first SIGINT sets ``request`` (the sweep stops at Tune's next turn)
+    and gives SIGINT back to the handler it had, so a second Ctrl-C interrupts at once."""
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        request.reason = INTERRUPTED
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def normalise_cause(error: str, trial_id: str = "") -> str:
+    """An error text with what differs from trial to trial taken out (its trial id, numbers such
+    as ranks, pids, addresses and sizes), so that two trials' failures compare by their cause."""
+    text = error.replace(trial_id, "<trial>") if trial_id else error
+    text = re.sub(r"0x[0-9a-fA-F]+", "<n>", text)
+    text = re.sub(r"\d+(\.\d+)?", "<n>", text)
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class Ending:
+    """A finished trial as the early stop sees it."""
+
+    trial_id: str
+    status: str
+    steps: int
+    error: str
+
+
+def same_early_failure(endings: Sequence[Ending], todo: int,
+                       window: int = EARLY_FAILURE_TRIALS) -> str | None:
+    """The first trial's error when the first ``window`` trials of this run to finish (every trial
+    when there are fewer: ``todo``) all ended ``error`` before their first step with the same
+    normalised cause; else None (also while fewer than that have finished)."""
+    need = min(window, todo)
+    first = list(endings[:need])
+    if need < 1 or len(first) < need:
+        return None
+    if any(e.status != "error" or e.steps > 0 for e in first):
+        return None
+    causes = {normalise_cause(e.error, e.trial_id) for e in first}
+    return first[0].error if len(causes) == 1 else None
+
+
+def interrupted_line(finished: int, total: int, resume_command: str) -> str:
+    return f"interrupted: {finished} of {total} trials finished; continue with: {resume_command}"
+
+
+def resume_command(space_path: str, out_dir: str) -> str:
+    """The command that continues this sweep (paths quoted for a shell where they need it)."""
+    return f"dpo-sweep run {shlex.quote(space_path)} --output {shlex.quote(out_dir)} --resume"

@@ -1,0 +1,146 @@
+"""Ending a sweep early and its console, without Ray: the same-failure rule, the SIGINT handler,
+the stopper, the recorder's early stop and ETA, the worker's log file and the token command."""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from testkit import make_cfg
+
+from dpo_sweep.sweep import driver, recorder, stopping
+from dpo_sweep.sweep.ray_cluster import auth_token_command
+from dpo_sweep.sweep.stopping import Ending, StopRequest, SweepStopper, same_early_failure
+
+LIGER = "rank 0: UserError: model.liger_kernel: true needs a CUDA GPU"
+
+
+def test_causes_compare_without_trial_ids_and_numbers():
+    a = stopping.normalise_cause("rank 0: RuntimeError: t000_mb2 failed at 0x7f3a after 12.5 s", "t000_mb2")
+    b = stopping.normalise_cause("rank 1: RuntimeError: t001_mb4  failed at 0xbeef after 3 s", "t001_mb4")
+    assert a == b
+    assert a != stopping.normalise_cause("rank 0: ValueError: t000 failed", "t000")
+
+
+@pytest.mark.parametrize("endings, todo, want", [
+    ([Ending("t0", "error", 0, LIGER), Ending("t1", "error", 0, LIGER.replace("0", "1"))], 5, LIGER),
+    ([Ending("t0", "error", 0, LIGER)], 5, None),                      # one is not yet the sweep's
+    ([Ending("t0", "error", 0, LIGER)], 1, LIGER),                     # ... unless it is every trial
+    ([Ending("t0", "error", 0, LIGER), Ending("t1", "error", 1, LIGER)], 5, None),  # one step ran
+    ([Ending("t0", "oom", 0, LIGER), Ending("t1", "error", 0, LIGER)], 5, None),
+    ([Ending("t0", "error", 0, LIGER), Ending("t1", "error", 0, "rank 0: OSError: no such file")], 5, None),
+    ([Ending("t0", "ok", 3, ""), Ending("t1", "error", 0, LIGER), Ending("t2", "error", 0, LIGER)], 5, None),
+])
+def test_same_early_failure_needs_the_first_trials_all_failing_alike_before_a_step(endings, todo, want):
+    assert same_early_failure(endings, todo) == want
+
+
+def test_stopper_stops_everything_only_once_the_running_trials_were_ended():
+    request = StopRequest()
+    stopper = SweepStopper(request)
+    assert stopper.stop_all() is False and stopper("t", {}) is False
+    request.reason = stopping.INTERRUPTED
+    assert stopper.stop_all() is False  # Tune's own stop would wait 10 s on each running trial
+    request.trials_ended = True
+    assert stopper.stop_all() is True and request.interrupted
+
+
+def test_first_sigint_requests_the_stop_and_a_second_interrupts():
+    request = StopRequest()
+    with stopping.stop_on_sigint(request):
+        os.kill(os.getpid(), signal.SIGINT)  # handled: no KeyboardInterrupt
+        assert request.reason == stopping.INTERRUPTED
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_tune_failure_logs_are_dropped_once_stopping(caplog):
+    request = StopRequest()
+    log = logging.getLogger(stopping.TUNE_TRIAL_LOGGERS[0])
+    with caplog.at_level(logging.ERROR), stopping.quiet_tune_once_stopping(request):
+        log.error("a real failure")
+        request.reason = stopping.INTERRUPTED
+        log.error("Trial task failed for trial tune_trainable_00001")
+    assert [r.getMessage() for r in caplog.records] == ["a real failure"]
+
+
+def _trial(tune_id: str, trial_id: str):
+    return type("T", (), {"trial_id": tune_id, "config": {"trial": {"trial_id": trial_id}}})()
+
+
+def _fail(rec: recorder.SweepRecorder, tune_id: str, trial_id: str, error: str) -> None:
+    summary = {driver.SUMMARY_KEY: json.dumps({"status": "error", "error": error})}
+    rec.on_trial_result(0, [], _trial(tune_id, trial_id), summary)
+
+
+def test_recorder_asks_for_the_stop_after_two_alike_failures_and_writes_no_row_for_killed_trials(tmp_path, capsys):
+    cfgs = [make_cfg(trial_id=f"t00{i}") for i in range(3)]
+    request = StopRequest()
+    rec = recorder.SweepRecorder(tmp_path, cfgs, total=3, already_done=0, stop=request)
+    _fail(rec, "a", "t000", LIGER)
+    assert request.reason is None
+    _fail(rec, "b", "t001", LIGER)
+    assert request.reason == LIGER
+    rec.on_trial_error(0, [], _trial("c", "t002"))  # the third trial, killed by the stop
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    assert [r["trial_id"] for r in rows] == ["t000", "t001"] and rec.crashed == []
+    assert "[2/3] t001" in capsys.readouterr().out
+
+
+def test_eta_is_the_remaining_trials_times_the_median_wall():
+    assert recorder.eta_s(4, [10.0, 30.0, 12.0], concurrent=1) == 48.0
+    assert recorder.eta_s(3, [10.0], concurrent=2) == 20.0  # two rounds of two at a time
+    assert recorder.eta_s(0, [], concurrent=1) == 0.0 and math.isnan(recorder.eta_s(2, [], 1))
+    assert [recorder.duration(s) for s in (42.4, 185, 3720, math.nan)] == ["42 s", "3 min 05 s", "1 h 02 min", "?"]
+
+
+def test_progress_line_has_elapsed_and_what_is_left():
+    from dpo_sweep.records import failed_result
+
+    result = failed_result(make_cfg(trial_id="t003"), "error", "boom")
+    line = recorder.progress_line(2, 5, result, elapsed_s=65, left_s=97.6)
+    assert line.startswith("[2/5] t003") and "1 min 05 s elapsed, ~1 min 38 s left" in line
+    assert line.endswith("| boom")
+
+
+def test_worker_output_goes_to_the_trial_log_file_at_the_descriptor_level(tmp_path):
+    path = driver.worker_log_path(str(tmp_path / "logs"), "t000", 0)
+    assert path == tmp_path / "logs" / "t000.log"
+    assert driver.worker_log_path(str(tmp_path), "t000", 1).name == "t000.rank1.log"
+    code = ("import os, subprocess, sys\n"
+            "from pathlib import Path\n"
+            "from dpo_sweep.sweep.driver import output_to_file\n"
+            f"with output_to_file(Path({str(path)!r})):\n"
+            "    print('python stdout'); print('python stderr', file=sys.stderr)\n"
+            "    os.write(2, b'fd 2 (C++ warnings)\\n')\n"
+            "    subprocess.run([sys.executable, '-c', 'print(\"a child process\")'])\n"
+            "print('after the block')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(driver.__file__).parents[2])})
+    assert done.returncode == 0, done.stderr
+    assert path.read_text().splitlines() == ["python stdout", "python stderr", "fd 2 (C++ warnings)",
+                                             "a child process"]
+    assert done.stdout == "after the block\n" and done.stderr == ""
+
+
+def test_token_command_is_the_ray_script_next_to_this_python():
+    script = Path(sys.executable).with_name("ray")
+    want = f"{script} get-auth-token" if script.is_file() else f"{sys.executable} -m ray.scripts.scripts get-auth-token"
+    cmd = auth_token_command()
+    assert cmd == want
+    done = subprocess.run([*cmd.split()[:-1], "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "get-auth-token" in done.stdout
+
+
+def test_interrupted_line_gives_a_resume_command_a_shell_can_run():
+    line = stopping.interrupted_line(2, 6, stopping.resume_command("my spaces/q.yaml", "reports/q"))
+    assert line == ("interrupted: 2 of 6 trials finished; continue with: "
+                    "dpo-sweep run 'my spaces/q.yaml' --output reports/q --resume")
