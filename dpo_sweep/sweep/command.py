@@ -76,14 +76,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         conn = connect_ray(args.address, dashboard=not args.no_dashboard)
         print_dashboard(conn, say)
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
-                            cluster=ray.cluster_resources())
+                            cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)))
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
         if conn is not None and conn.started_here:
             ray.shutdown()
-    say(f"sweep finished: {summary.ran} trial(s) run, {summary.skipped} skipped; "
+    say(f"sweep finished: {summary.ran} configuration(s) in {summary.ray_trials} Ray trial(s), {summary.skipped} skipped; "
         f"results in {out_dir / RESULTS_FILE}")
     _analyse(out_dir, args, say, sp.spec)
     if summary.crashed:
