@@ -102,6 +102,15 @@ class SweepPlan:
         self._written: set[str] = set()
         self._out = _Output()
 
+    def summary_line(self) -> str:
+        """What the sweep will do, before it starts."""
+        if self.full_grid:
+            return f"planner off (--full-grid): {len(self._order)} configuration(s), each run in full"
+        budget = {self.budget_of(g.measuring) for g in self._groups.values()} - {None}
+        return (f"planner: {len(self._order)} configuration(s) share {len(self._groups)} memory/time "
+                f"measurement(s), cheapest predicted peak first; over-budget pruning "
+                + (f"against {', '.join(f'{b:.1f}' for b in sorted(budget))} GB" if budget else "off (no budget known)"))
+
     # --- what the Searcher asks -------------------------------------------------------------
 
     def next_job(self) -> Job | None:

@@ -1,4 +1,5 @@
-"""``dpo-sweep run``: the whole sweep on a Ray cluster, one Tune trial per configuration.
+"""``dpo-sweep run``: the whole sweep on a Ray cluster, through the planner (fewer Tune trials
+than configurations; ``--full-grid``: one per configuration).
 
 The story: validate the space (exit 2 on a bad file) -> prepare the results directory
 (:mod:`~dpo_sweep.sweep.output_dir`: copy the space file, keep or set aside earlier results) ->

@@ -83,6 +83,8 @@ class SweepRecorder(tune.Callback):
         self.flush()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if trial.config["trial"]["trial_id"] in self.ended:
+            return  # a report after the trial's last one: the plan no longer holds its job
         done = self.collector.add(trial.trial_id, self._cfg(trial), result)
         if done is not None:
             self._end(done)

@@ -109,6 +109,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
 
     storage = str((out_dir / "ray").resolve())
     plan = SweepPlan(todo, budget_gb=card_memory_gb() if use_gpu else None, full_grid=full_grid)
+    out(plan.summary_line())
     recorder = SweepRecorder(out_dir, plan, total, total - len(todo))
     try:
         tuner = tune.Tuner(

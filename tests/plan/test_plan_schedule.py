@@ -165,3 +165,12 @@ def test_calibration_moves_the_next_prediction_to_what_was_measured():
         # Measured peaks 2 GB above the model's at every micro_batch: the line through them says so.
         plan.finish(job.job_id, *run(job, peak_gb=estimate(job.cfg).total_gb + 2.0))
     assert plan.predict(trials[2]) == pytest.approx(estimate(trials[2]).total_gb + 2.0)
+
+
+def test_the_summary_line_says_how_many_measurements_and_the_budget():
+    trials = space(micro_batch=[1, 2], beta=[0.1, 0.2, 0.3])
+    assert SweepPlan(trials, estimate=estimate, budget_gb=80.0).summary_line() == (
+        "planner: 6 configuration(s) share 2 memory/time measurement(s), cheapest predicted peak first; "
+        "over-budget pruning against 80.0 GB")
+    assert "off (no budget known)" in SweepPlan(trials, estimate=estimate).summary_line()
+    assert SweepPlan(trials, full_grid=True).summary_line().startswith("planner off (--full-grid)")
