@@ -206,6 +206,8 @@ class SweepPlan:
 
     def _prune(self, group: _Group, reason: str) -> None:
         group.state = "pruned"
+        if math.isnan(group.predicted_gb):  # pruned after an OOM before it was next in line
+            group.predicted_gb = self.predict(group.measuring)
         for m in group.members:
             row = failed_result(m, "pruned", reason)
             self._emit(replace(row, predicted_peak_gb=group.predicted_gb, extra=m.swept_columns()))
@@ -226,7 +228,7 @@ class SweepPlan:
     def _next_learning(self) -> Job | None:
         needing = {self._learning_keys[t] for t in self.unwritten()}
         for lkey in dict.fromkeys(self._learning_keys.values()):
-            if lkey not in needing or lkey in self._learned or any(j.key == lkey for j in self._running.values()):
+            if lkey not in needing or lkey in self._learned or any(j.kind == LEARN and j.key == lkey for j in self._running.values()):
                 continue
             cfgs = [self._cfgs[t] for t, k in self._learning_keys.items() if k == lkey]
             groups = [self._groups[self._group_of[c.trial_id]] for c in cfgs]

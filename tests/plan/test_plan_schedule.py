@@ -97,6 +97,9 @@ def test_after_an_oom_what_dominates_it_is_pruned_naming_the_trial():
     pruned = {(r.micro_batch, r.checkpoint_level) for r in rows.values() if r.status == "pruned"}
     assert pruned == {(2, "none"), (4, "L1"), (4, "none")}
     assert all(oom_id in r.error for r in rows.values() if r.status == "pruned")
+    cfgs = {t.trial_id: t for t in trials}  # pruned before their turn, they still say what was predicted
+    assert all(r.predicted_peak_gb == pytest.approx(estimate(cfgs[r.trial_id]).total_gb)
+               for r in rows.values() if r.status == "pruned")
     assert rows[oom_id].status == "oom" and len(rows) == 6
 
 
