@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--max-concurrent", type=int, help="trials running at once (default: from GPUs)")
     r.add_argument("--no-dashboard", action="store_true", help="start Ray without its dashboard")
     r.add_argument("--memory-budget-gb", type=float, help="budget for the recommendation")
+    r.add_argument("--full-grid", action="store_true",
+                   help="run every configuration in full: no pruning, shared measurements or short accumulation")
     _safety_margin_flag(r)
 
     v = sub.add_parser("validate", help="check a space file and print its trials; runs nothing")
@@ -70,11 +72,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for summary in data:
         print(summary.line())
     from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (README)
+    from dpo_sweep.plan.schedule import plan_labels
 
     header = ["trial_id", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",
-              "effective_batch", "loss", "precision", "predicted peak (GB)"]
+              "effective_batch", "loss", "precision", "predicted peak (GB)", "plan"]
+    plan = plan_labels(sp.trials)  # the budget here: resources.gpu_memory_gb (no card is asked)
     rows = [[t.trial_id, *[str(t.knobs()[k]) for k in header[1:8]], t.train.loss, t.train.precision,
-             predicted_peak_label(t)] for t in sp.trials]
+             predicted_peak_label(t), plan[t.trial_id]] for t in sp.trials]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for r in rows:

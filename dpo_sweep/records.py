@@ -49,6 +49,9 @@ class StepRecord:
     logratio_std: float = math.nan
     beta: float = math.nan
     grad_acc: int = 0
+    # Where the step's time went (for the planner's t_opt + grad_acc x t_micro extrapolation):
+    micro_step_ms: float = math.nan  # median forward+backward of the step's micro-steps but its last
+    optimizer_ms: float = math.nan   # unscale, clip, AdamW step, zero_grad, schedule
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,11 @@ class TrialResult:
     reward_margin_slope: float = math.nan
     rollback_step: int | None = None
     eval_loss: float = math.nan
+    # The planner (dpo_sweep/plan/schedule.py): where this row's numbers come from.
+    predicted_peak_gb: float = math.nan  # the memory model's prediction when the measurement started
+    measured_by: str = ""          # the trial whose memory/time measurement this row carries (own id: itself)
+    step_time_source: str = ""     # measured | extrapolated (t_opt + grad_acc x t_micro of a short run)
+    stability_from: str = ""       # the trial whose loss trajectory gives loss_mean, loss_std, ...
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

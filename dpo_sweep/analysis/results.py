@@ -21,7 +21,8 @@ ANALYSIS_REQUIRED_COLUMNS: tuple[str, ...] = (
     "peak_mem_gb", "step_time_ms", "tokens_per_s", "loss_std",
 )
 _TEXT_COLUMNS = ("trial_id", "status", "model", "checkpoint_level", "error", "mem_source",
-                 "loss_type", "precision", "reference", "attn_implementation", "device", "stability")
+                 "loss_type", "precision", "reference", "attn_implementation", "device", "stability",
+                 "measured_by", "step_time_source", "stability_from")
 
 
 def _read_csv(path: Path) -> "Any":

@@ -14,6 +14,7 @@ Rows are sorted by peak memory, rows without a trusted peak (OOM, error) last.
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 import pandas as pd
@@ -24,9 +25,9 @@ FRONTIER_HEADER: tuple[str, ...] = (
 )
 TRIALS_HEADER: tuple[str, ...] = (
     "trial", "status", "model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta",
-    "effective batch", "peak memory (GB)", "torch peak alloc (GB)", "step time (ms)",
+    "effective batch", "peak memory (GB)", "predicted peak (GB)", "torch peak alloc (GB)", "step time (ms)",
     "step time p10 (ms)", "step time p90 (ms)", "tokens/s", "MFU", "loss mean", "loss std", "grad norm",
-    "reward accuracy", "frontier rank", "distance to frontier", "error",
+    "reward accuracy", "frontier rank", "distance to frontier", "measured by", "error",
 )
 _NO_MEASUREMENT = {"oom": "OOM", "error": "error"}
 
@@ -99,13 +100,35 @@ def trial_rows(analysed: pd.DataFrame) -> list[list[str]]:
             str(r["trial_id"]), str(r["status"]), str(r["model"]), fmt_int(r["seq_len"]),
             fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]),
             fmt_beta(r["beta"]), fmt_int(r["effective_batch"]), fmt_float(r["peak_mem_gb"], 2),
-            fmt_float(r["torch_peak_alloc_gb"], 2), fmt_float(r["step_time_ms"], 1),
+            fmt_float(r.get("predicted_peak_gb"), 2), fmt_float(r["torch_peak_alloc_gb"], 2), fmt_float(r["step_time_ms"], 1),
             fmt_float(r["step_time_p10_ms"], 1), fmt_float(r["step_time_p90_ms"], 1), fmt_sig(r["tokens_per_s"], 4), fmt_sig(r["mfu"], 3),
             fmt_sig(r["loss_mean"], 4), fmt_sig(r["loss_std"], 3), fmt_sig(r["grad_norm_mean"], 3),
             fmt_sig(r["reward_accuracy"], 3), fmt_int(rank) if is_finite(rank) else "-",
-            fmt_sig(r.get("frontier_distance"), 3), str(r["error"]),
+            fmt_sig(r.get("frontier_distance"), 3), _measured_by(r), str(r["error"]),
         ])
     return rows
+
+
+def _measured_by(r: Any) -> str:
+    """Whose measurement a row carries: ``-`` for its own (or none: pruned, an older results dir)."""
+    by = r.get("measured_by")
+    return str(by) if isinstance(by, str) and by and by != r["trial_id"] else "-"
+
+
+def prediction_error(analysed: pd.DataFrame) -> str | None:
+    """The memory model's error over the rows that measured their own peak, in a sentence; None
+    when no row has both a prediction and a measurement."""
+    if "predicted_peak_gb" not in analysed:
+        return None
+    own = analysed[(analysed["status"] == "ok") & (analysed.get("measured_by", analysed["trial_id"]) == analysed["trial_id"])]
+    pairs = [(float(p), float(m)) for p, m in zip(own["predicted_peak_gb"], own["peak_mem_gb"])
+             if is_finite(p) and is_finite(m) and float(m) > 0]
+    if not pairs:
+        return None
+    errors = [100 * (p - m) / m for p, m in pairs]
+    worst, median = max(errors, key=abs), statistics.median(errors)
+    return (f"predicted vs measured peak over {len(pairs)} measured trial(s): median error {median:+.1f}%, "
+            f"largest {worst:+.1f}% (the prediction each was scheduled with; positive: over-predicted)")
 
 
 def _md_cell(text: str) -> str:

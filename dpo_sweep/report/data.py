@@ -201,6 +201,7 @@ def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Obje
         ("memory budget", budget),
         ("normal loss std range",
          "-" if rec.loss_std_limit is None else f"<= {tables.fmt_sig(rec.loss_std_limit)}"),
+        ("memory model", tables.prediction_error(analysed) or "no prediction with a measured peak"),
         ("per-step data", "steps.csv" if steps is not None else "absent (results.csv only)"),
         ("units", "GB = 1e9 bytes; step time is the median optimizer step in ms (warm-up excluded); "
                   "tokens/s the median of the measured steps' throughputs"),

@@ -1,4 +1,5 @@
-"""``dpo-sweep run``: the whole sweep on a Ray cluster, one Tune trial per configuration.
+"""``dpo-sweep run``: the whole sweep on a Ray cluster, through the planner (fewer Tune trials
+than configurations; ``--full-grid``: one per configuration).
 
 The story: validate the space (exit 2 on a bad file) -> prepare the results directory
 (:mod:`~dpo_sweep.sweep.output_dir`: copy the space file, keep or set aside earlier results) ->
@@ -100,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         conn = connect_ray(args.address, dashboard=not args.no_dashboard)
         print_dashboard(conn, say)
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
-                            cluster=ray.cluster_resources())
+                            cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)))
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -116,8 +117,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             ray.shutdown()
     if summary.stopped is not None:
         return _stopped_early(summary, args, out_dir, total)
-    say(f"sweep finished: {summary.ran} trial(s) run, {summary.skipped} skipped; "
-        f"results in {out_dir / RESULTS_FILE}, worker output in {out_dir / LOGS_DIR}/")
+    say(f"sweep finished: {summary.ran} configuration(s) in {summary.ray_trials} Ray trial(s), "
+        f"{summary.skipped} skipped; results in {out_dir / RESULTS_FILE}, worker output in {out_dir / LOGS_DIR}/")
     _analyse(out_dir, args, say, sp.spec)
     if summary.crashed:
         print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "

@@ -23,6 +23,13 @@ def finished_trial_ids(out_dir: Path) -> set[str]:
     return {r["trial_id"] for r in read_csv_rows(out_dir / RESULTS_FILE) if r.get("trial_id")}
 
 
+def referenced_trial_ids(out_dir: Path) -> set[str]:
+    """Trials that rows of ``DIR/results.csv`` name as their measurement or learning trial (a
+    planner's ``<id>-learning`` trial has steps but no row of its own)."""
+    rows = read_csv_rows(out_dir / RESULTS_FILE)
+    return {r[c] for r in rows for c in ("measured_by", "stability_from") if r.get(c)}
+
+
 def _drop_orphan_steps(out_dir: Path, keep_ids: set[str]) -> None:
     """A sweep killed between writing a trial's steps and its summary row leaves step rows of a
     trial that will run again: drop them so that steps.csv holds every trial exactly once."""
@@ -44,7 +51,7 @@ def prepare_output(space_path: Path, out_dir: Path, resume: bool) -> set[str]:
     done: set[str] = set()
     if resume:
         done = finished_trial_ids(out_dir)
-        _drop_orphan_steps(out_dir, done)
+        _drop_orphan_steps(out_dir, done | referenced_trial_ids(out_dir))
     else:
         old = [p for p in (out_dir / RESULTS_FILE, out_dir / STEPS_FILE) if p.exists()]
         if old:

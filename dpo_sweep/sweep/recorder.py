@@ -1,7 +1,8 @@
-"""The sweep's Tune callback: each trial's rows appended to results.csv / steps.csv the moment it
-finishes (a killed sweep keeps every finished trial; ``--resume`` skips them), its progress line
-(with the sweep's elapsed time and an estimate of what is left), and the same-failure early stop
-(:mod:`~dpo_sweep.sweep.stopping`)."""
+"""The sweep's Tune callback: each trial's reports collected into its summary and steps, handed to
+the planner (:class:`~dpo_sweep.plan.schedule.SweepPlan`), and every results row the planner then
+has ready appended to results.csv / steps.csv at once (a killed sweep keeps every finished row;
+``--resume`` skips them), with its progress line (the sweep's elapsed time and an estimate of what
+is left); and the same-failure early stop (:mod:`~dpo_sweep.sweep.stopping`)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +15,7 @@ import ray
 from ray import tune
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import TrialResult, write_results, write_steps
 from dpo_sweep.sweep import driver
 from dpo_sweep.sweep.output_dir import save_environment
@@ -55,6 +57,10 @@ def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float 
     line = (f"[{index}/{total}] {result.trial_id:<32} {result.status:<8} "
             f"peak {num(result.peak_mem_gb, '.2f')} GB  step {num(result.step_time_ms, '.0f')} ms  "
             f"startup {num(result.startup_s, '.1f')} s")
+    if result.measured_by and result.measured_by != result.trial_id:
+        line += f"  (measured by {result.measured_by})"
+    if result.step_time_source == "extrapolated":
+        line += "  (step time extrapolated)"
     if math.isfinite(elapsed_s):
         line += f"  | {duration(elapsed_s)} elapsed, ~{duration(left_s)} left"
     if result.error:
@@ -74,54 +80,65 @@ def end_running_trials(trials: Iterable[Any]) -> None:
 
 
 class SweepRecorder(tune.Callback):
-    """A Tune callback (driver process) that appends each finished trial to the CSVs and prints
-    its progress line. Output goes through the module-level :func:`say` (a picklable reference:
-    Tune pickles its callbacks with the experiment state)."""
+    """A Tune callback (driver process): collects each trial's reports, tells the plan when a
+    trial ended, and appends the rows the plan has ready (:meth:`flush`; the planner's Searcher
+    calls it too, for rows pruned before anything ran); stops the sweep when its first trials all
+    failed the same way before their first step. Output goes through the module-level :func:`say`
+    (a picklable reference: Tune pickles its callbacks with the experiment state)."""
 
-    def __init__(self, out_dir: Path, configs: Iterable[TrialConfig], total: int, already_done: int,
+    def __init__(self, out_dir: Path, plan: SweepPlan, total: int, already_done: int,
                  stop: StopRequest | None = None, concurrent: int = 1) -> None:
         self.out_dir = out_dir
-        # The configs the sweep already validated, by trial id: a Tune trial's config dict is
-        # only looked up here, never validated again.
-        self.configs = {c.trial_id: c for c in configs}
+        # The plan's jobs hold the configs the sweep already validated: a Tune trial's config
+        # dict is only looked up here (by its trial id), never validated again.
+        self.plan = plan
         self.total = total
         self.collector = driver.TrialCollector()
         self.finished = already_done
-        self.written: set[str] = set()
+        self.ended: set[str] = set()
         self.crashed: list[str] = []
         self.worker_environment_written = False
         self.stop = stop if stop is not None else StopRequest()
         self.concurrent = concurrent
-        self.endings: list[Ending] = []  # this run's finished trials, in the order they finished
+        self.endings: list[Ending] = []  # this run's ended Ray trials, in the order they ended
         self.started_at = time.monotonic()
         self.trial_started: dict[str, float] = {}
         self.trial_walls_s: list[float] = []
 
     def _cfg(self, trial: Any) -> TrialConfig:
-        return self.configs[trial.config["trial"]["trial_id"]]
+        return self.plan.job(trial.config["trial"]["trial_id"]).cfg
 
-    def _write(self, done: driver.CollectedTrial) -> None:
-        if done.result.trial_id in self.written:
-            return
-        self.written.add(done.result.trial_id)
+    def flush(self) -> None:
+        steps, rows = self.plan.take_output()
         # Steps first: a kill between the two writes leaves orphan steps, which --resume drops.
-        write_steps(self.out_dir, done.steps, append=True)
-        write_results(self.out_dir, [done.result], append=True)
+        if steps:
+            write_steps(self.out_dir, steps, append=True)
+        if rows:
+            write_results(self.out_dir, rows, append=True)
+        for row in rows:
+            self.finished += 1
+            left = eta_s(self.total - self.finished, self.trial_walls_s, self.concurrent)
+            say(progress_line(self.finished, self.total, row, time.monotonic() - self.started_at, left))
+
+    def _end(self, done: driver.CollectedTrial) -> None:
+        job_id = done.result.trial_id
+        if job_id in self.ended:
+            return
+        self.ended.add(job_id)
         if done.environment and not self.worker_environment_written:
             # The workers' machine, not the driver's: replaces the driver-side environment.json.
             save_environment(self.out_dir, say, done.environment)
             self.worker_environment_written = True
-        self.finished += 1
-        r = done.result
-        started = self.trial_started.pop(r.trial_id, None)
+        started = self.trial_started.pop(job_id, None)
         if started is not None:
             self.trial_walls_s.append(time.monotonic() - started)
-        left = eta_s(self.total - self.finished, self.trial_walls_s, self.concurrent)
-        say(progress_line(self.finished, self.total, r, time.monotonic() - self.started_at, left))
-        self.endings.append(Ending(r.trial_id, r.status, len(done.steps), r.error))
-        cause = same_early_failure(self.endings, len(self.configs))
+        r = done.result
+        self.endings.append(Ending(job_id, r.status, len(done.steps), r.error))
+        self.plan.finish(job_id, r, done.steps)
+        self.flush()
+        cause = same_early_failure(self.endings, self.total)
         if cause is not None and self.stop.reason is None:
-            self.stop.reason = cause  # SweepStopper: Tune schedules nothing more
+            self.stop.reason = cause  # SweepStopper and the Searcher: nothing more is scheduled
 
     def on_step_begin(self, iteration, trials, **info):
         if self.stop.reason is not None:
@@ -129,17 +146,20 @@ class SweepRecorder(tune.Callback):
             self.stop.trials_ended = True
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.trial_started[self._cfg(trial).trial_id] = time.monotonic()
+        self.trial_started[trial.config["trial"]["trial_id"]] = time.monotonic()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if trial.config["trial"]["trial_id"] in self.ended:
+            return  # a report after the trial's last one: the plan no longer holds its job
         done = self.collector.add(trial.trial_id, self._cfg(trial), result)
         if done is not None:
-            self._write(done)
+            self._end(done)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        cfg = self._cfg(trial)
-        if cfg.trial_id in self.written or self.stop.reason is not None:
+        job_id = trial.config["trial"]["trial_id"]
+        if job_id in self.ended or self.stop.reason is not None:
             return  # stopped early: a trial ended by end_running_trials is not run, not failed
+        cfg = self._cfg(trial)
         self.crashed.append(cfg.trial_id)
         err = getattr(trial, "error_msg", None) or "the Tune trial process failed"
-        self._write(self.collector.abandon(trial.trial_id, cfg, str(err)))
+        self._end(self.collector.abandon(trial.trial_id, cfg, str(err)))

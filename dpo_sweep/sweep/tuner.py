@@ -1,5 +1,7 @@
 """The sweep itself: the trials not yet in results.csv, run with ``tune.Tuner`` on the connected
-Ray cluster (one Tune trial per configuration; see :mod:`dpo_sweep.sweep.driver` for one trial)."""
+Ray cluster. The planner's Searcher (:mod:`dpo_sweep.sweep.planner`) decides which Tune trials
+run (fewer than the configurations: shared measurements, pruning; ``full_grid``: one per
+configuration); see :mod:`dpo_sweep.sweep.driver` for one trial."""
 from __future__ import annotations
 
 import logging
@@ -12,12 +14,14 @@ from typing import Any, Callable
 from ray import tune
 
 from dpo_sweep import space as space_mod
+from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.sweep import driver
 from dpo_sweep.sweep.output_dir import RESULTS_FILE
 from dpo_sweep.sweep.ray_cluster import InfrastructureError
 from dpo_sweep.sweep.recorder import SweepRecorder, say
+from dpo_sweep.sweep.planner import PlanSearcher, card_memory_gb
 from dpo_sweep.sweep.stopping import StopRequest, SweepStopper, quiet_tune_once_stopping, stop_on_sigint
 
 #: Tune settings of the sweep's driver process (a user's own environment variables win):
@@ -82,14 +86,18 @@ class SweepSummary:
     stopped: str | None = None  # why the sweep ended early: stopping.INTERRUPTED or a failure's cause
     not_run: list[str] = field(default_factory=list)  # trials without a row (stopped early)
     finished: int = 0  # trials with a row, earlier runs' included
+    ray_trials: int = 0  # Tune trials started for the ``ran`` configurations (the planner's saving)
 
 
 def _trial_dirname(trial: Any) -> str:
     return trial.config["trial"]["trial_id"]
 
 
-def tune_config(max_concurrent: int) -> tune.TuneConfig:
+def tune_config(max_concurrent: int, search_alg: PlanSearcher | None = None, num_samples: int = 1) -> tune.TuneConfig:
+    """``num_samples``: at most this many Tune trials (the plan ends the sweep earlier)."""
     return tune.TuneConfig(
+        search_alg=search_alg,
+        num_samples=num_samples,
         max_concurrent_trials=max_concurrent,
         # The trial process only waits on fit() and never touches a GPU: keeping it saves a
         # process start and its imports per trial (the Train workers are still new every trial).
@@ -100,7 +108,7 @@ def tune_config(max_concurrent: int) -> tune.TuneConfig:
 
 def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None, done_ids: set[str],
               cluster: dict[str, float], trainer: str = driver.DEFAULT_TRAINER,
-              out: Callable[[str], None] = say) -> SweepSummary:
+              out: Callable[[str], None] = say, full_grid: bool = False) -> SweepSummary:
     """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster."""
 
     todo = [_absolute_paths(t) for t in sp.trials if t.trial_id not in done_ids]
@@ -114,26 +122,30 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     check_fits(todo[0], float(cluster.get("CPU", 0)))
     workers = sp.spec.resources.workers_per_trial
     concurrent = max_concurrent or default_max_concurrent(use_gpu, cluster_gpus, workers)
-    out(f"{len(todo)} trial(s) to run, {concurrent} at a time, {workers} worker(s) each on "
+    out(f"{len(todo)} configuration(s) to run{' (--full-grid: each in full)' if full_grid else ''}, "
+        f"{concurrent} trial(s) at a time, {workers} worker(s) each on "
         f"{'GPU' if use_gpu else 'CPU'}; results go to {out_dir}/")
 
     storage = str((out_dir / "ray").resolve())
     stop = StopRequest()
-    recorder = SweepRecorder(out_dir, todo, total, total - len(todo), stop=stop, concurrent=concurrent)
+    plan = SweepPlan(todo, budget_gb=card_memory_gb() if use_gpu else None, full_grid=full_grid)
+    out(plan.summary_line())
+    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent)
     for key, value in TUNE_DRIVER_ENV.items():
         os.environ.setdefault(key, value)
     logging.getLogger(RESULT_GRID_LOGGER).setLevel(logging.ERROR)
     try:
         tuner = tune.Tuner(
             tune.with_resources(driver.tune_trainable, {"CPU": driver.TRIAL_CPUS}),
+            # The trial's config comes from the planner's Searcher ({"trial": ...}).
             param_space={
-                "trial": tune.grid_search([t.model_dump(mode="json") for t in todo]),
                 "use_gpu": use_gpu,
                 "storage_path": storage,
                 "log_dir": str((out_dir / driver.LOGS_DIR).resolve()),
                 "trainer": trainer,
             },
-            tune_config=tune_config(concurrent),
+            # A measure trial per configuration at most, and a learning trial per configuration.
+            tune_config=tune_config(concurrent, PlanSearcher(plan, recorder), num_samples=2 * len(todo)),
             run_config=tune.RunConfig(
                 name=time.strftime(f"{sp.name}-%Y%m%d-%H%M%S"),
                 storage_path=storage,
@@ -147,15 +159,16 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
             tuner.fit()
     except Exception as err:  # noqa: BLE001
         raise InfrastructureError(f"Ray Tune failed: {type(err).__name__}: {err}") from err
-    missing = [t.trial_id for t in todo if t.trial_id not in recorder.written]
+    missing = plan.unwritten()
     ran = len(todo) - len(missing)
     if stop.reason is not None:
         return SweepSummary(out_dir, ran=ran, skipped=total - len(todo), crashed=recorder.crashed,
-                            stopped=stop.reason, not_run=missing, finished=recorder.finished)
+                            stopped=stop.reason, not_run=missing, finished=recorder.finished,
+                            ray_trials=len(recorder.ended))
     if missing:
         raise InfrastructureError(
             f"Tune ended without a result for {len(missing)} trial(s) ({', '.join(missing[:5])}"
             f"{', ...' if len(missing) > 5 else ''}); if the sweep was interrupted, run the same "
             "command with --resume to run only those")
     return SweepSummary(out_dir, ran=ran, skipped=total - len(todo), crashed=recorder.crashed,
-                        finished=recorder.finished)
+                        finished=recorder.finished, ray_trials=len(recorder.ended))

@@ -123,3 +123,42 @@ class TrialClock:
         if self.first_step_at is None or self.last_step_end is None:
             return math.nan
         return self.last_step_end - self.first_step_at
+
+
+class PhaseMarks:
+    """Time between marks inside one optimizer step, without adding a CPU-GPU sync point.
+
+    On CUDA each mark records an event on the current stream (no host wait); the durations are
+    read after the step's own end-of-step synchronise (:meth:`StepTimer.end_step`), when every
+    event has completed. On the CPU the work is synchronous and ``perf_counter`` is enough.
+    """
+
+    def __init__(self, device: torch.device | str, *, clock: Callable[[], float] = time.perf_counter):
+        self.device = torch.device(device)
+        self._clock = clock
+        self._marks: list = []
+
+    def mark(self) -> None:
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append(event)
+        else:
+            self._marks.append(self._clock())
+
+    def durations_ms(self) -> list[float]:
+        """Milliseconds between consecutive marks; call after the step synchronised."""
+        if self.device.type == "cuda":
+            return [a.elapsed_time(b) for a, b in zip(self._marks, self._marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self._marks, self._marks[1:])]
+
+
+def micro_and_optimizer_ms(durations_ms: Sequence[float]) -> tuple[float, float]:
+    """``(micro_step_ms, optimizer_ms)`` of one step from :class:`PhaseMarks` durations (one per
+    micro-step, then the optimizer phase). The micro-step time is the median of the micro-steps
+    before the last: the last one carries the gradient all-reduce (DDP syncs only there), which
+    happens once per step like the optimizer phase. With one micro-step, that one."""
+    if len(durations_ms) < 2:
+        return math.nan, math.nan
+    micro = list(durations_ms[:-1])
+    return statistics.median(micro[:-1] or micro), durations_ms[-1]

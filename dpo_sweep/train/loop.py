@@ -42,6 +42,7 @@ from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
 from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCounts, TrialClock, dpo_step_flops,
                                  failure_peak_gb, make_memory_sampler, max_peaks, mfu)
 from dpo_sweep.telemetry.flops import NO_TOKENS
+from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
 from dpo_sweep.train import evaluation, knobs, metrics
 from dpo_sweep.train.batching import MicroBatch, flop_token_counts
 from dpo_sweep.train.loss import dpo_loss
@@ -201,15 +202,20 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     device_sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=setup.device)
     host_sums = [0] * len(metrics.HOST_SUMS)  # pairs, sequences, tokens: known without the device
     flop_counts = NO_TOKENS
+    phases = PhaseMarks(setup.device)  # no sync of its own: read after the timer's end-of-step sync
+    phases.mark()
     for micro in range(grad_acc):
         batch = next(setup.batches)
         flop_counts += flop_token_counts(batch, chunked_head=cfg.train.logp_chunk_tokens > 0)
         sync = micro == grad_acc - 1 or cfg.resources.sync_every_micro_step
         device_sums += _micro_step(setup, batch, sync, poison, beta, grad_acc)
         host_sums = [host_sums[0] + batch.pairs, host_sums[1] + 2 * batch.pairs, host_sums[2] + batch.tokens()]
+        phases.mark()
     grad_norm = _optimizer_step(setup)
+    phases.mark()
     sums = _all_reduce_sums(setup, device_sums, host_sums)
     step_time_ms = timer.end_step()
+    micro_step_ms, optimizer_ms = micro_and_optimizer_ms(phases.durations_ms())
     clock.step_ended()
     totals = sums.tolist()  # one host sync per step, after the step is done
     if setup.world == 1:
@@ -226,7 +232,7 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
         logps_chosen=means["logps/chosen"], logps_rejected=means["logps/rejected"], kl=means["kl"],
         rewards_chosen=means["rewards/chosen"], rewards_rejected=means["rewards/rejected"],
         tokens_per_s=tokens / (step_time_ms / 1e3), lr=setup.scheduler.get_last_lr()[0],
-        measured=step > cfg.train.warmup_steps,
+        measured=step > cfg.train.warmup_steps, micro_step_ms=micro_step_ms, optimizer_ms=optimizer_ms,
         logratio_mean=means["logratio_mean"], logratio_std=means["logratio_std"], beta=beta, grad_acc=grad_acc,
     )
     setup.grad_acc_schedule.observe(record.kl)

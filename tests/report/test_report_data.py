@@ -209,3 +209,27 @@ def test_normal_report_still_lists_its_failures(tmp_path):
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": [{"e": None}]}) == [
         ("a.b", "1"), ("a.c", "1, 2"), ("d[0].e", "")]
+
+
+def test_the_report_shows_predicted_against_measured_and_the_model_error(tmp_path):
+    import dataclasses
+
+    rows = [dataclasses.replace(trial("t000", mem=10.0, time_ms=100.0, std=0.1), predicted_peak_gb=11.0,
+                                measured_by="t000"),
+            dataclasses.replace(trial("t001", mem=20.0, time_ms=90.0, std=0.1, beta=0.2), predicted_peak_gb=19.0,
+                                measured_by="t000"),  # a shared row: not a measurement of the model
+            dataclasses.replace(trial("t002", mem=40.0, time_ms=80.0, std=0.1, mb=4), predicted_peak_gb=38.0,
+                                measured_by="t002"),
+            dataclasses.replace(trial("t003", status="pruned", mb=8, error="pruned: needs at least ..."),
+                                predicted_peak_gb=80.0)]
+    _, data = build(tmp_path, rows, budget=100.0)
+    summary = dict(data.summary)
+    # +10% (t000) and -5% (t002): the median of the two and the largest by size.
+    assert summary["memory model"].startswith("predicted vs measured peak over 2 measured trial(s): "
+                                              "median error +2.5%, largest +10.0%")
+    header = list(data.trials_table.header)
+    by_trial = {r[0].title: r for r in data.trials_table.rows}
+    assert by_trial["t000"][header.index("predicted peak (GB)")].text == "11.00"
+    assert by_trial["t001"][header.index("measured by")].text == "t000"
+    assert by_trial["t000"][header.index("measured by")].text == "-"
+    assert by_trial["t003"][header.index("status")].text == "pruned"

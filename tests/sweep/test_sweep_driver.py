@@ -13,6 +13,7 @@ import pytest
 import torch
 from ray.train import WorkerGroupError
 
+from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import StepRecord, TrialResult, write_results, write_steps
 from dpo_sweep.errors import UserError
 from dpo_sweep.sweep import driver, output_dir, recorder, tuner
@@ -289,7 +290,9 @@ def test_recorder_looks_configs_up_instead_of_validating_them(tmp_path, capsys):
     """Tune hands the callback each trial's config as JSON; the recorder uses the config the sweep
     validated (here the JSON holds only the id, which no TrialConfig validation would accept)."""
     cfg = make_cfg(trial_id="t006", steps=3)
-    rec = recorder.SweepRecorder(tmp_path, [cfg], total=1, already_done=0)
+    plan = SweepPlan([cfg])
+    assert plan.next_job().cfg.trial_id == "t006"
+    rec = recorder.SweepRecorder(tmp_path, plan, total=1, already_done=0)
     trial = type("T", (), {"trial_id": "tune-6", "config": {"trial": {"trial_id": "t006"}}})()
     rec.on_trial_result(0, [], trial, {driver.SUMMARY_KEY: json.dumps({"status": "oom", "error": "OOM"})})
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))

@@ -72,6 +72,8 @@ def _assert_console_budget(log: str, out, trials: int) -> None:
 
 def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(cluster, tmp_path):
     # none/L1 x (no failure, an OOM raised inside the worker at step 2): 4 trials, 2 at a time.
+    # --full-grid: every one runs (the planner would prune `none` after L1's OOM; see
+    # test_sweep_planned.py), which is what this test checks the recording of.
     space = write_space(tmp_path / "e2e.yaml", "e2e", """\
         micro_batch: [2]
         checkpoint_level: [none, L1]
@@ -79,7 +81,7 @@ def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(c
         """, train_extra=", fail_kind: oom")
     out = tmp_path / "out"
     proc = start_sweep([str(space), "--address", cluster.address, "--output", str(out),
-                        "--max-concurrent", "2"], cluster.env, tmp_path / "run.log")
+                        "--max-concurrent", "2", "--full-grid"], cluster.env, tmp_path / "run.log")
     seen: dict = {}
     try:
         _poll_dashboard(cluster, proc, seen)
@@ -95,7 +97,7 @@ def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(c
     assert seen["no_token_code"] == 401
     assert f"Ray dashboard: {cluster.dashboard_url}" in log
     assert "token authentication is on" in log and "Authorization: Bearer" in log
-    assert "[4/4]" in log
+    assert "[4/4]" in log and "(--full-grid: each in full)" in log and "in 4 Ray trial(s)" in log
     _assert_console_budget(log, out, trials=4)
 
     expected = {t.trial_id: t for t in space_mod.load(space).trials}

@@ -94,3 +94,29 @@ def test_percentile_edge_cases():
     assert percentile([4.0], 90) == 4.0
     with pytest.raises(ValueError):
         percentile([1.0], 101)
+
+
+def test_phase_marks_time_the_micro_steps_and_the_optimizer_phase():
+    from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
+
+    ticks = iter([0.0, 0.100, 0.210, 0.330, 0.360])  # micro-steps of 100, 110, 120 ms, optimizer 30 ms
+    marks = PhaseMarks("cpu", clock=lambda: next(ticks))
+    for _ in range(5):
+        marks.mark()
+    durations = marks.durations_ms()
+    assert durations == pytest.approx([100.0, 110.0, 120.0, 30.0])
+    # The last micro-step (it carries DDP's all-reduce) is left out of the micro-step median.
+    assert micro_and_optimizer_ms(durations) == pytest.approx((105.0, 30.0))
+    assert micro_and_optimizer_ms([80.0, 20.0]) == (80.0, 20.0)  # grad_acc 1: its one micro-step
+    assert all(math.isnan(x) for x in micro_and_optimizer_ms([]))
+
+
+def test_the_trainer_records_where_each_step_went():
+    """A CPU trial: micro-steps and the optimizer phase are inside the step and add up to most of it."""
+    from dpo_sweep.train.loop import run_trial
+    from tests.testkit import make_cfg
+
+    out = run_trial(make_cfg(micro_batch=2, grad_acc=3, steps=2), log=None)
+    for s in out.steps:
+        assert 0 < s.optimizer_ms and 0 < s.micro_step_ms
+        assert 2 * s.micro_step_ms + s.optimizer_ms < s.step_time_ms  # the last micro-step is the rest

@@ -1,0 +1,85 @@
+"""A configuration's results row from the trials that measured it (pure; no Ray, no torch).
+
+A row's numbers come from up to two trials (issue 15):
+
+* its **memory/time measurement** (``measured_by``): the peak columns are copied; the step time
+  is the measurement's own when it ran at the row's grad_acc (``step_time_source: measured``),
+  else ``t_opt + grad_acc x t_micro`` fitted on the measurement's steps (``extrapolated``);
+  throughput and MFU follow the extrapolated time (work per step grows with grad_acc);
+* its **learning trial** (``stability_from``): the loss trajectory at the row's real effective
+  batch gives ``loss_mean``, ``loss_std``, ``grad_norm_mean``, ``reward_accuracy`` and
+  ``reward_margin``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+from dpo_sweep.config import TrialConfig
+from dpo_sweep.plan.rules import extrapolate_step_ms, fit_step_time
+from dpo_sweep.records import StepRecord, TrialResult
+
+#: Columns a row takes from its learning trial.
+#: The columns a row takes from its learning trial, with the value they have when there is none.
+STABILITY_COLUMNS: dict[str, object] = {
+    "loss_mean": math.nan, "loss_std": math.nan, "grad_norm_mean": math.nan, "reward_accuracy": math.nan,
+    "reward_margin": math.nan,
+    # dpo_sweep/stability.py's signals and verdict, and the final weights' held-batch loss.
+    "stability": "", "loss_slope": math.nan, "loss_spread": math.nan, "grad_norm_spike": math.nan,
+    "logratio_std_max": math.nan, "reward_accuracy_slope": math.nan, "reward_margin_slope": math.nan,
+    "rollback_step": None, "eval_loss": math.nan,
+}
+
+
+def fitted_step_ms(steps: Sequence[StepRecord], ran_grad_acc: int, grad_acc: int) -> float:
+    """The step time at ``grad_acc`` from the measured steps of a trial that ran ``ran_grad_acc``
+    micro-steps per step (NaN when no measured step timed its micro-steps)."""
+    timed = [s for s in steps if s.measured and math.isfinite(s.micro_step_ms) and math.isfinite(s.step_time_ms)]
+    if not timed:
+        return math.nan
+    model = fit_step_time([s.step_time_ms for s in timed], [[s.micro_step_ms] * ran_grad_acc for s in timed])
+    return extrapolate_step_ms(model.t_opt_ms, model.t_micro_ms, grad_acc)
+
+
+def _time_columns(measured: TrialResult, steps: Sequence[StepRecord], ran_grad_acc: int,
+                  grad_acc: int) -> dict:
+    if grad_acc == ran_grad_acc or measured.status != "ok":
+        return {"step_time_source": "measured" if measured.status == "ok" else ""}
+    step_ms = fitted_step_ms(steps, ran_grad_acc, grad_acc)
+    ratio = step_ms / measured.step_time_ms  # the spread and the rates scale with the step
+    work = grad_acc / ran_grad_acc           # tokens and FLOPs per step
+    return {"step_time_ms": step_ms, "step_time_p10_ms": measured.step_time_p10_ms * ratio,
+            "step_time_p90_ms": measured.step_time_p90_ms * ratio,
+            "tokens_per_s": measured.tokens_per_s * work / ratio, "mfu": measured.mfu * work / ratio,
+            "step_time_source": "extrapolated"}
+
+
+def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepRecord], *, ran_grad_acc: int,
+               measured_by: str, predicted_peak_gb: float) -> TrialResult:
+    """``cfg``'s row from the measurement ``measured`` (taken at ``ran_grad_acc`` micro-steps per
+    step by trial ``measured_by``): its knobs, the measurement's memory, the time at its grad_acc.
+    A row measured by another trial carries no start-up or measuring time of its own (it cost none)."""
+    own = measured_by == cfg.trial_id
+    return dataclasses.replace(
+        measured, trial_id=cfg.trial_id, **cfg.knobs(), loss_type=cfg.train.loss,
+        predicted_peak_gb=predicted_peak_gb, measured_by=measured_by, stability_from="",
+        startup_s=measured.startup_s if own else math.nan, measure_s=measured.measure_s if own else math.nan,
+        extra=cfg.swept_columns(), **_time_columns(measured, steps, ran_grad_acc, cfg.grad_acc),
+    )
+
+
+def with_stability(row: TrialResult, learned: TrialResult | None, learned_by: str) -> TrialResult:
+    """``row`` with the stability columns of its learning trial's row ``learned`` (None: there is
+    none, e.g. every configuration of the set-up ran out of memory). A learning trial that
+    diverged makes the row ``diverged``: the learning, not the memory, is what diverges."""
+    if row.status != "ok":
+        return row
+    if learned is None:
+        return dataclasses.replace(row, **STABILITY_COLUMNS, stability_from="")
+    update = {c: getattr(learned, c) for c in STABILITY_COLUMNS}
+    if learned.status == "diverged":
+        update.update(status="diverged", error=f"diverged in learning trial {learned_by}: {learned.error}")
+    elif learned.status != "ok":
+        update = dict(STABILITY_COLUMNS)
+    return dataclasses.replace(row, **update, stability_from=learned_by)

@@ -1,0 +1,289 @@
+"""The sweep's plan (issue 15): which trials run, in what order, what is pruned, and each
+configuration's results row once the trials it depends on are in. Pure: no Ray, no torch; the
+Ray Tune ``Searcher`` (:mod:`dpo_sweep.sweep.planner`) only asks it for the next trial and tells
+it what finished.
+
+The story of a sweep:
+
+1. Configurations that share a :func:`~dpo_sweep.plan.rules.measurement_key` form one group; the
+   group's measuring configuration (the smallest grad_acc) runs as a **measure** trial under its
+   own trial id, at :func:`~dpo_sweep.plan.rules.short_grad_acc` micro-steps per optimizer step.
+2. Groups start cheapest predicted peak first (the memory model, calibrated on every measured
+   peak so far). A group predicted over the budget by more than the margin is ``pruned``; after
+   an ``oom`` every pending group whose configuration dominates it in memory is ``pruned``,
+   naming the trial that ran out.
+3. Every member's row copies its group's memory columns and takes the step time at its own
+   grad_acc (:mod:`dpo_sweep.plan.rows`).
+4. A row whose configuration did not itself run at its real grad_acc takes its loss-trajectory
+   columns from one **learning** trial per :func:`~dpo_sweep.plan.rules.learning_key`: a
+   configuration of that set-up that already ran in full when there is one, else the fastest
+   measured one that fits, run in full as ``<trial_id>-learning`` once its set-up's groups are in.
+
+``full_grid``: every configuration is its own measure trial at its real grad_acc, in the space's
+order; nothing is pruned, shared or extrapolated.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+from dpo_sweep.config import TrialConfig
+from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
+from dpo_sweep.plan.memory import MemoryEstimate, planning_device, predict_peak_gb
+from dpo_sweep.plan.rows import fitted_step_ms, shared_row, with_stability
+from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_key, measurement_key,
+                                  pick_learning_trial, prune_after_oom, prune_over_budget, short_grad_acc)
+from dpo_sweep.records import StepRecord, TrialResult, failed_result
+
+MEASURE, LEARN = "measure", "learn"
+LEARNING_SUFFIX = "-learning"
+Estimator = Callable[[TrialConfig], MemoryEstimate]
+
+
+def default_estimate(cfg: TrialConfig) -> MemoryEstimate:
+    return predict_peak_gb(cfg, device=planning_device(cfg))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One Ray trial the plan wants run: ``cfg.trial_id == job_id``."""
+
+    job_id: str
+    cfg: TrialConfig
+    kind: str  # measure | learn
+    key: str   # its measurement_key (measure) or learning_key (learn)
+
+
+@dataclass
+class _Group:
+    measuring: TrialConfig
+    members: tuple[TrialConfig, ...]
+    state: str = "pending"  # pending | running | done | pruned
+    ran_grad_acc: int = 0
+    predicted_gb: float = math.nan
+    result: TrialResult | None = None
+    steps: tuple[StepRecord, ...] = ()
+
+
+@dataclass
+class _Output:
+    steps: list[StepRecord] = field(default_factory=list)
+    rows: list[TrialResult] = field(default_factory=list)
+
+
+class SweepPlan:
+    """The planner's state over one sweep's configurations (see the module doc).
+
+    ``next_job()`` -> the next :class:`Job` to start, or None (wait while :meth:`running`, else
+    the sweep is over); ``finish(job_id, result, steps)`` when a job's trial ended;
+    ``take_output()`` -> the step rows and results rows ready to append since the last call.
+    """
+
+    def __init__(self, trials: Sequence[TrialConfig], *, budget_gb: float | None = None,
+                 full_grid: bool = False, estimate: Estimator = default_estimate,
+                 margin: float = BUDGET_MARGIN) -> None:
+        self.full_grid = full_grid
+        self.budget_gb = budget_gb
+        self.margin = margin
+        self._estimate = estimate
+        self._order = {t.trial_id: i for i, t in enumerate(trials)}
+        self._cfgs = {t.trial_id: t for t in trials}
+        if full_grid:
+            self._groups = {t.trial_id: _Group(t, (t,)) for t in trials}
+        else:
+            self._groups = {measurement_key(g.measuring): _Group(g.measuring, g.members) for g in dedupe(trials)}
+        self._group_of = {m.trial_id: key for key, g in self._groups.items() for m in g.members}
+        self._learning_keys = {t.trial_id: learning_key(t) for t in trials}
+        self._learned: dict[str, tuple[str, TrialResult | None]] = {}
+        self._running: dict[str, Job] = {}
+        self._measurements: list[Measurement] = []
+        self._calibration: Calibration = calibrate([])
+        self._written: set[str] = set()
+        self._out = _Output()
+
+    def summary_line(self) -> str:
+        """What the sweep will do, before it starts."""
+        if self.full_grid:
+            return f"planner off (--full-grid): {len(self._order)} configuration(s), each run in full"
+        budget = {self.budget_of(g.measuring) for g in self._groups.values()} - {None}
+        return (f"planner: {len(self._order)} configuration(s) share {len(self._groups)} memory/time "
+                f"measurement(s), cheapest predicted peak first; over-budget pruning "
+                + (f"against {', '.join(f'{b:.1f}' for b in sorted(budget))} GB" if budget else "off (no budget known)"))
+
+    # --- what the Searcher asks -------------------------------------------------------------
+
+    def next_job(self) -> Job | None:
+        job = self._next_measurement() or self._next_learning()
+        if job is not None:
+            self._running[job.job_id] = job
+        self._emit_ready()
+        return job
+
+    def running(self) -> bool:
+        """A job has started and not finished (``next_job()`` None then means: wait for it)."""
+        return bool(self._running)
+
+    def job(self, job_id: str) -> Job:
+        return self._running[job_id]
+
+    def finish(self, job_id: str, result: TrialResult, steps: Sequence[StepRecord]) -> None:
+        job = self._running.pop(job_id)
+        self._out.steps.extend(steps)
+        if job.kind == LEARN:
+            self._learned[job.key] = (job_id, result)
+        else:
+            group = self._groups[job.key]
+            group.state, group.result, group.steps = "done", result, tuple(steps)
+            if result.status == "ok" and math.isfinite(result.peak_mem_gb):
+                self._measurements.append(Measurement(job.cfg, result.peak_mem_gb))
+                self._calibration = calibrate(self._measurements, self._estimate)
+            if result.status == "oom" and not self.full_grid:
+                self._prune_after(job.cfg)
+        self._emit_ready()
+
+    def take_output(self) -> tuple[list[StepRecord], list[TrialResult]]:
+        out, self._out = self._out, _Output()
+        return out.steps, out.rows
+
+    def unwritten(self) -> list[str]:
+        """Configurations without a results row yet, in the space's order."""
+        return [t for t in self._order if t not in self._written]
+
+    def predict(self, cfg: TrialConfig) -> float:
+        """The calibrated predicted peak (GB); NaN when the model's config cannot be read here."""
+        try:
+            return predicted(self._calibration, cfg, self._estimate)
+        except (OSError, ValueError, KeyError):
+            return math.nan
+
+    # --- measurements ------------------------------------------------------------------------
+
+    def _pending(self) -> list[_Group]:
+        return [g for g in self._groups.values() if g.state == "pending"]
+
+    def _cheapest(self, groups: list[_Group]) -> _Group:
+        if self.full_grid:
+            return groups[0]
+
+        def key(g: _Group) -> tuple:
+            gb = self.predict(g.measuring)
+            return (math.isnan(gb), gb if not math.isnan(gb) else 0.0, self._order[g.measuring.trial_id])
+        return min(groups, key=key)
+
+    def _next_measurement(self) -> Job | None:
+        while pending := self._pending():
+            group = self._cheapest(pending)
+            group.predicted_gb = self.predict(group.measuring)
+            reason = None if self.full_grid else self.over_budget(group.measuring)
+            if reason:
+                self._prune(group, reason)
+                continue
+            group.state = "running"
+            group.ran_grad_acc = group.measuring.grad_acc if self.full_grid else short_grad_acc(group.measuring)
+            cfg = group.measuring.model_copy(update={"grad_acc": group.ran_grad_acc})
+            return Job(cfg.trial_id, cfg, MEASURE, self._group_of[cfg.trial_id])
+        return None
+
+    def budget_of(self, cfg: TrialConfig) -> float | None:
+        """What bounds the peak: the emulated card (resources.gpu_memory_gb), else the GPU's
+        memory the sweep was given; None (no pruning over budget) when neither is known."""
+        return cfg.resources.gpu_memory_gb or self.budget_gb
+
+    def over_budget(self, cfg: TrialConfig) -> str | None:
+        """Why ``cfg`` is pruned before it runs, or None (see rules.prune_over_budget)."""
+        budget = self.budget_of(cfg)
+        gb = self.predict(cfg)
+        if budget is None or math.isnan(gb):
+            return None
+        est = self._estimate(cfg)
+        return prune_over_budget(cfg, budgeted_gb(cfg, est) - est.total_gb + gb, budget, self.margin)
+
+    def _prune_after(self, oom_cfg: TrialConfig) -> None:
+        pending = {g.measuring.trial_id: g for g in self._pending()}
+        for cfg, reason in prune_after_oom(oom_cfg, [g.measuring for g in pending.values()]):
+            self._prune(pending[cfg.trial_id], reason)
+
+    def _prune(self, group: _Group, reason: str) -> None:
+        group.state = "pruned"
+        if math.isnan(group.predicted_gb):  # pruned after an OOM before it was next in line
+            group.predicted_gb = self.predict(group.measuring)
+        for m in group.members:
+            row = failed_result(m, "pruned", reason)
+            self._emit(replace(row, predicted_peak_gb=group.predicted_gb, extra=m.swept_columns()))
+
+    # --- learning trials ---------------------------------------------------------------------
+
+    def _ran_in_full(self, cfg: TrialConfig) -> bool:
+        group = self._groups[self._group_of[cfg.trial_id]]
+        return group.measuring.trial_id == cfg.trial_id and group.ran_grad_acc == cfg.grad_acc
+
+    def _step_ms(self, cfg: TrialConfig) -> float:
+        group = self._groups[self._group_of[cfg.trial_id]]
+        if cfg.grad_acc == group.ran_grad_acc:
+            return group.result.step_time_ms
+        ms = fitted_step_ms(group.steps, group.ran_grad_acc, cfg.grad_acc)
+        return ms if math.isfinite(ms) else math.inf
+
+    def _next_learning(self) -> Job | None:
+        needing = {self._learning_keys[t] for t in self.unwritten()}
+        for lkey in dict.fromkeys(self._learning_keys.values()):
+            if lkey not in needing or lkey in self._learned or any(j.kind == LEARN and j.key == lkey for j in self._running.values()):
+                continue
+            cfgs = [self._cfgs[t] for t, k in self._learning_keys.items() if k == lkey]
+            groups = [self._groups[self._group_of[c.trial_id]] for c in cfgs]
+            if any(g.state in ("pending", "running") for g in groups):
+                continue  # pick the fastest once every configuration of the set-up is measured
+            ok = [c for c, g in zip(cfgs, groups) if g.state == "done" and g.result.status == "ok"]
+            full = [c for c in ok if self._ran_in_full(c)]
+            if full:
+                self._learned[lkey] = (full[0].trial_id, self._groups[self._group_of[full[0].trial_id]].result)
+                continue
+            pick = pick_learning_trial(ok, predict=lambda _c: 0.0, budget_gb=math.inf, step_ms=self._step_ms)
+            if pick is None:
+                self._learned[lkey] = ("", None)
+                continue
+            job_id = pick.trial_id + LEARNING_SUFFIX
+            return Job(job_id, pick.model_copy(update={"trial_id": job_id}), LEARN, lkey)
+        return None
+
+    # --- rows ----------------------------------------------------------------------------------
+
+    def _emit(self, row: TrialResult) -> None:
+        self._written.add(row.trial_id)
+        self._out.rows.append(row)
+
+    def _emit_ready(self) -> None:
+        for group in self._groups.values():
+            if group.state != "done":
+                continue
+            for m in group.members:
+                if m.trial_id in self._written:
+                    continue
+                row = shared_row(m, group.result, group.steps, ran_grad_acc=group.ran_grad_acc,
+                                 measured_by=group.measuring.trial_id, predicted_peak_gb=group.predicted_gb)
+                if self._ran_in_full(m) or row.status != "ok":
+                    self._emit(replace(row, stability_from=m.trial_id if row.status == "ok" else ""))
+                elif (learned := self._learned.get(self._learning_keys[m.trial_id])) is not None:
+                    self._emit(with_stability(row, learned[1], learned[0]))
+
+
+def plan_labels(trials: Sequence[TrialConfig], budget_gb: float | None = None,
+                estimate: Estimator = default_estimate) -> dict[str, str]:
+    """``dpo-sweep validate``'s plan column, by trial id: ``run`` (at which grad_acc), ``shares
+    measurement with X`` or ``pruned: ...`` over budget (pruning after an OOM is known only when
+    the sweep runs)."""
+    plan = SweepPlan(trials, budget_gb=budget_gb, estimate=estimate)
+    labels: dict[str, str] = {}
+    for group in plan._groups.values():
+        reason = plan.over_budget(group.measuring)
+        head = group.measuring
+        short = short_grad_acc(head)
+        for m in group.members:
+            if reason:
+                labels[m.trial_id] = reason
+            elif m is head:
+                labels[m.trial_id] = "run" if short == m.grad_acc else f"run at grad_acc {short}, time extrapolated"
+            else:
+                labels[m.trial_id] = f"shares measurement with {head.trial_id}"
+    return labels

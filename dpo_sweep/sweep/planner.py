@@ -1,0 +1,53 @@
+"""The planner as a Ray Tune ``Searcher``: Tune asks it for the next trial, it asks the sweep's
+:class:`~dpo_sweep.plan.schedule.SweepPlan` (cheapest predicted memory first, pruned and shared
+configurations never start a trial). What finished reaches the plan through the sweep's
+:class:`~dpo_sweep.sweep.recorder.SweepRecorder`, which sees every report of a trial; Tune calls
+the callbacks' ``on_trial_result`` with a trial's last report before the Searcher's
+``on_trial_complete``, so the plan knows a trial's outcome before it is asked for the next one.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ray.tune.search import Searcher
+
+from dpo_sweep.plan.schedule import SweepPlan
+from dpo_sweep.sweep.recorder import SweepRecorder
+
+
+class PlanSearcher(Searcher):
+    """Suggests the plan's jobs, one Tune trial each, until the plan has none left."""
+
+    def __init__(self, plan: SweepPlan, recorder: SweepRecorder) -> None:
+        super().__init__()
+        self.plan = plan
+        self.recorder = recorder
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
+        return True  # the plan is the search space; Tune's param_space holds only fixed values
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        job = self.plan.next_job()
+        self.recorder.flush()  # rows pruned over budget before anything ran
+        if job is None:
+            # None: nothing to start until a running trial ends; FINISHED: the sweep is done.
+            return None if self.plan.running() else Searcher.FINISHED
+        return {"trial": job.cfg.model_dump(mode="json")}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        """Nothing to do: the recorder handed the trial's outcome to the plan already."""
+
+
+def card_memory_gb() -> float | None:
+    """This host's first GPU's memory in GB (the budget for pruning over budget), or None when
+    NVML sees no GPU here (a CPU-only head node: then only resources.gpu_memory_gb prunes)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total / 1e9
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no library, no driver, no GPU: no card budget
+        return None
