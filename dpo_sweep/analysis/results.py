@@ -37,6 +37,9 @@ class StepRecord:
     tokens_per_s: float = math.nan
     lr: float = math.nan
     measured: bool = True
+    max_seq_len: int = 0  # the longest sequence in this step's micro-batches
+    padding_frac: float = math.nan  # share of this step's token positions that are padding
+    worst_case: bool = False  # the step on the longest pairs (train.worst_case_step)
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,9 @@ class TrialResult:
     beta: float
     num_workers: int
     effective_batch: int
-    peak_mem_gb: float = math.nan
+    peak_mem_gb: float = math.nan  # the worst case: the highest measured peak, worst-case step included
+    peak_mem_typical_gb: float = math.nan  # the highest peak of the typical measured steps
+    padding_frac: float = math.nan  # mean share of padding in the typical measured steps
     torch_peak_alloc_gb: float = math.nan
     torch_peak_reserved_gb: float = math.nan
     step_time_ms: float = math.nan

@@ -39,7 +39,8 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import DataError, UserError
 from dpo_sweep.telemetry import StepTimer, dpo_step_flops, make_memory_sampler, mfu, model_flops_per_token
 from dpo_sweep.train import metrics
-from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs
+from dpo_sweep.train.metrics import measured_peaks_gb
+from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs, worst_case_batches
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.data import PairDataset, load_pairs
 from dpo_sweep.train.lean import apply_lean_ops
@@ -150,7 +151,8 @@ def _lr_lambda(cfg: TrialConfig) -> Callable[[int], float]:
 
 def _forward_inputs(mb: MicroBatch, has_padding: bool) -> tuple:
     # No padding: pass no mask, so the attention kernel can take its causal fast path.
-    return mb.input_ids, (mb.attention_mask if has_padding else None), mb.position_ids, mb.response_mask
+    return (mb.input_ids, (mb.attention_mask if has_padding else None), mb.position_ids, mb.response_mask,
+            mb.sequence_ids)
 
 
 @torch.no_grad()
@@ -278,22 +280,29 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
             f"reference {t.reference}, device {device}, {world} worker(s) [{time.perf_counter() - t_start:.1f} s]")
 
         batches = micro_batches(ds, cfg.micro_batch, world, rank, t.seed, tok.pad_token_id, t.padding_side,
-                               grad_acc=cfg.grad_acc)
+                               grad_acc=cfg.grad_acc, group_by_length=t.group_by_length,
+                               padding_free=t.padding_free)
+        # After the steps, one on the longest pairs: the peak a real run meets at its longest batch.
+        worst_batches = worst_case_batches(ds, cfg.micro_batch, world, rank, tok.pad_token_id, t.padding_side,
+                                           grad_acc=cfg.grad_acc, padding_free=t.padding_free)
         timer = StepTimer(device, t.warmup_steps)
         records: list[StepRecord] = []
         status = "ok"
         error = ""
         t_measure = time.perf_counter()
-        for step in range(1, t.steps + 1):
+        for step in range(1, t.steps + 1 + t.worst_case_step):
+            worst = step > t.steps
             if step == t.warmup_steps + 1:
                 sampler.reset_peak()  # the measured phase starts: peaks from here on
                 t_measure = time.perf_counter()
             timer.start_step()
             poison = _inject(cfg, step, rank)
             sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=device)
-            host = [0.0] * len(metrics.HOST_SUMS)  # pairs, sequences, tokens
+            host = [0.0] * len(metrics.HOST_SUMS)  # pairs, sequences, slots, tokens
+            max_seq_len = 0
             for micro in range(cfg.grad_acc):
-                cpu_mb = next(batches)
+                cpu_mb = next(worst_batches if worst else batches)
+                max_seq_len = max(max_seq_len, cpu_mb.max_seq_len())
                 pad = bool((cpu_mb.attention_mask == 0).any())
                 tokens = cpu_mb.tokens()
                 mb = cpu_mb.to(device)
@@ -318,7 +327,7 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                     loss = losses.sum() / (b * cfg.grad_acc)
                 scaler.scale(loss).backward()
                 sums += metrics.micro_step_sums(losses, rew_c, rew_r, logps, ref_logps.float(), counts)
-                host = [host[0] + b, host[1] + 2 * b, host[2] + tokens]
+                host = [host[0] + b, host[1] + 2 * b, host[2] + cpu_mb.slots(), host[3] + tokens]
             scaler.unscale_(opt)
             max_norm = t.max_grad_norm if t.max_grad_norm is not None else float("inf")
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -329,16 +338,16 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
             if world > 1:
                 sums = torch.cat([sums, torch.tensor(host, dtype=torch.float64).to(device)])
                 dist.all_reduce(sums)
-            step_ms = timer.end_step()
+            step_ms = timer.end_step(counted=not worst)
             values = sums.tolist()  # one host sync per step, after the step is done
             if world == 1:
                 values += host
             gn = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
             peak = sampler.peak_gb()
             if world > 1:
-                peak_t = torch.tensor([peak], dtype=torch.float64, device=device)
+                peak_t = torch.tensor([peak, max_seq_len], dtype=torch.float64, device=device)
                 dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
-                peak = float(peak_t)
+                peak, max_seq_len = float(peak_t[0]), int(peak_t[1])
             m = metrics.step_means(values)
             rec = StepRecord(
                 trial_id=cfg.trial_id, step=step, loss=m["loss"], grad_norm=gn, step_time_ms=step_ms,
@@ -347,13 +356,14 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                 logps_rejected=m["logps/rejected"], kl=m["kl"], rewards_chosen=m["rewards/chosen"],
                 rewards_rejected=m["rewards/rejected"], tokens_per_s=values[-1] / (step_ms / 1e3),
                 lr=sched.get_last_lr()[0], measured=step > t.warmup_steps,
+                max_seq_len=max_seq_len, padding_frac=m["padding_frac"], worst_case=worst,
             )
             records.append(rec)
             on_step(rec)
-            say(f"[{cfg.trial_id}] step {step}/{t.steps} loss {rec.loss:.4f} grad_norm {gn:.3f} "
+            say(f"[{cfg.trial_id}] step {'worst' if worst else step}/{t.steps} loss {rec.loss:.4f} grad_norm {gn:.3f} "
                 f"acc {rec.reward_accuracy:.2f} margin {rec.reward_margin:+.4f} kl {rec.kl:+.5f} "
                 f"{step_ms:.0f} ms {rec.tokens_per_s:,.0f} tok/s peak {peak:.2f} GB"
-                + ("" if rec.measured else " (warm-up)"))
+                + ("" if rec.measured else " (warm-up)") + (" (worst case: longest pairs)" if worst else ""))
             non_finite_grad = not math.isfinite(gn) and t.precision != "fp16"  # fp16: scaler skips it
             if not math.isfinite(rec.loss) or non_finite_grad:
                 status = "diverged"
@@ -362,10 +372,10 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
                 break
         t_end = time.perf_counter()
         alloc_gb, reserved_gb = sampler.torch_peaks_gb()
-        peak_gb = records[-1].peak_mem_gb if records else math.nan
     sampler.close()
 
-    measured = [r for r in records if r.measured]
+    peaks = measured_peaks_gb(records)
+    measured = [r for r in records if r.measured and not r.worst_case]  # typical batches
     step_ms = timer.median_ms()  # the same measured steps as step_time_p90_ms below
     tokens = metrics.mean([r.tokens_per_s * r.step_time_ms / 1e3 for r in measured])
     flops = dpo_step_flops(fwd_flops_per_token=fwd_flops, policy_tokens=int(tokens) if math.isfinite(tokens) else 0,
@@ -374,7 +384,9 @@ def _train(cfg: TrialConfig, device: torch.device, on_step: Callable[[StepRecord
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     result = TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(),
-        peak_mem_gb=peak_gb, torch_peak_alloc_gb=alloc_gb, torch_peak_reserved_gb=reserved_gb,
+        peak_mem_gb=peaks.worst_gb, peak_mem_typical_gb=peaks.typical_gb,
+        padding_frac=metrics.mean([r.padding_frac for r in measured]),
+        torch_peak_alloc_gb=alloc_gb, torch_peak_reserved_gb=reserved_gb,
         step_time_ms=step_ms,
         step_time_p10_ms=timer.p10_ms(), step_time_p90_ms=timer.p90_ms(),
         tokens_per_s=metrics.median([r.tokens_per_s for r in measured]),

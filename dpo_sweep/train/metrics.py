@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Protocol, Sequence
 
 import torch
 
 #: Sums accumulated on the device over a step's micro-batches, in this order ...
 DEVICE_SUMS = ("loss", "acc", "margin", "rew_c", "rew_r", "logp_c", "logp_r", "kl")
 #: ... and sums the host knows without asking the device. Both are all-reduced over workers.
-HOST_SUMS = ("pairs", "seqs", "tokens")
+#: ``slots``: token positions computed, padding included; ``tokens`` stays last (the loop reads it).
+HOST_SUMS = ("pairs", "seqs", "slots", "tokens")
 STEP_SUMS = DEVICE_SUMS + HOST_SUMS
 
 
@@ -64,6 +66,7 @@ def step_means(sums: Sequence[float]) -> dict[str, float]:
         "logps/chosen": s["logp_c"] / pairs,
         "logps/rejected": s["logp_r"] / pairs,
         "kl": s["kl"] / s["seqs"],
+        "padding_frac": 1.0 - s["tokens"] / s["slots"],
     }
 
 
@@ -78,3 +81,33 @@ def median(values: Sequence[float]) -> float:
 def mean(values: Sequence[float]) -> float:
     v = [x for x in values if math.isfinite(x)]
     return sum(v) / len(v) if v else math.nan
+
+
+class _StepPeak(Protocol):
+    peak_mem_gb: float
+    measured: bool
+    worst_case: bool
+
+
+@dataclass(frozen=True)
+class MeasuredPeaks:
+    """``worst_gb``: the highest peak of the measured steps, the worst-case step included (what
+    ``peak_mem_gb`` reports); ``typical_gb``: the highest on the typical steps alone."""
+
+    worst_gb: float
+    typical_gb: float
+
+
+def measured_peaks_gb(records: Sequence[_StepPeak]) -> MeasuredPeaks:
+    """Peaks of a trial's steps; a trial that stopped in warm-up reports its last step's reading."""
+    measured = [r for r in records if r.measured]
+    if not measured:
+        last = records[-1].peak_mem_gb if records else math.nan
+        return MeasuredPeaks(last, last)
+    typical = [r.peak_mem_gb for r in measured if not r.worst_case]
+    return MeasuredPeaks(_max([r.peak_mem_gb for r in measured]), _max(typical))
+
+
+def _max(values: Sequence[float]) -> float:
+    v = [x for x in values if math.isfinite(x)]
+    return max(v) if v else math.nan
