@@ -60,3 +60,11 @@ def test_group_by_length_keeps_splits_equal_and_pads_less(cfg_factory):
     _, b = run(cfg_factory, micro_batch=1, grad_acc=4, group_by_length=True)
     torch.testing.assert_close(losses(b), losses(a), rtol=2e-4, atol=2e-5)
     assert a.result.padding_frac < plain.result.padding_frac
+
+
+@pytest.mark.parametrize("level", ["L2", "full"])
+def test_padding_free_under_checkpointing_matches_none(cfg_factory, level):
+    """Packed rows carry a block mask into attention: L2 keeps that kernel, full recomputes it."""
+    _, none = run(cfg_factory, padding_free=True)
+    _, ckpt = run(cfg_factory, padding_free=True, checkpoint_level=level)
+    torch.testing.assert_close(losses(ckpt), losses(none), rtol=1e-4, atol=1e-5)
