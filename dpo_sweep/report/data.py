@@ -248,6 +248,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
                                                "peak memory (GB)")))
     else:
         notes.append("steps.csv is absent or empty: the per-step loss and memory curves are not shown.")
+    has_curves = bool(figs)  # before the length histograms, which are no curves of the trials
     shape = data_shape_section(datasets or [], analysed)
     figs += [_figure(f"plot-lengths-{i}", caption, spec) for i, (caption, spec) in enumerate(shape.figures)]
     ordered = tables.memory_order(analysed)
@@ -262,7 +263,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         recommendation_reason=rec.reason,
         recommendation_json=rec.to_json_dict(),
         figures=figs,
-        plots_note=_plots_note(completed, bool(figs)),
+        plots_note=_plots_note(completed, has_curves),
         failures=failure_lines(analysed, short_ids),
         frontier_table=Table(tables.FRONTIER_HEADER,
                              [[Cell(c) for c in row] for row in tables.frontier_rows(analysed)],

@@ -59,3 +59,12 @@ def test_report_without_data_json_has_no_data_section(tmp_path):
     assert load_data_json(tmp_path) == []
     html = analyse_dir(tmp_path, 20.0).report_path.read_text()
     assert 'id="data"' not in html
+
+
+def test_length_histograms_are_no_trial_curves_when_nothing_completed(tmp_path):
+    from report_frames import all_oom_sweep
+
+    write_dir(tmp_path, all_oom_sweep())
+    write_data_json(tmp_path, [long_tailed_shape()[1]])
+    html = analyse_dir(tmp_path, 20.0).report_path.read_text()
+    assert "plot-lengths-0" in html and "nothing to plot" in html and "per-step curves show" not in html

@@ -68,3 +68,9 @@ def test_padding_free_under_checkpointing_matches_none(cfg_factory, level):
     _, none = run(cfg_factory, padding_free=True)
     _, ckpt = run(cfg_factory, padding_free=True, checkpoint_level=level)
     torch.testing.assert_close(losses(ckpt), losses(none), rtol=1e-4, atol=1e-5)
+
+
+def test_out_of_memory_on_the_worst_case_step_is_an_oom_trial(cfg_factory):
+    """The run that fits its typical batches but not its longest one is the run the user must not get."""
+    cfg = cfg_factory(data=LONG_TAILED, max_length=96, micro_batch=2, steps=2, fail_at_step=3, fail_kind="oom")
+    assert run_trial(cfg, log=None).result.status == "oom"
