@@ -110,7 +110,18 @@ class SyntheticData(_Strict):
 
     pairs: int = Field(256, ge=1, description="Number of preference pairs.")
     prompt_tokens: int = Field(64, ge=1, description="Tokens per prompt.")
-    response_tokens: int = Field(64, ge=1, description="Tokens per chosen/rejected response.")
+    response_tokens: int = Field(64, ge=1, description="Tokens per chosen/rejected response "
+                                 "(the median with lengths: lognormal).")
+    lengths: Literal["fixed", "lognormal"] = Field(
+        "fixed",
+        description="fixed: every prompt and response has its length above; lognormal: each "
+        "prompt, chosen and rejected length is drawn as round(median x exp(sigma x z)), z ~ N(0, 1), "
+        "a long tail as in real preference sets (truncation to train.max_length still applies).",
+    )
+    sigma: float = Field(
+        0.8, gt=0, le=3,
+        description="Spread of lognormal lengths (log-space standard deviation); unused with fixed.",
+    )
     seed: int = Field(0, description="Seed of the generator.")
 
 
@@ -211,6 +222,23 @@ class TrainSpec(_Strict):
         "grad_acc/8 for the last 10% of steps (32, 16, 4 at grad_acc 32).",
     )
     padding_side: Literal["right", "left"] = Field("right", description="Where batches are padded.")
+    group_by_length: bool = Field(
+        False,
+        description="Cut each epoch's pairs, sorted by length, into effective batches and shuffle "
+        "their order: micro-batches of similar length, less padding. Deterministic by seed; every "
+        "split of the same effective batch still sees the same pairs per step.",
+    )
+    padding_free: bool = Field(
+        False,
+        description="Pack the chosen and rejected sequences of a micro-batch into one row without "
+        "padding (position_ids restart per sequence; transformers masks across sequences).",
+    )
+    worst_case_step: bool = Field(
+        True,
+        description="After the steps, run one more step on the longest pairs (the longest "
+        "micro-batch the run can meet): its peak is peak_mem_gb; it is left out of step times, "
+        "tokens/s and the loss statistics.",
+    )
     seed: int = Field(0, description="Seed for weights, data order and dropout.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
     fail_at_step: int | None = Field(

@@ -25,12 +25,15 @@ from typing import Any, Iterable
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.errors import DataError, UserError
 from dpo_sweep.train.data import PairDataset, load_pairs  # standard library only: cheap to import
+from dpo_sweep.train.lengths import LengthProfile, data_shape
 
 #: Files that ``trial`` and ``run`` write into the output folder.
 RESULT_FILES = ("results.csv", "steps.csv")
 
 #: (name_or_path, trust_remote_code); name_or_path None: the byte tokenizer every preset shares.
 TokenizerKey = tuple[str | None, bool]
+#: What one data read depends on: the data spec (as JSON), the tokenizer, max_length.
+DataKey = tuple[str, TokenizerKey, int]
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,10 @@ class DataSummary:
     truncated: int
     dropped: int
     max_token_id: int
+    key: DataKey = ("", (None, False), 0)
+    #: Lengths after truncation (the planner's worst micro-batch) and data.json's entry.
+    lengths: LengthProfile | None = None
+    shape: dict[str, Any] | None = None
 
     def line(self) -> str:
         return (f"data {self.source}: {self.pairs} pair(s) with the {self.model} tokenizer at max_length "
@@ -163,15 +170,23 @@ def _max_token_id(ds: PairDataset) -> int:
                default=-1)
 
 
+def data_key(cfg: TrialConfig) -> DataKey:
+    """Which data read a trial's pairs come from (trials of one key share one :class:`DataSummary`)."""
+    return (cfg.data.model_dump_json(), _tokenizer_key(cfg.model), cfg.train.max_length)
+
+
 def check_data(trials: Iterable[TrialConfig], models: CheckedModels) -> tuple[DataSummary, ...]:
     """Read and tokenise each distinct (data, tokenizer, max_length) once, as the workers will."""
-    summaries: dict[tuple[str, TokenizerKey, int], DataSummary] = {}
+    summaries: dict[DataKey, DataSummary] = {}
     for cfg in trials:
-        key = (cfg.data.model_dump_json(), _tokenizer_key(cfg.model), cfg.train.max_length)
+        key = data_key(cfg)
         if key not in summaries:
             ds = _read_pairs(cfg, models.tokenizers[key[1]])
+            lengths = LengthProfile.of(ds)
             summaries[key] = DataSummary(ds.source, cfg.model.label(), cfg.train.max_length, len(ds),
-                                         ds.truncated, ds.dropped, _max_token_id(ds))
+                                         ds.truncated, ds.dropped, _max_token_id(ds), key, lengths,
+                                         data_shape(ds, lengths, model=cfg.model.label(),
+                                                    max_length=cfg.train.max_length))
         check_fill(cfg, summaries[key])
         check_vocab(cfg, summaries[key], models.vocab_sizes[cfg.model.label()])
     return tuple(summaries.values())

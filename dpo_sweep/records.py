@@ -44,6 +44,9 @@ class StepRecord:
     tokens_per_s: float = math.nan
     lr: float = math.nan
     measured: bool = True
+    max_seq_len: int = 0  # the longest sequence in this step's micro-batches
+    padding_frac: float = math.nan  # share of this step's token positions that are padding
+    worst_case: bool = False  # the step on the longest pairs (train.worst_case_step)
     # Stability signals (dpo_sweep/stability.py) and the knobs' per-step values.
     logratio_mean: float = math.nan
     logratio_std: float = math.nan
@@ -82,6 +85,8 @@ class TrialResult:
     reward_margin: float = math.nan
     error: str = ""
     # Beyond the contract's minimum: how the numbers were obtained.
+    peak_mem_typical_gb: float = math.nan  # the highest peak of the typical measured steps (peak_mem_gb: worst case)
+    padding_frac: float = math.nan  # mean share of padding in the typical measured steps
     step_time_p10_ms: float = math.nan  # with step_time_p90_ms: the throughput noise (analysis/noise.py)
     mem_source: str = ""
     loss_type: str = ""

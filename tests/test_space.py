@@ -129,7 +129,8 @@ def test_trial_writes_swept_train_fields_as_columns(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     rows = read_csv_rows(out / "results.csv")
     assert list(rows[0]) == RESULTS_COLUMNS + ["seed", "lr", "train_steps"]
-    assert (rows[0]["seed"], rows[0]["lr"], rows[0]["train_steps"], rows[0]["steps"]) == ("3", "0.001", "2", "2")
+    # steps: the steps that ran, the worst-case step after train.steps included
+    assert (rows[0]["seed"], rows[0]["lr"], rows[0]["train_steps"], rows[0]["steps"]) == ("3", "0.001", "2", "3")
     assert rows[0]["trial_id"] == "t000_mb2_none_ga1_b0.1_seed-3_lr-0.001_steps-2"
 
 

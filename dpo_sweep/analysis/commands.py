@@ -159,6 +159,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     (``dpo-sweep run``); None reads DIR/space.yaml.
     """
     from dpo_sweep.report.data import build_report_data
+    from dpo_sweep.report.data_shape import load_data_json
     from dpo_sweep.report.html import write_report
 
     out_dir = Path(out_dir)
@@ -173,7 +174,8 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     rec_json = rec.to_json_dict()
     rec_path = out_dir / "recommendation.json"
     rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    report_path = write_report(out_dir / "report.html", build_report_data(analysed, rec, objs, steps, env))
+    report_path = write_report(out_dir / "report.html",
+                               build_report_data(analysed, rec, objs, steps, env, load_data_json(out_dir)))
     return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed, objs,
                            format_recommendation(rec))
 

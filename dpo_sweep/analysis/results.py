@@ -165,7 +165,7 @@ def load_steps(out_dir: str | Path) -> "Any | None":
     _refuse_unreadable(path, df, _column_kinds(StepRecord))
     df["trial_id"] = df["trial_id"].fillna("").astype(str)
     for col in df.columns:
-        if col not in ("trial_id", "measured"):
+        if col not in ("trial_id", "measured", "worst_case"):
             df[col] = pd.to_numeric(df[col], errors="coerce")
     return df
 

@@ -36,8 +36,10 @@ context      CUDA context and kernel images, outside torch's allocator: NVML pea
              0 on the CPU (RSS is not modelled there)
 ===========  ===============================================================================
 
-Tokens per micro-step are ``2 x micro_batch x max_length`` (chosen and rejected, padded to the
-longest: the worst case that ``peak_mem_gb`` reports). Attention through sdpa or flash-attn saves
+Tokens per micro-step are those of the longest micro-batch (the worst case that ``peak_mem_gb``
+reports): given the data's lengths, ``2 x micro_batch x`` the longest pair's padded width, or
+with ``padding_free`` the real tokens of the ``micro_batch`` longest pairs in one row; without
+them, ``2 x micro_batch x max_length``. Attention through sdpa or flash-attn saves
 q, k, v (GQA-sized), the output and the log-sum-exp, linear in tokens; ``eager`` also saves the
 ``T x T`` probabilities. ``benchmarks/memory_model_check.py`` compares this with every committed
 H200 measurement.
@@ -48,6 +50,7 @@ import functools
 from dataclasses import dataclass, fields
 
 from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.train.lengths import LengthProfile
 
 GB = 1e9
 #: NVML device-used minus torch's reserved peak on the H200 (see the module doc).
@@ -239,16 +242,26 @@ def resolved_liger(spec: ModelSpec, device: str) -> bool:
     return device == "cuda" and spec.liger_kernel is not False
 
 
-def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape | None = None) -> MemoryEstimate:
-    """The predicted NVML peak of ``cfg`` on one worker (``device``: ``cuda`` or ``cpu``)."""
+def worst_micro_batch(cfg: TrialConfig, lengths: LengthProfile | None) -> tuple[int, int]:
+    """(tokens, longest row) of the largest micro-batch ``cfg`` runs: its data's ``micro_batch``
+    longest pairs (the worst-case step) when their lengths are known, else every sequence at
+    ``max_length``."""
+    if lengths is None:
+        return 2 * cfg.micro_batch * cfg.train.max_length, cfg.train.max_length
+    return lengths.worst_micro_batch(cfg.micro_batch, cfg.train.padding_free)
+
+
+def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape | None = None,
+                    lengths: LengthProfile | None = None) -> MemoryEstimate:
+    """The predicted NVML peak of ``cfg`` on one worker (``device``: ``cuda`` or ``cpu``);
+    ``lengths``: the data's, for the longest micro-batch (:func:`worst_micro_batch`)."""
     s = shape or model_shape(cfg.model)
     t = cfg.train
     b = element_bytes(cfg.model, t.precision)
     lean, liger, attn = cfg.model.lean_ops, resolved_liger(cfg.model, device), resolved_attn(cfg.model)
     world = cfg.resources.workers_per_trial
     shard = world if (world > 1 and cfg.resources.parallelism == "fsdp") else 1  # FSDP: a rough 1/world
-    seq_len = t.max_length
-    tokens = 2 * cfg.micro_batch * seq_len
+    tokens, seq_len = worst_micro_batch(cfg, lengths)
     kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len)
 
     weights = s.n_params * b.weight / shard
@@ -290,10 +303,10 @@ def planning_device(cfg: TrialConfig) -> str:
     return "cpu" if cfg.train.device == "cpu" or cfg.resources.use_gpu is False else "cuda"
 
 
-def predicted_peak_label(cfg: TrialConfig) -> str:
+def predicted_peak_label(cfg: TrialConfig, lengths: LengthProfile | None = None) -> str:
     """The predicted peak in GB for a table, or ``-`` when the model's config cannot be read here
     (a hub id that is not cached, a checkpoint without a config)."""
     try:
-        return f"{predict_peak_gb(cfg, device=planning_device(cfg)).total_gb:.1f}"
+        return f"{predict_peak_gb(cfg, device=planning_device(cfg), lengths=lengths).total_gb:.1f}"
     except (OSError, ValueError, KeyError):
         return "-"

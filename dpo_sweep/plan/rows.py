@@ -35,7 +35,7 @@ STABILITY_COLUMNS: dict[str, object] = {
 def fitted_step_ms(steps: Sequence[StepRecord], ran_grad_acc: int, grad_acc: int) -> float:
     """The step time at ``grad_acc`` from the measured steps of a trial that ran ``ran_grad_acc``
     micro-steps per step (NaN when no measured step timed its micro-steps)."""
-    timed = [s for s in steps if s.measured and math.isfinite(s.micro_step_ms) and math.isfinite(s.step_time_ms)]
+    timed = [s for s in steps if s.measured and not s.worst_case and math.isfinite(s.micro_step_ms) and math.isfinite(s.step_time_ms)]
     if not timed:
         return math.nan
     model = fit_step_time([s.step_time_ms for s in timed], [[s.micro_step_ms] * ran_grad_acc for s in timed])

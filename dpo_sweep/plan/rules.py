@@ -14,11 +14,12 @@ data.* (source, sizes, columns, seeds)   yes   sequence lengths and padding (syn
                                                conservative, they are cheap to keep)
 train.max_length, padding_side,          yes   tokens per micro-step, head memory, what a trial
 logp_chunk_tokens, precision, reference,       runs on, how the measurement is taken
-device, warmup_steps
+device, warmup_steps, group_by_length,
+padding_free, worst_case_step
 train.fail_at_step / fail_kind /         yes   test hooks that change the outcome
 fail_rank
-train.seed                               yes*  *only for non-synthetic data: the data order sets
-                                               which pairs share a padded micro-batch
+train.seed                               yes*  *except for fixed-length synthetic data: the data
+                                               order sets which pairs share a padded micro-batch
 resources.*                              yes   workers, parallelism, the memory cap, CPUs
 micro_batch, checkpoint_level            yes   activations and recompute
 grad_acc                                 as    ``short_grad_acc``: 1 vs >= 2 changes the peak;
@@ -29,7 +30,7 @@ train.weight_decay, adam_betas,          no    the same fused AdamW kernel
 adam_eps
 train.max_grad_norm                      no    the norm is computed either way (inf: no clip)
 train.steps                              no    the measurement's own step count decides
-train.seed (synthetic data)              no    weights' values and the order of equal lengths
+train.seed (fixed synthetic lengths)     no    weights' values and the order of equal lengths
 trial_id, space_name                     no    names
 =======================================  ====  ================================================
 """
@@ -102,8 +103,8 @@ def _memory_tree(cfg: TrialConfig) -> dict:
     tree = cfg.model_dump(mode="json")
     for path in NOT_MEMORY_FIELDS:
         _drop(tree, path)
-    if cfg.data.synthetic is not None:
-        _drop(tree, ("train", "seed"))
+    if cfg.data.synthetic is not None and cfg.data.synthetic.lengths == "fixed":
+        _drop(tree, ("train", "seed"))  # every pair as long as every other: no order changes the padding
     tree["short_grad_acc"] = short_grad_acc(cfg)
     return tree
 

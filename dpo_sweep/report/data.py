@@ -16,6 +16,7 @@ from dpo_sweep.analysis.pareto import Objective
 from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.records import STATUSES
 from dpo_sweep.report import figures
+from dpo_sweep.report.data_shape import data_shape_section
 
 
 #: Longest error shown in full; a longer or multi-line one shows its first line, cut to this, and
@@ -81,6 +82,8 @@ class ReportData:
     trials_table: Table
     environment: list[tuple[str, str]]
     notes: list[str]
+    data_shape: list[str] = field(default_factory=list)
+    """The data's lengths, truncated/dropped pairs and padding (data.json, results.csv)."""
 
 
 def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -210,7 +213,8 @@ def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Obje
 
 def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Objective, ...],
                       steps: pd.DataFrame | None = None,
-                      environment: dict[str, Any] | None = None) -> ReportData:
+                      environment: dict[str, Any] | None = None,
+                      datasets: list[dict[str, Any]] | None = None) -> ReportData:
     """Assemble the report from the analysed frame (pareto.analyse_frontier) and a recommendation."""
     notes = ["GB = 1e9 bytes (not GiB) everywhere in this report."]
     # With nothing completed the scatter and the panels would be empty axes (or OOM marks on
@@ -246,6 +250,9 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
                                                "peak memory (GB)")))
     else:
         notes.append("steps.csv is absent or empty: the per-step loss and memory curves are not shown.")
+    has_curves = bool(figs)  # before the length histograms, which are no curves of the trials
+    shape = data_shape_section(datasets or [], analysed)
+    figs += [_figure(f"plot-lengths-{i}", caption, spec) for i, (caption, spec) in enumerate(shape.figures)]
     ordered = tables.memory_order(analysed)
     row_classes = [(f"status-{s}" if s in STATUSES else "status-other") + (" frontier" if on else "")
                    for s, on in zip(ordered["status"], ordered["on_frontier"])]
@@ -258,7 +265,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         recommendation_reason=rec.reason,
         recommendation_json=rec.to_json_dict(),
         figures=figs,
-        plots_note=_plots_note(completed, bool(figs)),
+        plots_note=_plots_note(completed, has_curves),
         failures=failure_lines(analysed, short_ids),
         frontier_table=Table(tables.FRONTIER_HEADER,
                              [[Cell(c) for c in row] for row in tables.frontier_rows(analysed)],
@@ -266,4 +273,5 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         trials_table=_trial_table(analysed, short_ids, row_classes),
         environment=flatten(environment) if environment else [],
         notes=notes,
+        data_shape=shape.lines,
     )

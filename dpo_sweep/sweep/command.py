@@ -27,6 +27,7 @@ from typing import Callable
 import ray
 
 from dpo_sweep import preflight
+from dpo_sweep.train.lengths import write_data_json
 from dpo_sweep import space as space_mod
 from dpo_sweep.errors import UserError
 from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finished_trial_ids, prepare_output,
@@ -86,9 +87,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent: {args.max_concurrent} is not allowed; give 1 or more")
     out_dir = Path(args.output) if args.output else default_output_dir(sp.name)
-    say("\n".join(s.line() for s in preflight.check_inputs(sp.trials, out_dir)))  # exit 2 before Ray
+    data = preflight.check_inputs(sp.trials, out_dir)  # exit 2 before Ray
+    say("\n".join(s.line() for s in data))
     done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume))
     save_environment(out_dir, say)
+    write_data_json(out_dir, [s.shape for s in data if s.shape is not None])  # the report's data shape
 
     if done_ids >= {t.trial_id for t in sp.trials}:
         say(f"resume: all {len(sp.trials)} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")

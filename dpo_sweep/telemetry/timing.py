@@ -64,14 +64,16 @@ class StepTimer:
         synchronize(self.device)  # the previous step's kernels must not leak into this step
         self._step_started_at = self._clock()
 
-    def end_step(self) -> float:
-        """Synchronise, record and return this step's wall time in ms."""
+    def end_step(self, counted: bool = True) -> float:
+        """Synchronise and return this step's wall time in ms; recorded unless not ``counted``
+        (a step outside the statistics, such as the worst-case step)."""
         if self._step_started_at is None:
             raise RuntimeError("StepTimer.end_step() called without start_step()")
         synchronize(self.device)
         step_time_ms = (self._clock() - self._step_started_at) * 1e3
         self._step_started_at = None
-        self.step_times_ms.append(step_time_ms)
+        if counted:
+            self.step_times_ms.append(step_time_ms)
         return step_time_ms
 
     def measured_ms(self) -> list[float]:

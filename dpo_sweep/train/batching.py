@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
@@ -24,20 +24,37 @@ class MicroBatch:
     position_ids: torch.Tensor    # [2B, T] long, counted over real tokens only
     response_mask: torch.Tensor   # [2B, T] bool
     index: torch.Tensor           # [B] position of each pair in the dataset
+    #: Packed (padding-free) batches only: ``[1, T]`` the sequence (0..2B-1) of each token.
+    sequence_ids: torch.Tensor | None = None
 
     @property
     def pairs(self) -> int:
-        return self.input_ids.shape[0] // 2
+        return self.index.shape[0]
 
     def tokens(self) -> int:
         """Non-padding tokens of the policy forward (chosen and rejected sequences)."""
         return int(self.attention_mask.sum())
 
+    def slots(self) -> int:
+        """Token positions the forward computes, padding included."""
+        return self.input_ids.numel()
+
+    def max_seq_len(self) -> int:
+        """The longest sequence (prompt + response) of the micro-batch."""
+        if self.sequence_ids is not None:
+            return int(torch.bincount(self.sequence_ids[0]).max())
+        return int(self.attention_mask.sum(-1).max())
+
     def to(self, device: torch.device) -> MicroBatch:
         # non_blocking: the copy overlaps with the previous step's tail on CUDA.
-        return MicroBatch(*(t.to(device, non_blocking=True) for t in
+        return MicroBatch(*(None if t is None else t.to(device, non_blocking=True) for t in
                             (self.input_ids, self.attention_mask, self.position_ids,
-                             self.response_mask, self.index)))
+                             self.response_mask, self.index, self.sequence_ids)))
+
+
+def pair_length(p: TokenizedPair) -> int:
+    """A pair's padded width: its prompt and the longer response."""
+    return len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids))
 
 
 def collate(pairs: list[TokenizedPair], index: list[int], pad_id: int, padding_side: str = "right") -> MicroBatch:
@@ -72,16 +89,34 @@ def usable_pairs(n_pairs: int, micro_batch: int, world_size: int, *, grad_acc: i
     return (n_pairs // per_step) * per_step
 
 
+def epoch_order(n_pairs: int, usable: int, per_step: int, seed: int, epoch: int,
+                lengths: Sequence[int] | None = None) -> list[int]:
+    """The pairs of one epoch, step after step (``per_step`` = the effective batch).
+
+    Plain: a shuffle with ``seed + epoch``, its first ``usable``. With ``lengths``
+    (``train.group_by_length``) those same pairs are sorted by length (longest first, ties in
+    shuffled order), cut into steps of ``per_step`` pairs, and the steps shuffled with the same
+    generator: each step holds pairs of similar length, and which pairs a step holds depends on
+    the effective batch only, not on its split into micro_batch x grad_acc x workers.
+    """
+    g = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(n_pairs, generator=g)[:usable].tolist()
+    if lengths is None:
+        return order
+    order.sort(key=lambda i: -lengths[i])  # stable: ties keep their shuffled order
+    steps = [order[s:s + per_step] for s in range(0, usable, per_step)]
+    return [i for k in torch.randperm(len(steps), generator=g).tolist() for i in steps[k]]
+
+
 def micro_batch_order(n_pairs: int, micro_batch: int, world_size: int, rank: int, seed: int, *,
-                      grad_acc: int) -> Iterator[list[int]]:
+                      grad_acc: int, lengths: Sequence[int] | None = None) -> Iterator[list[int]]:
     """Endless pair indices for this rank's micro-batches.
 
-    Each epoch shuffles with ``seed + epoch``, keeps the first :func:`usable_pairs` of that order
-    and cuts them into global micro-batches of ``micro_batch * world_size`` pairs; rank ``r``
-    takes the ``r``-th slice of each. Optimizer step ``s`` of an epoch therefore sees the pairs
-    ``order[s*E:(s+1)*E]`` (E = effective batch) whatever the split into micro_batch x grad_acc
-    x workers, and an epoch ends on a step boundary: that is what makes those splits give the
-    same updates in every epoch.
+    Each epoch takes :func:`epoch_order` (``lengths``: grouped by length) and cuts it into global
+    micro-batches of ``micro_batch * world_size`` pairs; rank ``r`` takes the ``r``-th slice of
+    each. Optimizer step ``s`` of an epoch therefore sees the pairs ``order[s*E:(s+1)*E]``
+    (E = effective batch) whatever the split into micro_batch x grad_acc x workers, and an epoch
+    ends on a step boundary: that is what makes those splits give the same updates in every epoch.
     """
     per = micro_batch * world_size
     usable = usable_pairs(n_pairs, micro_batch, world_size, grad_acc=grad_acc)
@@ -89,17 +124,29 @@ def micro_batch_order(n_pairs: int, micro_batch: int, world_size: int, rank: int
         raise ValueError(f"{n_pairs} pairs cannot fill one effective batch of micro_batch {micro_batch} "
                          f"x grad_acc {grad_acc} x {world_size} workers")
     for epoch in itertools.count():
-        g = torch.Generator().manual_seed(seed + epoch)
-        order = torch.randperm(n_pairs, generator=g)[:usable].tolist()
+        order = epoch_order(n_pairs, usable, per * grad_acc, seed, epoch, lengths)
         for start in range(0, usable, per):
             yield order[start + rank * micro_batch: start + (rank + 1) * micro_batch]
 
 
+def worst_case_order(lengths: Sequence[int], micro_batch: int, world_size: int, rank: int, *,
+                     grad_acc: int) -> list[list[int]]:
+    """This rank's micro-batches of the worst-case step: the effective batch's worth of longest
+    pairs, longest first, so rank 0's first micro-batch is the ``micro_batch`` longest pairs: the
+    widest padded batch and the most tokens any micro-batch of the run can hold."""
+    per = micro_batch * world_size
+    longest = sorted(range(len(lengths)), key=lambda i: -lengths[i])[:per * grad_acc]
+    return [longest[s + rank * micro_batch: s + (rank + 1) * micro_batch] for s in range(0, len(longest), per)]
+
+
 def micro_batches(ds: PairDataset, micro_batch: int, world_size: int, rank: int, seed: int,
-                  pad_id: int, padding_side: str = "right", *, grad_acc: int) -> Iterator[MicroBatch]:
+                  pad_id: int, padding_side: str = "right", *, grad_acc: int, group_by_length: bool = False,
+                  padding_free: bool = False) -> Iterator[MicroBatch]:
     """Endless collated micro-batches for this rank."""
-    for idx in micro_batch_order(len(ds), micro_batch, world_size, rank, seed, grad_acc=grad_acc):
-        yield collate([ds.pairs[i] for i in idx], idx, pad_id, padding_side)
+    lengths = [pair_length(p) for p in ds.pairs] if group_by_length else None
+    for idx in micro_batch_order(len(ds), micro_batch, world_size, rank, seed, grad_acc=grad_acc,
+                                 lengths=lengths):
+        yield make_batch(ds, idx, pad_id, padding_side, padding_free)
 
 
 def flop_token_counts(mb: MicroBatch, chunked_head: bool) -> TokenCounts:
@@ -108,8 +155,48 @@ def flop_token_counts(mb: MicroBatch, chunked_head: bool) -> TokenCounts:
     ``chunked_head``: the log-prob head computes the lm_head on response tokens only
     (``logp_chunk_tokens > 0``); the plain head computes it on every position but the last.
     """
-    lengths = mb.attention_mask.sum(-1)
+    # A packed row (padding_free) holds several sequences, each attending only to itself.
+    lengths = (torch.bincount(mb.sequence_ids[0]) if mb.sequence_ids is not None
+               else mb.attention_mask.sum(-1))
+    rows = mb.attention_mask.sum(-1)  # what the plain head computes logits for, per row
     # Token t is predicted from position t-1 (logprobs.SequenceLogProbs): response_mask[:, 1:].
-    head_rows = mb.response_mask[:, 1:].sum() if chunked_head else (lengths - 1).clamp(min=0).sum()
+    head_rows = mb.response_mask[:, 1:].sum() if chunked_head else (rows - 1).clamp(min=0).sum()
     return TokenCounts(tokens=int(lengths.sum()), causal_pairs=int((lengths * (lengths + 1) // 2).sum()),
                        head_rows=int(head_rows))
+
+
+def worst_case_batches(ds: PairDataset, micro_batch: int, world_size: int, rank: int, pad_id: int,
+                       padding_side: str = "right", *, grad_acc: int, padding_free: bool = False
+                       ) -> Iterator[MicroBatch]:
+    """The worst-case step's micro-batches (:func:`worst_case_order`) for this rank."""
+    lengths = [pair_length(p) for p in ds.pairs]
+    for idx in worst_case_order(lengths, micro_batch, world_size, rank, grad_acc=grad_acc):
+        yield make_batch(ds, idx, pad_id, padding_side, padding_free)
+
+
+def make_batch(ds: PairDataset, idx: list[int], pad_id: int, padding_side: str, padding_free: bool) -> MicroBatch:
+    """Pairs ``idx`` of ``ds``, padded (:func:`collate`) or packed into one row (:func:`pack`)."""
+    pairs = [ds.pairs[i] for i in idx]
+    return pack(pairs, idx) if padding_free else collate(pairs, idx, pad_id, padding_side)
+
+
+def pack(pairs: list[TokenizedPair], index: list[int]) -> MicroBatch:
+    """Chosen then rejected sequences of whole pairs, end to end in one ``[1, T]`` row: no padding.
+
+    ``position_ids`` restart at 0 for every sequence: transformers reads that as packed sequences
+    (``masking_utils.find_packed_sequence_indices``, or flash-attn's varlen path) and keeps each
+    sequence's attention to itself, so given no attention mask each sequence sees what it would
+    see alone. A sequence's first token is never a target: in a padded row nothing precedes it.
+    """
+    ids, pos, resp, seq = [], [], [], []
+    sequences = [(p, field) for field in ("chosen_ids", "rejected_ids") for p in pairs]
+    for k, (p, field) in enumerate(sequences):
+        tokens = list(p.prompt_ids) + list(getattr(p, field))
+        ids += tokens
+        pos += range(len(tokens))
+        mask = [False] * len(p.prompt_ids) + [True] * (len(tokens) - len(p.prompt_ids))
+        resp += [False] + mask[1:]
+        seq += [k] * len(tokens)
+    row = [torch.tensor([v]) for v in (ids, pos, seq)]
+    return MicroBatch(row[0], torch.ones_like(row[0]), row[1], torch.tensor([resp]),
+                      torch.tensor(index, dtype=torch.long), row[2])

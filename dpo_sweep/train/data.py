@@ -19,12 +19,13 @@ responses are cut from the right. A pair whose truncated response keeps fewer th
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweep.config import DataSpec
+from dpo_sweep.config import DataSpec, SyntheticData
 from dpo_sweep.errors import DataError
 
 FIELDS = ("prompt", "chosen", "rejected")
@@ -355,30 +356,42 @@ def tokenize_rows(src: SourceRows, spec: DataSpec, tokenizer: Any, max_length: i
     return PairDataset(tuple(pairs), source, dropped=dropped, truncated=truncated)
 
 
+def synthetic_length(rng: random.Random, median: int, syn: SyntheticData) -> int:
+    """One prompt or response length: ``median`` (fixed), or lognormal around it (long-tailed)."""
+    if syn.lengths == "fixed":
+        return median  # no draw: fixed-length data stays what it was before lengths existed
+    return max(1, round(median * math.exp(rng.gauss(0.0, syn.sigma))))
+
+
 def synthetic_pairs(spec: DataSpec, max_length: int, bos_id: int | None, eos_id: int) -> PairDataset:
     """Deterministic token-id pairs. The chosen reply follows the prompt (each token one more
     than the prompt token it echoes), the rejected one is random: a preference a model can learn.
-    Token ids lie in 0-255, so any preset's vocabulary holds them."""
+    Token ids lie in 0-255, so any preset's vocabulary holds them. Lengths: see
+    :func:`synthetic_length`; chosen and rejected lengths are drawn independently."""
     syn = spec.synthetic
     assert syn is not None
     rng = random.Random(syn.seed)
-    pairs, dropped = [], 0
+    pairs, dropped, truncated = [], 0, 0
     for _ in range(syn.pairs):
-        prompt = [rng.randrange(256) for _ in range(syn.prompt_tokens)]
-        chosen = [(prompt[i % len(prompt)] + 1) % 256 for i in range(syn.response_tokens)]
-        rejected = [rng.randrange(256) for _ in range(syn.response_tokens)]
+        n_prompt, n_chosen, n_rejected = (synthetic_length(rng, m, syn) for m in
+                                          (syn.prompt_tokens, syn.response_tokens, syn.response_tokens))
+        prompt = [rng.randrange(256) for _ in range(n_prompt)]
+        chosen = [(prompt[i % len(prompt)] + 1) % 256 for i in range(n_chosen)]
+        rejected = [rng.randrange(256) for _ in range(n_rejected)]
         p = ([bos_id] if bos_id is not None else []) + prompt
-        cut = truncate_keeping_bos(p, chosen + [eos_id], rejected + [eos_id], bos_id, spec, max_length)
+        whole = (p, chosen + [eos_id], rejected + [eos_id])
+        cut = truncate_keeping_bos(*whole, bos_id, spec, max_length)
         if cut is None:
             dropped += 1
             continue
+        truncated += cut != whole
         pairs.append(TokenizedPair(*(tuple(x) for x in cut)))
     if not pairs:
         raise DataError(
             f"data.synthetic: no pair fits max_length={max_length}; raise train.max_length or "
             "lower data.synthetic.response_tokens"
         )
-    return PairDataset(tuple(pairs), "synthetic", dropped=dropped)
+    return PairDataset(tuple(pairs), "synthetic", dropped=dropped, truncated=truncated)
 
 
 def load_pairs(spec: DataSpec, tokenizer: Any, max_length: int) -> PairDataset:

@@ -99,19 +99,32 @@ class SequenceLogProbs(nn.Module):
         self.chunk_tokens = chunk_tokens
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                position_ids: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                position_ids: torch.Tensor, response_mask: torch.Tensor,
+                sequence_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per sequence: summed response log-probs and response token counts.
+
+        ``sequence_ids`` (packed rows, :func:`dpo_sweep.train.batching.pack`): the sequence each
+        token belongs to; None: one sequence per row.
+        """
         hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask,
                                     position_ids=position_ids, use_cache=False).last_hidden_state
         head = self.lm.get_output_embeddings()
         # Token t is predicted from position t-1: shift, keep only response tokens.
         target = response_mask[:, 1:]
         labels = input_ids[:, 1:]
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None].expand_as(target)[target]
+        if sequence_ids is None:
+            n = input_ids.shape[0]
+            sequence_ids = torch.arange(n, device=input_ids.device)[:, None].expand_as(input_ids)
+        else:
+            # A CPU-GPU sync point in packed mode only: the sequence count sizes the sums below.
+            n = int(sequence_ids[0, -1]) + 1
+        # A target token's sequence is its own (position t), not that of the token predicting it.
+        rows = sequence_ids[:, 1:][target]
         if self.chunk_tokens > 0:
             token_logps = chunked_token_logps(hidden[:, :-1][target], head, labels[target], self.chunk_tokens)
         else:
             token_logps = naive_token_logps(hidden[:, :-1], head, labels)[target]
-        n = input_ids.shape[0]
         logps = torch.zeros(n, dtype=torch.float32, device=input_ids.device).index_add(0, rows, token_logps)
-        counts = target.sum(-1)
+        counts = torch.zeros(n, dtype=torch.long, device=input_ids.device).index_add_(
+            0, rows, torch.ones_like(rows))
         return logps, counts

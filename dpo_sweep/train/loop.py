@@ -160,7 +160,7 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
         timer = StepTimer(device, cfg.train.warmup_steps)
         steps: list[StepOutput] = []
         status, error = "ok", ""
-        for step in range(1, cfg.train.steps + 1):
+        for step in range(1, cfg.train.steps + 1 + cfg.train.worst_case_step):
             sampler.reset_peak()  # this step's own peak (not the model build's or earlier steps')
             out = train_step(setup, step, timer, sampler, clock)
             steps.append(out)
@@ -174,7 +174,7 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
     sampler.close()
     if setup.ema is not None:
         setup.ema.copy_to_params()  # the EMA weights are the trial's final weights
-    records = [out.record for out in steps]
+    records = [out.record for out in steps if not out.record.worst_case]  # the learning signals: typical steps
     eval_loss = math.nan if status != "ok" else evaluation.held_batch_loss(
         lambda model, held: precompute_reference(model, held, cfg, device, setup.data.pad_token_id),
         setup.policy, setup.reference, setup.ref_table, setup.data.pairs, cfg.effective_batch(),
@@ -197,24 +197,29 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     timer.start_step()
     clock.step_started()
     poison = _inject(cfg, step, setup.rank)
-    grad_acc = setup.grad_acc_schedule.for_step(step)  # cfg.grad_acc unless train.grad_acc_schedule
+    worst = step > cfg.train.steps  # the worst-case step, after the steps: the longest pairs
+    # cfg.grad_acc unless train.grad_acc_schedule; the worst-case batches are cut for cfg.grad_acc
+    grad_acc = cfg.grad_acc if worst else setup.grad_acc_schedule.for_step(step)
     beta = knobs.seed_beta(step, cfg.train.steps, cfg.beta) if cfg.train.beta_schedule == "seed" else cfg.beta
     device_sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=setup.device)
-    host_sums = [0] * len(metrics.HOST_SUMS)  # pairs, sequences, tokens: known without the device
+    host_sums = [0] * len(metrics.HOST_SUMS)  # pairs, sequences, slots, tokens: known without the device
+    max_seq_len = 0
     flop_counts = NO_TOKENS
     phases = PhaseMarks(setup.device)  # no sync of its own: read after the timer's end-of-step sync
     phases.mark()
     for micro in range(grad_acc):
-        batch = next(setup.batches)
+        batch = next(setup.worst_batches if worst else setup.batches)
+        max_seq_len = max(max_seq_len, batch.max_seq_len())
         flop_counts += flop_token_counts(batch, chunked_head=cfg.train.logp_chunk_tokens > 0)
         sync = micro == grad_acc - 1 or cfg.resources.sync_every_micro_step
         device_sums += _micro_step(setup, batch, sync, poison, beta, grad_acc)
-        host_sums = [host_sums[0] + batch.pairs, host_sums[1] + 2 * batch.pairs, host_sums[2] + batch.tokens()]
+        host_sums = [host_sums[0] + batch.pairs, host_sums[1] + 2 * batch.pairs, host_sums[2] + batch.slots(),
+                     host_sums[3] + batch.tokens()]
         phases.mark()
     grad_norm = _optimizer_step(setup)
     phases.mark()
     sums = _all_reduce_sums(setup, device_sums, host_sums)
-    step_time_ms = timer.end_step()
+    step_time_ms = timer.end_step(counted=not worst)  # the worst case is not a typical step
     micro_step_ms, optimizer_ms = micro_and_optimizer_ms(phases.durations_ms())
     clock.step_ended()
     totals = sums.tolist()  # one host sync per step, after the step is done
@@ -234,8 +239,11 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
         tokens_per_s=tokens / (step_time_ms / 1e3), lr=setup.scheduler.get_last_lr()[0],
         measured=step > cfg.train.warmup_steps, micro_step_ms=micro_step_ms, optimizer_ms=optimizer_ms,
         logratio_mean=means["logratio_mean"], logratio_std=means["logratio_std"], beta=beta, grad_acc=grad_acc,
+        max_seq_len=int(_max_over_workers(setup, max_seq_len)), padding_frac=means["padding_frac"],
+        worst_case=worst,
     )
-    setup.grad_acc_schedule.observe(record.kl)
+    if not worst:
+        setup.grad_acc_schedule.observe(record.kl)
     return StepOutput(record, tokens, flop_counts, peaks)
 
 
@@ -315,7 +323,7 @@ def _step_line(cfg: TrialConfig, rec: StepRecord) -> str:
     return (f"[{cfg.trial_id}] step {rec.step}/{cfg.train.steps} loss {rec.loss:.4f} grad_norm {rec.grad_norm:.3f} "
             f"acc {rec.reward_accuracy:.2f} margin {rec.reward_margin:+.4f} kl {rec.kl:+.5f} "
             f"{rec.step_time_ms:.0f} ms {rec.tokens_per_s:,.0f} tok/s peak {rec.peak_mem_gb:.2f} GB"
-            + ("" if rec.measured else " (warm-up)"))
+            + ("" if rec.measured else " (warm-up)") + (" (worst case: longest pairs)" if rec.worst_case else ""))
 
 
 def _no_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -358,10 +366,14 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
     ``signals``: the stability columns (dpo_sweep/stability.py) and ``eval_loss``."""
     cfg, device = setup.cfg, setup.device
     records = [out.record for out in steps]
-    measured = [out for out in steps if out.record.measured]
+    # Peaks over the measured steps, the worst-case step included (peak_mem_gb: what a real run
+    # meets at its longest batch); a trial that stopped in its warm-up still says what it took.
+    measured_any = [out for out in steps if out.record.measured]
+    trial_peaks = max_peaks([out.peaks for out in measured_any] or [out.peaks for out in steps])
+    # Everything else over the typical measured steps (the timer leaves the worst case out too).
+    measured = [out for out in measured_any if not out.record.worst_case]
     measured_records = [out.record for out in measured]
-    # Over the measured steps; a trial that stopped in its warm-up still says what it took.
-    trial_peaks = max_peaks([out.peaks for out in measured] or [out.peaks for out in steps])
+    typical_peak_gb = max_peaks([out.peaks for out in measured]).peak_gb if measured else trial_peaks.peak_gb
     step_time_ms = timer.median_ms()  # the same measured steps as step_time_p90_ms below
     counts = _sum_over_workers(setup, sum((out.flop_counts for out in measured), NO_TOKENS))
     flops = dpo_step_flops(shape=setup.shape, counts=counts, level=cfg.checkpoint_level,
@@ -371,7 +383,8 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
     return TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(),
         peak_mem_gb=trial_peaks.peak_gb, torch_peak_alloc_gb=trial_peaks.torch_alloc_gb,
-        torch_peak_reserved_gb=trial_peaks.torch_reserved_gb,
+        torch_peak_reserved_gb=trial_peaks.torch_reserved_gb, peak_mem_typical_gb=typical_peak_gb,
+        padding_frac=metrics.mean([r.padding_frac for r in measured_records]),
         step_time_ms=step_time_ms, step_time_p10_ms=timer.p10_ms(), step_time_p90_ms=timer.p90_ms(),
         tokens_per_s=metrics.median([r.tokens_per_s for r in measured_records]),
         mfu=mfu(flops, step_time_ms / 1e3, gpu_name, setup.world) if measured else math.nan,

@@ -13,7 +13,8 @@ from dpo_sweep.stability import detrended_std, median  # noqa: F401 - shared wit
 #: (for ``logratio_std``).
 DEVICE_SUMS = ("loss", "acc", "margin", "rew_c", "rew_r", "logp_c", "logp_r", "kl", "kl_sq")
 #: ... and sums the host knows without asking the device. Both are all-reduced over workers.
-HOST_SUMS = ("pairs", "seqs", "tokens")
+#: ``slots``: token positions computed, padding included; ``tokens`` stays last (the loop reads it).
+HOST_SUMS = ("pairs", "seqs", "slots", "tokens")
 STEP_SUMS = DEVICE_SUMS + HOST_SUMS
 
 
@@ -58,6 +59,7 @@ def step_means(sums: Sequence[float]) -> dict[str, float]:
         "logratio_mean": logratio_mean,
         # float64 sums: no cancellation at a step's sizes; max(0, .) absorbs last-bit rounding.
         "logratio_std": math.sqrt(max(0.0, s["kl_sq"] / s["seqs"] - logratio_mean ** 2)),
+        "padding_frac": 1.0 - s["tokens"] / s["slots"],
     }
 
 

@@ -20,7 +20,7 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import DataError
 from dpo_sweep.telemetry import DecoderShape
 from dpo_sweep.train import knobs
-from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs
+from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs, worst_case_batches
 from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
 from dpo_sweep.train.data import PairDataset, load_pairs
 from dpo_sweep.train.lean import apply_lean_ops
@@ -58,6 +58,7 @@ class TrialSetup:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     batches: Iterator[MicroBatch]  # this rank's micro-batches, endless
+    worst_batches: Iterator[MicroBatch]  # the worst-case step's: the longest pairs (train.worst_case_step)
     shape: DecoderShape  # for the FLOP count (telemetry.flops)
     grad_acc_schedule: knobs.GradAccSchedule  # micro-steps per step (train.grad_acc_schedule)
     adaptive_clip: knobs.AdaptiveClip | None  # train.adaptive_clip
@@ -134,7 +135,11 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg)),
         scaler=torch.amp.GradScaler(device.type, enabled=train.precision == "fp16"),
         batches=micro_batches(data.pairs, cfg.micro_batch, world, rank, train.seed, data.pad_token_id,
-                              train.padding_side, grad_acc=cfg.grad_acc),
+                              train.padding_side, grad_acc=cfg.grad_acc, group_by_length=train.group_by_length,
+                              padding_free=train.padding_free),
+        # After the steps, one on the longest pairs: the peak a real run meets at its longest batch.
+        worst_batches=worst_case_batches(data.pairs, cfg.micro_batch, world, rank, data.pad_token_id,
+                                         train.padding_side, grad_acc=cfg.grad_acc, padding_free=train.padding_free),
         shape=DecoderShape.from_config(policy.config),
         grad_acc_schedule=knobs.GradAccSchedule(train.grad_acc_schedule, cfg.grad_acc, train.steps),
         adaptive_clip=knobs.AdaptiveClip(params, train.adaptive_clip_window) if train.adaptive_clip else None,
@@ -169,7 +174,8 @@ def lr_factor(cfg: TrialConfig) -> Callable[[int], float]:
 
 def forward_inputs(batch: MicroBatch, has_padding: bool) -> tuple:
     # No padding: pass no mask, so the attention kernel can take its causal fast path.
-    return batch.input_ids, (batch.attention_mask if has_padding else None), batch.position_ids, batch.response_mask
+    return (batch.input_ids, (batch.attention_mask if has_padding else None), batch.position_ids,
+            batch.response_mask, batch.sequence_ids)
 
 
 @torch.no_grad()

@@ -50,6 +50,12 @@ def test_seed_splits_the_key_for_real_data_only():
     assert rules.measurement_key(_cfg(0)) == rules.measurement_key(_cfg(1, seed=1))
 
 
+def test_seed_splits_the_key_for_long_tailed_synthetic_data():
+    """Lognormal synthetic lengths differ pair to pair: the seed's order decides the padding too."""
+    data = {"synthetic": {"pairs": 16, "prompt_tokens": 12, "response_tokens": 10, "lengths": "lognormal"}}
+    assert rules.measurement_key(_cfg(0, data=data)) != rules.measurement_key(_cfg(1, data=data, seed=1))
+
+
 def test_dedupe_groups_betas_and_names_the_measuring_trial():
     trials = [_cfg(i, beta=beta, micro_batch=mb) for i, (mb, beta) in
               enumerate((mb, beta) for mb in (1, 2) for beta in (0.1, 0.3, 0.5))]

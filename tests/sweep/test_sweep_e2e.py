@@ -123,7 +123,7 @@ def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(c
     for s in steps:
         by_trial.setdefault(s["trial_id"], []).append(s)
     for tid, cfg in expected.items():
-        assert [int(s["step"]) for s in by_trial[tid]] == ([1] if cfg.train.fail_at_step == 2 else [1, 2, 3])
+        assert [int(s["step"]) for s in by_trial[tid]] == ([1] if cfg.train.fail_at_step == 2 else [1, 2, 3, 4])  # 4: worst case
 
     # Checkpointing recomputes, it must not change the maths: fp32, same seed -> same losses.
     ok = {expected[t].checkpoint_level: t for t in expected if expected[t].train.fail_at_step is None}
@@ -131,6 +131,8 @@ def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(c
     torch.testing.assert_close(losses["L1"], losses["none"], rtol=1e-5, atol=1e-6)
 
     assert (out / "space.yaml").read_text() == space.read_text()
+    [shape] = json.loads((out / "data.json").read_text())["datasets"]  # preflight's one read of the data
+    assert shape["pairs"] > 0 and sum(shape["lengths"]["chosen"]["histogram"]["counts"]) == shape["pairs"]
     env = json.loads((out / "environment.json").read_text())  # written from rank 0's host
     assert env["torch"] == torch.__version__ and env["gpu_count"] == 0
 
@@ -163,7 +165,7 @@ def test_killed_sweep_resumes_without_repeating_a_trial(cluster, tmp_path):
     ids = [r["trial_id"] for r in read_csv(out / "results.csv")]
     assert sorted(ids) == sorted(t.trial_id for t in space_mod.load(space).trials)  # each exactly once
     step_keys = [(s["trial_id"], s["step"]) for s in read_csv(out / "steps.csv")]
-    assert len(step_keys) == len(set(step_keys)) == 3 * 3
+    assert len(step_keys) == len(set(step_keys)) == 3 * 4  # 3 steps and the worst-case step
 
 
 def test_same_failure_before_the_first_step_stops_the_sweep_with_exit_1(cluster, tmp_path):

@@ -82,13 +82,19 @@ def _fail(rec: recorder.SweepRecorder, tune_id: str, trial_id: str, error: str) 
 
 
 def test_recorder_asks_for_the_stop_after_two_alike_failures_and_writes_no_row_for_killed_trials(tmp_path, capsys):
+    from dpo_sweep.plan.schedule import SweepPlan
+
     cfgs = [make_cfg(trial_id=f"t00{i}") for i in range(3)]
+    plan = SweepPlan(cfgs, full_grid=True)  # one Ray trial per configuration, in order
     request = StopRequest()
-    rec = recorder.SweepRecorder(tmp_path, cfgs, total=3, already_done=0, stop=request)
+    rec = recorder.SweepRecorder(tmp_path, plan, total=3, already_done=0, stop=request)
+    assert plan.next_job().cfg.trial_id == "t000"
     _fail(rec, "a", "t000", LIGER)
     assert request.reason is None
+    assert plan.next_job().cfg.trial_id == "t001"
     _fail(rec, "b", "t001", LIGER)
     assert request.reason == LIGER
+    assert plan.next_job().cfg.trial_id == "t002"
     rec.on_trial_error(0, [], _trial("c", "t002"))  # the third trial, killed by the stop
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert [r["trial_id"] for r in rows] == ["t000", "t001"] and rec.crashed == []

@@ -79,8 +79,8 @@ def test_grad_acc_schedule_32_16_4():
 
 def test_knobs_run_in_a_trial(cfg_factory):
     data = {"synthetic": {"pairs": 32, "prompt_tokens": 12, "response_tokens": 10}}
-    plain = run_trial(cfg_factory(micro_batch=2, grad_acc=8, steps=10, data=data), log=None)
-    tuned = run_trial(cfg_factory(micro_batch=2, grad_acc=8, steps=10, data=data, beta_schedule="seed",
+    plain = run_trial(cfg_factory(micro_batch=2, grad_acc=8, worst_case_step=False, steps=10, data=data), log=None)
+    tuned = run_trial(cfg_factory(micro_batch=2, grad_acc=8, worst_case_step=False, steps=10, data=data, beta_schedule="seed",
                                   adaptive_clip=True, adaptive_clip_window=4, ema_decay=0.5,
                                   grad_acc_schedule="seed"), log=None)
     assert tuned.result.status == "ok"
@@ -94,7 +94,7 @@ def test_knobs_run_in_a_trial(cfg_factory):
 def test_ema_weights_are_the_final_weights(cfg_factory):
     # decay -> 1 keeps the EMA at the initial weights: the held-batch loss is then the untrained
     # policy's against itself, ln 2 exactly, while the trained weights score below it.
-    trained = run_trial(cfg_factory(micro_batch=4, steps=4), log=None).result
-    frozen = run_trial(cfg_factory(micro_batch=4, steps=4, ema_decay=1 - 1e-12), log=None).result
+    trained = run_trial(cfg_factory(micro_batch=4, worst_case_step=False, steps=4), log=None).result
+    frozen = run_trial(cfg_factory(micro_batch=4, worst_case_step=False, steps=4, ema_decay=1 - 1e-12), log=None).result
     assert frozen.eval_loss == pytest.approx(math.log(2), abs=1e-6)
     assert trained.eval_loss < math.log(2) - 1e-3

@@ -88,13 +88,14 @@ def test_first_step_loss_is_log2_and_rewards_zero(cfg_factory):
 def test_results_rows_carry_contract_fields(cfg_factory):
     out = run_trial(cfg_factory(micro_batch=2, steps=4, warmup_steps=1), log=None)
     r = out.result
-    assert r.status == "ok" and r.steps == 4 and r.measured_steps == 3
+    assert r.status == "ok" and r.steps == 5 and r.measured_steps == 3  # + the worst-case step
     assert r.mem_source == "rss" and r.peak_mem_gb > 0.05
     assert r.step_time_ms > 0 and r.tokens_per_s > 0 and r.effective_batch == 2
-    measured_ms = [s.step_time_ms for s in out.steps[1:]]  # the spread the analysis ranks with
+    measured_ms = [s.step_time_ms for s in out.steps[1:4]]  # the spread the analysis ranks with
     assert min(measured_ms) <= r.step_time_p10_ms <= r.step_time_ms <= r.step_time_p90_ms <= max(measured_ms)
-    assert r.loss_std == pytest.approx(detrended_std([s.loss for s in out.steps[1:]]))
-    assert [s.measured for s in out.steps] == [False, True, True, True]
+    assert r.loss_std == pytest.approx(detrended_std([s.loss for s in out.steps[1:4]]))
+    assert [s.measured for s in out.steps] == [False, True, True, True, True]
+    assert [s.worst_case for s in out.steps] == [False] * 4 + [True]
     for col in ("trial_id", "status", "peak_mem_gb", "step_time_ms", "step_time_p90_ms", "tokens_per_s", "mfu",
                 "loss_std", "torch_peak_alloc_gb", "reward_accuracy", "reward_margin", "error"):
         assert col in RESULTS_COLUMNS

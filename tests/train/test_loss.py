@@ -111,7 +111,8 @@ def test_trainer_passes_each_sequences_response_tokens(cfg_factory, tmp_path, mo
         return dpo_loss(*args, **kwargs)
 
     monkeypatch.setattr(loop, "dpo_loss", spy)
-    out = loop.run_trial(cfg_factory(loss="ipo", micro_batch=2, steps=1, data={"path": str(pairs)}), log=None)
+    out = loop.run_trial(cfg_factory(loss="ipo", micro_batch=2, steps=1, worst_case_step=False,
+                                     data={"path": str(pairs)}), log=None)
     assert out.result.status == "ok", out.result.error
     assert len(seen) == 1 and sorted(seen[0]) == ["chosen_tokens", "rejected_tokens"]
     # Per pair (chosen, rejected), in whatever order the pairs were drawn.

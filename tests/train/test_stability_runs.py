@@ -15,7 +15,7 @@ DATA = {"synthetic": {"pairs": 32, "prompt_tokens": 12, "response_tokens": 10}}
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
 def test_learnable_pairs_are_learned_and_stable(cfg_factory, precision):
-    out = run_trial(cfg_factory(micro_batch=16, steps=12, lr=1e-3, data=DATA, precision=precision), log=None)
+    out = run_trial(cfg_factory(micro_batch=16, worst_case_step=False, steps=12, lr=1e-3, data=DATA, precision=precision), log=None)
     r, steps = out.result, out.steps
     assert r.status == "ok" and r.stability == "stable", r
     assert steps[-1].loss < 0.5 * steps[0].loss and r.loss_slope < 0  # 0.693 -> 0.14 measured
@@ -28,7 +28,7 @@ def test_learnable_pairs_are_learned_and_stable(cfg_factory, precision):
 
 
 def test_huge_lr_is_diverging_with_the_rollback_step(cfg_factory, tmp_path):
-    out = run_trial(cfg_factory(micro_batch=16, steps=12, lr=0.05, data=DATA), log=None)
+    out = run_trial(cfg_factory(micro_batch=16, worst_case_step=False, steps=12, lr=0.05, data=DATA), log=None)
     r = out.result
     assert r.status == "ok" and r.stability == "diverging"
     first = next(s.step for i, s in enumerate(out.steps)

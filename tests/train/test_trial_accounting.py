@@ -27,7 +27,7 @@ def test_startup_counts_from_the_callers_start_and_measure_covers_every_step(cfg
     passes) to the first optimizer step, measurement over all steps, warm-up included."""
     clock = TrialClock(started_at=time.time() - 5.0)
     before = time.time()
-    out = run_trial(cfg_factory(steps=3, warmup_steps=2), log=None, clock=clock)
+    out = run_trial(cfg_factory(steps=3, warmup_steps=2, worst_case_step=False), log=None, clock=clock)
     wall_s = time.time() - before
     r = out.result
     assert r.status == "ok" and len(out.steps) == 3
@@ -55,7 +55,7 @@ def test_the_flop_count_gets_the_exact_token_count(cfg_factory, monkeypatch, tmp
         return real(**kw)
 
     monkeypatch.setattr(loop, "dpo_step_flops", spy)
-    out = run_trial(cfg_factory(micro_batch=3, grad_acc=2, steps=5, warmup_steps=1, data={"path": str(path)},
+    out = run_trial(cfg_factory(micro_batch=3, grad_acc=2, worst_case_step=False, steps=5, warmup_steps=1, data={"path": str(path)},
                                 max_length=96), log=None)
     assert out.result.status == "ok", out.result.error
     exact = [round(s.tokens_per_s * s.step_time_ms / 1e3) for s in out.steps if s.measured]

@@ -21,7 +21,7 @@ def test_quickstart_trial_writes_contract_files(tmp_path, capsys):
     r = rows[0]
     assert (r["status"], r["micro_batch"], r["checkpoint_level"], r["model"]) == ("ok", "4", "L2", "tiny-llama")
     steps = read_csv_rows(out / "steps.csv")
-    assert list(steps[0]) == STEPS_COLUMNS and [s["step"] for s in steps] == ["1", "2", "3"]
+    assert list(steps[0]) == STEPS_COLUMNS and [s["step"] for s in steps] == ["1", "2", "3", "4"]  # 4: worst case
 
 
 def test_trial_set_errors_exit_2(tmp_path, capsys):

@@ -1,0 +1,84 @@
+"""The data's shape after tokenisation and truncation: lengths, their histograms, the worst batch.
+
+Measured once per (data, tokenizer, max_length) by preflight, before Ray starts, and carried on:
+to ``validate``'s predicted peaks (the planner's memory model sizes the longest micro-batch, not
+``max_length``) and to the results folder's ``data.json``, which the report draws.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from dpo_sweep.train.data import PairDataset
+
+#: Bars per histogram in data.json: enough to show a long tail, few enough to read.
+HISTOGRAM_BINS = 24
+DATA_FILE = "data.json"
+
+
+@dataclass(frozen=True)
+class LengthProfile:
+    """Per pair, in dataset order: token counts after truncation (responses with their EOS)."""
+
+    prompt: tuple[int, ...]
+    chosen: tuple[int, ...]
+    rejected: tuple[int, ...]
+    widths: tuple[int, ...]  # the padded row width: batching.pair_length
+
+    @staticmethod
+    def of(ds: PairDataset) -> LengthProfile:
+        from dpo_sweep.train.batching import pair_length
+
+        return LengthProfile(tuple(len(p.prompt_ids) for p in ds.pairs), tuple(len(p.chosen_ids) for p in ds.pairs),
+                             tuple(len(p.rejected_ids) for p in ds.pairs), tuple(pair_length(p) for p in ds.pairs))
+
+    def worst_micro_batch(self, micro_batch: int, padding_free: bool) -> tuple[int, int]:
+        """(tokens, longest row) of the ``micro_batch`` longest pairs: the micro-batch the
+        worst-case step runs. Padded: 2 x micro_batch rows of the longest width; packed: their
+        real tokens, in one row."""
+        longest = sorted(range(len(self.widths)), key=lambda i: -self.widths[i])[:micro_batch]
+        if not padding_free:
+            width = self.widths[longest[0]]
+            return 2 * len(longest) * width, width
+        tokens = sum(2 * self.prompt[i] + self.chosen[i] + self.rejected[i] for i in longest)
+        return tokens, tokens
+
+
+def histogram(values: Sequence[int], bins: int = HISTOGRAM_BINS) -> dict[str, list[int]]:
+    """Counts of ``values`` in ``bins`` equal-width integer bins: ``{"edges": [lo0, ..., hi], "counts"}``;
+    bin i holds ``edges[i] <= v < edges[i+1]`` (the last bin includes its upper edge)."""
+    lo, hi = min(values), max(values)
+    step = max(1, -(-(hi - lo + 1) // bins))  # ceil: whole tokens per bin
+    n = -(-(hi - lo + 1) // step)
+    counts = [0] * n
+    for v in values:
+        counts[(v - lo) // step] += 1
+    return {"edges": [lo + i * step for i in range(n)] + [hi], "counts": counts}
+
+
+def _stats(values: Sequence[int]) -> dict[str, Any]:
+    q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
+    return {"min": min(values), "median": statistics.median(values), "p90": q[8], "max": max(values),
+            "histogram": histogram(values)}
+
+
+def data_shape(ds: PairDataset, profile: LengthProfile, *, model: str, max_length: int) -> dict[str, Any]:
+    """One data set's entry in data.json (plain data, for the report to draw)."""
+    return {
+        "source": ds.source, "model": model, "max_length": max_length, "pairs": len(ds),
+        "truncated": ds.truncated, "dropped": ds.dropped,
+        "lengths": {name: _stats(getattr(profile, name)) for name in ("prompt", "chosen", "rejected")},
+    }
+
+
+def write_data_json(out_dir: str | Path, shapes: Sequence[dict[str, Any]]) -> Path:
+    """``data.json``: ``{"datasets": [data_shape, ...]}`` in the results folder."""
+    path = Path(out_dir) / DATA_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"datasets": list(shapes)}, indent=1) + "\n")
+    return path
+
+
