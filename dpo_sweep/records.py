@@ -53,7 +53,7 @@ class StepRecord:
     beta: float = math.nan
     grad_acc: int = 0
     # Where the step's time went (for the planner's t_opt + grad_acc x t_micro extrapolation):
-    micro_step_ms: float = math.nan  # median forward+backward of the step's micro-steps but its last
+    micro_step_ms: float = math.nan  # median forward+backward of the accumulating micro-steps (timing.micro_and_optimizer_ms)
     optimizer_ms: float = math.nan   # unscale, clip, AdamW step, zero_grad, schedule
 
 

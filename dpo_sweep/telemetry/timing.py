@@ -155,12 +155,18 @@ class PhaseMarks:
         return [(b - a) * 1e3 for a, b in zip(self._marks, self._marks[1:])]
 
 
-def micro_and_optimizer_ms(durations_ms: Sequence[float]) -> tuple[float, float]:
+def micro_and_optimizer_ms(durations_ms: Sequence[float], last_syncs: bool = False) -> tuple[float, float]:
     """``(micro_step_ms, optimizer_ms)`` of one step from :class:`PhaseMarks` durations (one per
-    micro-step, then the optimizer phase). The micro-step time is the median of the micro-steps
-    before the last: the last one carries the gradient all-reduce (DDP syncs only there), which
-    happens once per step like the optimizer phase. With one micro-step, that one."""
+    micro-step, then the optimizer phase). The micro-step time is the steady one that every
+    micro-step but the first repeats: the median of the micro-steps that add into gradients
+    already there. The first after ``zero_grad`` writes fresh gradient buffers and is faster
+    (H200, Llama-3.2-1B mb 4 L1: 177 vs 184 ms, benchmarks/results/h200_right_answers/), so timing
+    it alone put the extrapolation to grad_acc 64 3.5% low. ``last_syncs``: the last micro-step
+    carries the gradient all-reduce (DDP syncs only there, once per step like the optimizer
+    phase) and is left out when another accumulating one is there. With one micro-step, that one."""
     if len(durations_ms) < 2:
         return math.nan, math.nan
     micro = list(durations_ms[:-1])
-    return statistics.median(micro[:-1] or micro), durations_ms[-1]
+    accumulating = micro[1:]
+    steady = (accumulating[:-1] if last_syncs else accumulating) or accumulating or micro
+    return statistics.median(steady), durations_ms[-1]

@@ -220,7 +220,7 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     phases.mark()
     sums = _all_reduce_sums(setup, device_sums, host_sums)
     step_time_ms = timer.end_step(counted=not worst)  # the worst case is not a typical step
-    micro_step_ms, optimizer_ms = micro_and_optimizer_ms(phases.durations_ms())
+    micro_step_ms, optimizer_ms = micro_and_optimizer_ms(phases.durations_ms(), last_syncs=setup.world > 1)
     clock.step_ended()
     totals = sums.tolist()  # one host sync per step, after the step is done
     if setup.world == 1:

@@ -105,8 +105,11 @@ def test_phase_marks_time_the_micro_steps_and_the_optimizer_phase():
         marks.mark()
     durations = marks.durations_ms()
     assert durations == pytest.approx([100.0, 110.0, 120.0, 30.0])
-    # The last micro-step (it carries DDP's all-reduce) is left out of the micro-step median.
-    assert micro_and_optimizer_ms(durations) == pytest.approx((105.0, 30.0))
+    # The first micro-step (fresh gradient buffers) is left out: the steady ones accumulate.
+    assert micro_and_optimizer_ms(durations) == pytest.approx((115.0, 30.0))
+    # Under DDP the last one carries the all-reduce and is left out too, where another remains.
+    assert micro_and_optimizer_ms(durations, last_syncs=True) == pytest.approx((110.0, 30.0))
+    assert micro_and_optimizer_ms([100.0, 110.0, 30.0], last_syncs=True) == (110.0, 30.0)
     assert micro_and_optimizer_ms([80.0, 20.0]) == (80.0, 20.0)  # grad_acc 1: its one micro-step
     assert all(math.isnan(x) for x in micro_and_optimizer_ms([]))
 
