@@ -34,6 +34,13 @@ class PlanSearcher(Searcher):
             return None if self.plan.running() else Searcher.FINISHED
         return {"trial": job.cfg.model_dump(mode="json")}
 
+    def save(self, checkpoint_path: str) -> None:
+        """Nothing to save: ``--resume`` rebuilds the plan from the rows in results.csv (and Tune
+        would otherwise log "save not implemented" on the sweep's console)."""
+
+    def restore(self, checkpoint_path: str) -> None:
+        """See :meth:`save`."""
+
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         """Nothing to do: the recorder handed the trial's outcome to the plan already."""
 

@@ -47,7 +47,8 @@ def _poll_dashboard(cluster, proc, seen: dict) -> None:
 
 
 def _assert_console_budget(log: str, out, trials: int) -> None:
-    """What the terminal shows: the data line, the dashboard (2 lines), the header, one line per
+    """What the terminal shows: the data line, the dashboard (2 lines), the header, the planner's
+    summary line, one line per
     trial (and Ray's own cluster warnings, if any), the end line, then the frontier table and the recommendation; the workers' output
     (model build, per-step lines, warnings, an OOM's traceback) is in DIR/logs/<trial>.log."""
     for noise in ("Traceback", "Loading weights", "Tuner.restore", "TensorBoard", "RayTrainWorker",
@@ -57,7 +58,7 @@ def _assert_console_budget(log: str, out, trials: int) -> None:
     # test machine the raylet may warn that worker processes start faster than it expects.
     lines = [line for line in log.splitlines() if "(raylet)" not in line]
     end = next(i for i, line in enumerate(lines) if line.startswith("sweep finished:"))
-    assert len(lines[:end]) == 4 + trials, "\n".join(lines[:end])
+    assert len(lines[:end]) == 5 + trials, "\n".join(lines[:end])
     assert sum(line.startswith(f"[{i}/{trials}] ") and " elapsed, ~" in line
                for i in range(1, trials + 1) for line in lines) == trials
     assert f"worker output in {out / 'logs'}/" in lines[end]

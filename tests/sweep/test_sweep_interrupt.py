@@ -62,7 +62,7 @@ def test_ctrl_c_stops_at_once_keeps_finished_rows_and_exits_130(tmp_path):
     assert exit_s < 20, exit_s
     steps = read_csv(out / "steps.csv")
     assert sorted({s["trial_id"] for s in steps}) == sorted(r["trial_id"] for r in rows)
-    assert len(steps) == 3 * len(rows)  # only finished trials' steps, each once
+    assert len(steps) == (3 + 1) * len(rows)  # only finished trials' steps (and worst-case step), each once
     deadline = time.time() + 30
     while _session_processes(proc.pid) and time.time() < deadline:
         time.sleep(0.5)
