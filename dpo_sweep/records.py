@@ -180,6 +180,13 @@ def error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:MAX_TRAINER_ERROR_CHARS]
 
 
+def peak_up_to_failure_gb(step_peaks_gb: Iterable[float], failing_peak_gb: float) -> float:
+    """A failed trial's ``peak_mem_gb``: the max of the peaks of the steps that ran and of the
+    failing step up to the failure (NaN when none is known)."""
+    finite = [p for p in (*step_peaks_gb, failing_peak_gb) if math.isfinite(p)]
+    return max(finite) if finite else math.nan
+
+
 def failed_result(cfg: "TrialConfig", status: str, error: str, steps: Iterable[StepRecord] = (),
                   failing_peak_gb: float = math.nan, **timing: float) -> TrialResult:
     """The summary row of a trial that did not finish its steps (``oom``, ``error``): its knobs,
@@ -187,10 +194,9 @@ def failed_result(cfg: "TrialConfig", status: str, error: str, steps: Iterable[S
     the peak up to the failure: the highest finite peak of those steps and ``failing_peak_gb``, the
     failing step's so far). ``timing``: ``startup_s`` / ``measure_s`` when known."""
     steps = tuple(steps)
-    finite_mem = [p for p in (*(s.peak_mem_gb for s in steps), failing_peak_gb) if math.isfinite(p)]
     return TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=error,
-        peak_mem_gb=max(finite_mem) if finite_mem else math.nan,
+        peak_mem_gb=peak_up_to_failure_gb((s.peak_mem_gb for s in steps), failing_peak_gb),
         loss_type=cfg.train.loss, precision=cfg.train.precision, reference=cfg.train.reference,
         attn_implementation=cfg.model.attn_implementation, steps=len(steps), **timing,
     )

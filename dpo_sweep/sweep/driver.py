@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.records import StepRecord, TrialResult, failed_result
+from dpo_sweep.records import StepRecord, TrialResult, failed_result, peak_up_to_failure_gb
 
 #: Where the trainer lives; tests may point a sweep at a stand-in with the same signature.
 DEFAULT_TRAINER = "dpo_sweep.train.loop:run_trial"
@@ -242,7 +242,7 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
 
 def failure_peak(exc: BaseException) -> float:
     """The peak memory up to the failure (GB), max over the failed workers; NaN if none carried it."""
-    from dpo_sweep.telemetry import failure_peak_gb, peak_up_to_failure_gb  # torch: only once it failed
+    from dpo_sweep.telemetry import failure_peak_gb  # torch: only once it failed
 
     failures = list((getattr(exc, "worker_failures", None) or {}).values()) or [exc]
     return peak_up_to_failure_gb([failure_peak_gb(e) for f in failures for e in (f, _root(f))], math.nan)

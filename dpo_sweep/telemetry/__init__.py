@@ -25,7 +25,6 @@ from .sampler import (
     failure_peak_gb,
     make_memory_sampler,
     max_peaks,
-    peak_up_to_failure_gb,
 )
 from .timing import StepTimer, TrialClock, percentile
 
@@ -49,7 +48,6 @@ __all__ = [
     "max_peaks",
     "mfu",
     "peak_bf16_flops",
-    "peak_up_to_failure_gb",
     "percentile",
     "policy_training_flops",
     "recompute_flops",

@@ -127,12 +127,6 @@ def failure_peak_gb(exc: BaseException) -> float:
     return float(getattr(exc, FAILURE_PEAK_ATTR, math.nan))
 
 
-def peak_up_to_failure_gb(step_peaks_gb: Iterable[float], failing_peak_gb: float) -> float:
-    """A failed trial's ``peak_mem_gb``: the max of the peaks of the steps that ran and of the
-    failing step up to the failure (NaN when none is known)."""
-    return _finite_max([*step_peaks_gb, failing_peak_gb])
-
-
 def _attach_failure_peak(exc: BaseException, peak_gb: float) -> None:
     try:
         setattr(exc, FAILURE_PEAK_ATTR, peak_gb)
