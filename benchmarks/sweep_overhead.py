@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     space = args.out / "space.yaml"
     write_space(space, args.model, args.trials, args.steps)
     with tempfile.TemporaryDirectory(prefix="sweep-overhead-") as sweep_dir:  # report.html is 5 MB
-        cmd = [sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", sweep_dir,
+        # --full-grid: the trials differ only in beta, which the planner would measure once.
+        cmd = [sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", sweep_dir, "--full-grid",
                *([] if args.dashboard else ["--no-dashboard"])]
         t0 = time.monotonic()
         lines = run_timed(cmd, args.out / "console.log")

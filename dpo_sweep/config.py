@@ -314,6 +314,13 @@ class ResourcesSpec(_Strict):
         description="All-reduce gradients on every accumulation micro-step instead of once per "
         "optimizer step (no_sync on the others). Only for measuring what that costs.",
     )
+    warm_workers: bool = Field(
+        True,
+        description="One-worker trials run in a long-lived Ray actor per concurrent trial (per GPU) "
+        "that imports the trainer once and runs trial after trial, its memory released and peak "
+        "counters reset in between (sweep/warm_worker.py); false: a fresh Ray Train worker process "
+        "per trial. Multi-worker trials always get fresh Ray Train workers.",
+    )
 
 
 class ObjectivesSpec(_Strict):

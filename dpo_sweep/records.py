@@ -102,6 +102,11 @@ class TrialResult:
     pairs_dropped: int = 0
     startup_s: float = math.nan
     measure_s: float = math.nan
+    # startup_s split (telemetry.timing.STARTUP_PHASES): Ray, trainer import, data, model build.
+    startup_ray_s: float = math.nan
+    startup_import_s: float = math.nan
+    startup_data_s: float = math.nan
+    startup_model_s: float = math.nan
     # Stability (dpo_sweep/stability.py: signals over every step, verdict, rollback trigger).
     stability: str = ""
     loss_slope: float = math.nan
@@ -125,6 +130,8 @@ def _columns(cls: type) -> list[str]:
 
 
 RESULTS_COLUMNS: list[str] = _columns(TrialResult)
+#: What running a trial cost (a row measured by another trial has none of its own).
+TIMING_COLUMNS: tuple[str, ...] = tuple(c for c in RESULTS_COLUMNS if c == "measure_s" or c.startswith("startup_"))
 STEPS_COLUMNS: list[str] = _columns(StepRecord)
 
 

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.rules import extrapolate_step_ms, fit_step_time
-from dpo_sweep.records import StepRecord, TrialResult
+from dpo_sweep.records import TIMING_COLUMNS, StepRecord, TrialResult
 
 #: Columns a row takes from its learning trial.
 #: The columns a row takes from its learning trial, with the value they have when there is none.
@@ -64,7 +64,7 @@ def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepReco
     return dataclasses.replace(
         measured, trial_id=cfg.trial_id, **cfg.knobs(), loss_type=cfg.train.loss,
         predicted_peak_gb=predicted_peak_gb, measured_by=measured_by, stability_from="",
-        startup_s=measured.startup_s if own else math.nan, measure_s=measured.measure_s if own else math.nan,
+        **{c: getattr(measured, c) if own else math.nan for c in TIMING_COLUMNS},
         extra=cfg.swept_columns(), **_time_columns(measured, steps, ran_grad_acc, cfg.grad_acc),
     )
 

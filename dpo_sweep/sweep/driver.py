@@ -172,29 +172,38 @@ def _train_loop(loop_config: dict[str, Any]) -> None:
 
     entered = time.time()
     _quiet_train_reports()
-    cfg: TrialConfig = loop_config["trial"]
     run_trial = import_trainer(loop_config.get("trainer", DEFAULT_TRAINER))
+    run_and_report(loop_config, run_trial, ray_end=entered, import_end=time.time(), report=ray.train.report,
+                   rank=ray.train.get_context().get_world_rank())
+
+
+def run_and_report(loop_config: dict[str, Any], run_trial: Callable[..., Any], *, ray_end: float,
+                   import_end: float, report: Callable[[dict[str, Any]], None], rank: int) -> None:
+    """Run the trial and send each step's row, then the outcome, through ``report`` (Ray Train's in
+    a Train worker, a queue in a warm worker). ``ray_end`` / ``import_end``: when Ray had this
+    process running the trial and when the trainer was imported (wall clock; start-up split)."""
     from dpo_sweep.telemetry.timing import TrialClock  # imports torch (the trainer just did): workers only
 
-    rank = ray.train.get_context().get_world_rank()
+    cfg: TrialConfig = loop_config["trial"]  # validated once, by tune_trainable
+    # Start-up counts from the Tune trial's start: Ray's worker start-up is part of it.
+    clock = TrialClock(started_at=loop_config["trial_start"])
+    clock.mark("ray", at=ray_end)
+    clock.mark("import", at=import_end)
     if rank == 0:
         # Where a trial's start-up goes: Ray (trial, controller, worker processes) until here,
         # then importing the trainer, then the trainer's own data and model build (it logs those).
-        print(startup_line(cfg.trial_id, entered - loop_config["trial_start"], time.time() - entered),
-              flush=True)
-    # Start-up counts from the Tune trial's start: Ray's worker start-up is part of it.
-    clock = TrialClock(started_at=loop_config["trial_start"])
+        print(startup_line(cfg.trial_id, ray_end - clock.started_at, import_end - ray_end), flush=True)
 
     def on_step(record: StepRecord) -> None:
         # Every rank reports (Train V2 expects the same number of reports from each worker); Tune
         # forwards rank 0's. A plain dict: the driver's Tune callback rebuilds the StepRecord.
-        ray.train.report({STEP_KEY: dataclasses.asdict(record), STARTUP_KEY: clock.startup_s(),
-                          MEASURE_KEY: clock.measure_s()})
+        report({STEP_KEY: dataclasses.asdict(record), STARTUP_KEY: clock.startup_s(),
+                MEASURE_KEY: clock.measure_s()})
 
     outcome = run_trial(cfg, on_step=on_step, log=print if rank == 0 else None,
                         catch_failures=False, clock=clock)
     environment = _worker_environment() if rank == 0 else None
-    ray.train.report({OUTCOME_KEY: outcome_to_json(outcome.result, environment)})
+    report({OUTCOME_KEY: outcome_to_json(outcome.result, environment)})
 
 
 # --- Tune trainable ---------------------------------------------------------------------------
@@ -261,24 +270,40 @@ def _root_message(exc: BaseException) -> str:
 def tune_trainable(param: dict[str, Any]) -> None:
     """The Tune function trainable for one trial (see the module doc)."""
     from ray import tune
+
+    from dpo_sweep.sweep import warm_worker
+
+    trial_start = time.time()
+    cfg = TrialConfig.model_validate(param["trial"])  # the one validation of this trial's config
+    loop_config = {"trial": cfg, "trial_start": trial_start, "log_dir": param.get("log_dir"),
+                   "trainer": param.get("trainer", DEFAULT_TRAINER)}
+    use_gpu = bool(param.get("use_gpu", False))
+    if warm_worker.wanted(cfg):
+        summary = warm_worker.run_in_warm_worker(loop_config, use_gpu)
+    else:
+        summary = _fit_in_train_workers(loop_config, use_gpu, param["storage_path"])
+    summary["wall_s"] = time.time() - trial_start
+    tune.report({SUMMARY_KEY: json.dumps(summary)})
+
+
+def _fit_in_train_workers(loop_config: dict[str, Any], use_gpu: bool, storage_path: str) -> dict[str, Any]:
+    """The trial in fresh Ray Train workers (``TorchTrainer.fit()``); how it ended."""
     from ray.train import FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from dpo_sweep.sweep.torch_backend import LazyTorchConfig
 
-    trial_start = time.time()
-    cfg = TrialConfig.model_validate(param["trial"])  # the one validation of this trial's config
+    cfg: TrialConfig = loop_config["trial"]
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"trial": cfg, "trial_start": trial_start, "log_dir": param.get("log_dir"),
-                           "trainer": param.get("trainer", DEFAULT_TRAINER)},
+        train_loop_config=loop_config,
         # Ray's TorchConfig would make every trial's fresh controller process import torch first.
         torch_config=LazyTorchConfig(),
-        scaling_config=scaling_config(cfg, bool(param.get("use_gpu", False))),
+        scaling_config=scaling_config(cfg, use_gpu),
         run_config=RunConfig(
-            name=f"train-{cfg.trial_id}-{int(trial_start)}",
-            storage_path=param["storage_path"],
+            name=f"train-{cfg.trial_id}-{int(loop_config['trial_start'])}",
+            storage_path=storage_path,
             # An OOM or a crash is this trial's result: never retry it.
             failure_config=FailureConfig(max_failures=0),
             callbacks=[TuneReportCallback()],
@@ -290,8 +315,7 @@ def tune_trainable(param: dict[str, Any]) -> None:
     except Exception as exc:  # noqa: BLE001 - every failure becomes this trial's status
         summary["status"], summary["error"] = classify_failure(exc)
         summary["peak_mem_gb"] = failure_peak(exc)
-    summary["wall_s"] = time.time() - trial_start
-    tune.report({SUMMARY_KEY: json.dumps(summary)})
+    return summary
 
 
 # --- Driver side: reports -> rows ------------------------------------------------------------

@@ -91,6 +91,10 @@ class StepTimer:
         return percentile(self.measured_ms(), 90)
 
 
+#: Where a trial's start-up goes, in order (:meth:`TrialClock.mark`).
+STARTUP_PHASES = ("ray", "import", "data", "model")
+
+
 class TrialClock:
     """The one definition of a trial's ``startup_s`` and ``measure_s`` (results.csv), for every
     row whoever runs the trial (``dpo-sweep trial`` or a sweep's Ray Train worker):
@@ -98,6 +102,13 @@ class TrialClock:
     - ``startup_s``: the trial's start -> the start of its first optimizer step;
     - ``measure_s``: the start of the first optimizer step -> the end of the latest one, warm-up
       steps included (the medians leave warm-up out; this is the time the steps took).
+
+    The start-up's split (results.csv ``startup_<phase>_s``, :data:`STARTUP_PHASES`): each
+    :meth:`mark` ends a phase that began at the previous mark (the first at the trial's start):
+    ``ray`` (the Tune trial's start -> the trainer's process running this trial), ``import`` (the
+    trainer imported: 0 in a warm worker), ``data`` (read and tokenised), ``model`` (models,
+    reference, checkpointing and optimizer built). What follows the last mark until the first
+    step is in ``startup_s`` only.
 
     The trial's start is what the caller passes: a sweep passes the Tune trial's start, so Ray's
     worker start-up counts as start-up; ``dpo-sweep trial`` passes ``run_trial``'s entry. Wall
@@ -110,6 +121,20 @@ class TrialClock:
         self.started_at = clock() if started_at is None else float(started_at)
         self.first_step_at: float | None = None
         self.last_step_end: float | None = None
+        self._phases: dict[str, float] = {}
+        self._last_mark = self.started_at
+
+    def mark(self, phase: str, at: float | None = None) -> None:
+        """End ``phase`` (one of :data:`STARTUP_PHASES`) now, or at the clock reading ``at``."""
+        if phase not in STARTUP_PHASES:
+            raise ValueError(f"unknown start-up phase {phase!r}; one of {STARTUP_PHASES}")
+        now = self._clock() if at is None else float(at)
+        self._phases[phase] = self._phases.get(phase, 0.0) + now - self._last_mark
+        self._last_mark = now
+
+    def startup_split(self) -> dict[str, float]:
+        """``{"startup_ray_s": ..., ...}`` for results.csv: NaN for a phase never marked."""
+        return {f"startup_{p}_s": self._phases.get(p, math.nan) for p in STARTUP_PHASES}
 
     def step_started(self) -> None:
         if self.first_step_at is None:

@@ -153,10 +153,12 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
     say = say if rank == 0 else (lambda _m: None)
     configure_device_memory(cfg, device)
     data = load_data(cfg, world, say, since)
+    clock.mark("data")
     sampler = make_memory_sampler(device)
     # `with`: an exception of the body (an OOM) wins over one of the sampler thread.
     with sampler:
         setup = build_trial(cfg, device, world, rank, data, say, since)
+        clock.mark("model")
         timer = StepTimer(device, cfg.train.warmup_steps)
         steps: list[StepOutput] = []
         status, error = "ok", ""
@@ -398,5 +400,6 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
         liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops, device=str(device),
         steps=len(records), measured_steps=len(measured), pairs_used=setup.data.usable_pairs,
         pairs_dropped=setup.data.pairs.dropped, startup_s=clock.startup_s(), measure_s=clock.measure_s(),
+        **clock.startup_split(),
         **signals,
     )

@@ -1,7 +1,9 @@
 """Models: random-initialised presets built from a config (no download), or real checkpoints."""
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,9 +167,28 @@ def apply_liger(spec: ModelSpec, arch: str) -> None:
     """
     from liger_kernel.transformers import apply_liger_kernel_to_llama, apply_liger_kernel_to_qwen2
 
+    module = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+    _UNPATCHED.setdefault(module.__name__, dict(vars(module)))
     patch = apply_liger_kernel_to_qwen2 if arch == "qwen2" else apply_liger_kernel_to_llama
     patch(rope=True, swiglu=not spec.lean_ops, rms_norm=True, cross_entropy=False,
           fused_linear_cross_entropy=False)
+
+
+#: Modelling module -> its namespace before :func:`apply_liger` patched it.
+_UNPATCHED: dict[str, dict[str, object]] = {}
+
+
+def undo_liger() -> None:
+    """Put the modelling modules that :func:`apply_liger` patched back as they were. A process
+    that runs trial after trial (a warm worker) calls it after each: the next trial may be one
+    without liger, and must build and run the stock modules."""
+    for name, namespace in _UNPATCHED.items():
+        module = sys.modules[name]
+        for key in set(vars(module)) - set(namespace):
+            delattr(module, key)
+        for key, value in namespace.items():
+            setattr(module, key, value)
+    _UNPATCHED.clear()
 
 
 def freeze_reference(model: nn.Module) -> nn.Module:

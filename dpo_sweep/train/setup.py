@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
+import ctypes.util
+import gc
 import math
 import os
 import time
@@ -25,7 +28,7 @@ from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
 from dpo_sweep.train.data import PairDataset, load_pairs
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
-from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference
+from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference, undo_liger
 from dpo_sweep.train.tokenizer import load_tokenizer
 
 Logger = Callable[[str], None]
@@ -79,6 +82,29 @@ def configure_device_memory(cfg: TrialConfig, device: torch.device) -> None:
         total = torch.cuda.get_device_properties(device).total_memory
         fraction = min(1.0, cfg.resources.gpu_memory_gb * 1e9 / total)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
+
+
+def release_after_trial(device: torch.device) -> None:
+    """Leave the process as a fresh one would start the next trial (a warm worker runs trial after
+    trial): liger's patches undone, the trial's garbage collected, the allocator's cached blocks
+    given back to the driver and torch's peak counters reset on CUDA; on the CPU glibc's free
+    lists trimmed back to the OS, so that the next trial's RSS starts near a fresh process's.
+    Call it once nothing of the trial is referenced any more (its exception included: a
+    traceback holds the frames, and the frames the tensors)."""
+    undo_liger()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):  # glibc only (not musl, not macOS)
+        libc.malloc_trim(0)
 
 
 def load_data(cfg: TrialConfig, world: int, say: Logger, since: float) -> TrialData:
