@@ -76,3 +76,16 @@ def test_the_sweep_says_when_it_widened_the_header(tmp_path, capsys):
     assert f"{tmp_path / 'results.csv'}: its header lacked" in out and "predicted_peak_gb" in out
     rows = {r["trial_id"]: r for r in read_csv_rows(tmp_path / "results.csv")}
     assert rows["tiny-card"]["status"] == "pruned" and rows["old"]["peak_mem_gb"] == "1.25"
+
+
+def test_resume_dropping_orphan_steps_keeps_an_older_steps_file_s_own_columns(tmp_path):
+    from dpo_sweep.sweep.output_dir import prepare_output
+
+    space = tmp_path / "space.yaml"
+    space.write_text("name: x\n")
+    _old_results(tmp_path / "results.csv", trial_id="done")
+    header = ["trial_id", "step", "loss", "old_signal"]  # a column this version no longer writes
+    (tmp_path / "steps.csv").write_text(",".join(header) + "\ndone,1,0.69,7\norphan,1,0.70,8\n")
+    assert prepare_output(space, tmp_path, resume=True) == {"done"}
+    rows = read_csv_rows(tmp_path / "steps.csv")
+    assert [(r["trial_id"], r["loss"], r["old_signal"]) for r in rows] == [("done", "0.69", "7")]
