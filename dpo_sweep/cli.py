@@ -74,12 +74,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (README)
     from dpo_sweep.plan.schedule import plan_labels
 
-    lengths = {s.key: s.lengths for s in data}  # the worst micro-batch of each trial's own data
+    lengths = preflight.lengths_by_trial(sp.trials, data)  # the worst micro-batch of each trial's own data
     header = ["trial_id", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",
               "effective_batch", "loss", "precision", "predicted peak (GB)", "plan"]
-    plan = plan_labels(sp.trials)  # the budget here: resources.gpu_memory_gb (no card is asked)
+    # The budget here: resources.gpu_memory_gb (no card is asked); the lengths as `run` plans with.
+    plan = plan_labels(sp.trials, lengths=lengths)
     rows = [[t.trial_id, *[str(t.knobs()[k]) for k in header[1:8]], t.train.loss, t.train.precision,
-             predicted_peak_label(t, lengths[preflight.data_key(t)]), plan[t.trial_id]] for t in sp.trials]
+             predicted_peak_label(t, lengths[t.trial_id]), plan[t.trial_id]] for t in sp.trials]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for r in rows:

@@ -192,6 +192,14 @@ def check_data(trials: Iterable[TrialConfig], models: CheckedModels) -> tuple[Da
     return tuple(summaries.values())
 
 
+def lengths_by_trial(trials: Iterable[TrialConfig], data: Iterable[DataSummary]) -> dict[str, LengthProfile | None]:
+    """Each trial's data lengths, from the summaries :func:`check_data` returned (nothing is read
+    again): what the planner's memory model sizes the worst micro-batch of, in ``validate`` and
+    ``run`` alike. By trial id, which outlives the sweep's rewriting of data paths to absolute ones."""
+    by_key = {s.key: s.lengths for s in data}
+    return {t.trial_id: by_key.get(data_key(t)) for t in trials}
+
+
 # --- the commands' checks ---------------------------------------------------------------------
 
 

@@ -141,17 +141,44 @@ def _row(obj: Any, columns: list[str]) -> dict[str, Any]:
     return {c: d.get(c, "") for c in columns}
 
 
-def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append: bool = False) -> None:
-    """Write dataclass rows as CSV (header written when the file is new or not appending)."""
+def _header(path: Path) -> list[str]:
+    with path.open(newline="") as fh:
+        return next(csv.reader(fh), [])
+
+
+def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append: bool = False) -> list[str]:
+    """Write dataclass rows as CSV (header written when the file is new or not appending).
+
+    Appending to a file whose header lacks some of ``columns`` (written before a column existed,
+    or by a space with other swept fields: ``--resume``) rewrites it with the union of both
+    headers - ``columns`` first, then the file's own others - the old rows' cells under their
+    own names and empty in the new columns, so no cell lands under another column's name.
+    Returns the columns added to an existing file's header ([] when none were)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = not (append and path.exists() and path.stat().st_size > 0)
-    with path.open("a" if append else "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=columns)
-        if new:
+    if not (append and path.is_file() and path.stat().st_size > 0):
+        _write(path, [_row(r, columns) for r in rows], columns, mode="w")
+        return []
+    header = _header(path)
+    added = [c for c in columns if c not in header]
+    if not added:  # new rows fit the header (a column only the file has stays empty in them)
+        _write(path, [_row(r, header) for r in rows], header, mode="a", with_header=False)
+        return []
+    union = columns + [c for c in header if c not in columns]
+    old = read_csv_rows(path)
+    tmp = path.with_name(path.name + ".widening")
+    _write(tmp, old + [_row(r, union) for r in rows], union, mode="w")
+    tmp.replace(path)  # atomic: a kill during the rewrite leaves the old file whole
+    return added
+
+
+def _write(path: Path, rows: list[dict[str, Any]], columns: list[str], *, mode: str,
+           with_header: bool = True) -> None:
+    with path.open(mode, newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns, restval="")
+        if with_header:
             w.writeheader()
-        for r in rows:
-            w.writerow(_row(r, columns))
+        w.writerows(rows)
 
 
 def read_csv_rows(path: str | Path) -> list[dict[str, str]]:
@@ -163,20 +190,24 @@ def read_csv_rows(path: str | Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def write_results(out_dir: str | Path, results: Iterable[TrialResult], append: bool = False) -> Path:
+def write_results(out_dir: str | Path, results: Iterable[TrialResult], append: bool = False) -> list[str]:
     """The contract columns, then each row's ``extra`` ones (the swept train fields, the same for
-    every trial of a sweep: ``TrialConfig.swept_columns``)."""
-    path = Path(out_dir) / "results.csv"
+    every trial of a sweep: ``TrialConfig.swept_columns``). Returns the columns that appending
+    added to an existing results.csv's header (:func:`write_csv`)."""
     results = list(results)
     extra = [c for c in dict.fromkeys(k for r in results for k in r.extra) if c not in RESULTS_COLUMNS]
-    write_csv(path, results, RESULTS_COLUMNS + extra, append=append)
-    return path
+    return write_csv(Path(out_dir) / "results.csv", results, RESULTS_COLUMNS + extra, append=append)
 
 
-def write_steps(out_dir: str | Path, steps: Iterable[StepRecord], append: bool = False) -> Path:
-    path = Path(out_dir) / "steps.csv"
-    write_csv(path, steps, STEPS_COLUMNS, append=append)
-    return path
+def write_steps(out_dir: str | Path, steps: Iterable[StepRecord], append: bool = False) -> list[str]:
+    """steps.csv; returns the columns appending added to its header (:func:`write_csv`)."""
+    return write_csv(Path(out_dir) / "steps.csv", steps, STEPS_COLUMNS, append=append)
+
+
+def widened_line(path: str | Path, added: list[str]) -> str:
+    """The console's note that appending widened ``path``'s header."""
+    return (f"{path}: its header lacked {len(added)} column(s) of this version ({', '.join(added)}); "
+            "rewrote it with every column of both, earlier rows empty in the new ones")
 
 
 

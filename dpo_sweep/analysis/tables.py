@@ -115,20 +115,37 @@ def _measured_by(r: Any) -> str:
     return str(by) if isinstance(by, str) and by and by != r["trial_id"] else "-"
 
 
-def prediction_error(analysed: pd.DataFrame) -> str | None:
-    """The memory model's error over the rows that measured their own peak, in a sentence; None
-    when no row has both a prediction and a measurement."""
+def measured_on_cpu(row: Any, environment: dict[str, Any] | None = None) -> bool:
+    """Whether a row's peak is a CPU process's RSS: its ``device`` is the CPU, or - a row without
+    one (an older results.csv) - environment.json's machine had no GPU."""
+    device = row.get("device")
+    if isinstance(device, str) and device:
+        return device.split(":")[0] == "cpu"
+    return bool(environment) and environment.get("gpu_count") == 0
+
+
+def prediction_error(analysed: pd.DataFrame, environment: dict[str, Any] | None = None) -> str | None:
+    """The memory model's error over the rows that measured their own peak on a GPU, in a
+    sentence; None when no row has both a prediction and a measurement. The model predicts GPU
+    memory (tensors, allocator, CUDA context); a CPU trial measures the process's RSS (the Python
+    interpreter, the libraries, every buffer), so a CPU row is named, never compared: a "-52%"
+    there would be an error of the comparison, not of the model."""
     if "predicted_peak_gb" not in analysed:
         return None
     own = analysed[(analysed["status"] == "ok") & (analysed.get("measured_by", analysed["trial_id"]) == analysed["trial_id"])]
-    pairs = [(float(p), float(m)) for p, m in zip(own["predicted_peak_gb"], own["peak_mem_gb"])
-             if is_finite(p) and is_finite(m) and float(m) > 0]
-    if not pairs:
-        return None
-    errors = [100 * (p - m) / m for p, m in pairs]
+    pairs = [(float(r["predicted_peak_gb"]), float(r["peak_mem_gb"]), measured_on_cpu(r, environment))
+             for _, r in own.iterrows()
+             if is_finite(r["predicted_peak_gb"]) and is_finite(r["peak_mem_gb"]) and float(r["peak_mem_gb"]) > 0]
+    on_cpu = sum(cpu for _, _, cpu in pairs)
+    cpu_note = (f"{on_cpu} CPU trial(s) not compared: the model predicts GPU memory, a CPU trial "
+                "measures the process's RSS (Python, libraries, every buffer)")
+    errors = [100 * (p - m) / m for p, m, cpu in pairs if not cpu]
+    if not errors:
+        return cpu_note if on_cpu else None
     worst, median = max(errors, key=abs), statistics.median(errors)
-    return (f"predicted vs measured peak over {len(pairs)} measured trial(s): median error {median:+.1f}%, "
-            f"largest {worst:+.1f}% (the prediction each was scheduled with; positive: over-predicted)")
+    return (f"predicted vs measured peak over {len(errors)} measured trial(s): median error {median:+.1f}%, "
+            f"largest {worst:+.1f}% (the prediction each was scheduled with; positive: over-predicted)"
+            + (f"; {cpu_note}" if on_cpu else ""))
 
 
 def _md_cell(text: str) -> str:

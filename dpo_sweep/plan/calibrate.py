@@ -2,8 +2,11 @@
 
 Within one memory family (:func:`dpo_sweep.plan.rules.memory_family`: same model, precision,
 reference, ... - only micro_batch, level, max_length and grad_acc differ) the peak at one level,
-one grad_acc class (1 or >= 2) and one peak moment is linear in the tokens of a micro-step
-(``2 x micro_batch x max_length``): everything but the activations and the head's chunk is fixed.
+one grad_acc class (1 or >= 2) and one peak moment is linear in the tokens of the micro-step the
+model sized (``MemoryEstimate.tokens``: the longest micro-batch of the data's own lengths when the
+estimator has them, else ``2 x micro_batch x max_length``): everything but the activations and the
+head's chunk is fixed. A fit in ``max_length`` tokens would be off wherever the worst micro-batch
+is not proportional to them (padding-free rows of a long tail, another max_length).
 So, per such group:
 
 * two or more measured points at different token counts: a least-squares line through them
@@ -62,10 +65,6 @@ class Calibration:
         return dict(self.family_shift_gb).get(family, 0.0)
 
 
-def tokens_per_micro_step(cfg: TrialConfig) -> int:
-    return 2 * cfg.micro_batch * cfg.train.max_length
-
-
 def group_key(cfg: TrialConfig, estimate: MemoryEstimate) -> tuple:
     """Configurations whose peak is one line in tokens."""
     return (memory_family(cfg), cfg.checkpoint_level, short_grad_acc(cfg), estimate.peak_at)
@@ -81,7 +80,7 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 def _fit_group(points: list[tuple[Measurement, MemoryEstimate]]) -> GroupFit:
-    xy = [(float(tokens_per_micro_step(m.cfg)), m.peak_gb) for m, _ in points]
+    xy = [(float(est.tokens), m.peak_gb) for m, est in points]
     if len({x for x, _ in xy}) >= 2:
         slope, intercept = _line(xy)
         return GroupFit(kind="line", slope_gb_per_token=slope, intercept_gb=intercept)
@@ -113,7 +112,7 @@ def predicted(calibration: Calibration, cfg: TrialConfig, estimate: Estimator = 
     if fit is None:
         return est.total_gb + calibration.shift_for(memory_family(cfg))
     if fit.kind == "line":
-        return fit.intercept_gb + fit.slope_gb_per_token * tokens_per_micro_step(cfg)
+        return fit.intercept_gb + fit.slope_gb_per_token * est.tokens
     if fit.kind == "scale":
         return est.total_gb + (fit.activation_scale - 1) * est.activations_gb
     return est.total_gb + fit.shift_gb

@@ -92,10 +92,11 @@ class MemoryEstimate:
     context_gb: float
     total_gb: float
     peak_at: str  # backward start | backward end | reference forward
+    tokens: int   # of the micro-step it sized: the longest one (worst_micro_batch)
 
     def parts(self) -> dict[str, float]:
         """The parts that add up to ``total_gb``."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("total_gb", "peak_at")}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("total_gb", "peak_at", "tokens")}
 
 
 def _hf_config(spec: ModelSpec):
@@ -295,6 +296,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
         weights_gb=weights / GB, grads_gb=grads / GB, optimizer_gb=optimizer / GB, reference_gb=reference / GB,
         casts_gb=casts / GB, activations_gb=acts / GB, head_gb=head_part / GB, allocator_gb=allocator / GB,
         context_gb=context / GB, total_gb=(allocated + allocator + context) / GB, peak_at=peak_at,
+        tokens=tokens,
     )
 
 

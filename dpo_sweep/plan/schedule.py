@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
@@ -35,14 +35,25 @@ from dpo_sweep.plan.rows import fitted_step_ms, shared_row, with_stability
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_key, measurement_key,
                                   pick_learning_trial, prune_after_oom, prune_over_budget, short_grad_acc)
 from dpo_sweep.records import StepRecord, TrialResult, failed_result
+from dpo_sweep.train.lengths import LengthProfile
 
 MEASURE, LEARN = "measure", "learn"
 LEARNING_SUFFIX = "-learning"
 Estimator = Callable[[TrialConfig], MemoryEstimate]
 
 
-def default_estimate(cfg: TrialConfig) -> MemoryEstimate:
-    return predict_peak_gb(cfg, device=planning_device(cfg))
+@dataclass(frozen=True)
+class DataEstimate:
+    """The memory model over each configuration's own data: the lengths preflight measured, by
+    trial id (``preflight.lengths_by_trial``), so that the plan orders, prunes and calibrates on
+    the worst micro-batch the trial will run - what ``validate`` prints - not on every sequence
+    at max_length. A trial without lengths is sized at max_length. A class, not a closure: the
+    plan travels with the recorder, which Tune pickles."""
+
+    lengths: Mapping[str, LengthProfile | None] = field(default_factory=dict)
+
+    def __call__(self, cfg: TrialConfig) -> MemoryEstimate:
+        return predict_peak_gb(cfg, device=planning_device(cfg), lengths=self.lengths.get(cfg.trial_id))
 
 
 @dataclass(frozen=True)
@@ -81,12 +92,17 @@ class SweepPlan:
     """
 
     def __init__(self, trials: Sequence[TrialConfig], *, budget_gb: float | None = None,
-                 full_grid: bool = False, estimate: Estimator = default_estimate,
+                 full_grid: bool = False, estimate: Estimator | None = None,
+                 lengths: Mapping[str, LengthProfile | None] | None = None,
                  margin: float = BUDGET_MARGIN) -> None:
+        """``estimate``: the memory model (default: :class:`DataEstimate` over ``lengths``, the
+        data's lengths by trial id; ``lengths`` is only for that default)."""
+        if estimate is not None and lengths is not None:
+            raise ValueError("SweepPlan: give the data's lengths or an estimator, not both")
         self.full_grid = full_grid
         self.budget_gb = budget_gb
         self.margin = margin
-        self._estimate = estimate
+        self._estimate = estimate or DataEstimate(lengths or {})
         self._order = {t.trial_id: i for i, t in enumerate(trials)}
         self._cfgs = {t.trial_id: t for t in trials}
         if full_grid:
@@ -269,11 +285,12 @@ class SweepPlan:
 
 
 def plan_labels(trials: Sequence[TrialConfig], budget_gb: float | None = None,
-                estimate: Estimator = default_estimate) -> dict[str, str]:
+                estimate: Estimator | None = None,
+                lengths: Mapping[str, LengthProfile | None] | None = None) -> dict[str, str]:
     """``dpo-sweep validate``'s plan column, by trial id: ``run`` (at which grad_acc), ``shares
     measurement with X`` or ``pruned: ...`` over budget (pruning after an OOM is known only when
-    the sweep runs)."""
-    plan = SweepPlan(trials, budget_gb=budget_gb, estimate=estimate)
+    the sweep runs); ``estimate`` / ``lengths`` as for :class:`SweepPlan`."""
+    plan = SweepPlan(trials, budget_gb=budget_gb, estimate=estimate, lengths=lengths)
     labels: dict[str, str] = {}
     for group in plan._groups.values():
         reason = plan.over_budget(group.measuring)

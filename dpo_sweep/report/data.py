@@ -189,7 +189,7 @@ def _headline(rec: Recommendation) -> str:
 
 
 def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Objective, ...],
-             steps: pd.DataFrame | None) -> list[tuple[str, str]]:
+             steps: pd.DataFrame | None, environment: dict[str, Any] | None) -> list[tuple[str, str]]:
     counts = analysed["status"].value_counts()
     budget = "none given" if rec.memory_budget_gb is None else (
         f"{rec.memory_budget_gb:.2f} GB (from {rec.budget_source}); usable "
@@ -204,7 +204,7 @@ def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Obje
         ("memory budget", budget),
         ("normal loss std range",
          "-" if rec.loss_std_limit is None else f"<= {tables.fmt_sig(rec.loss_std_limit)}"),
-        ("memory model", tables.prediction_error(analysed) or "no prediction with a measured peak"),
+        ("memory model", tables.prediction_error(analysed, environment) or "no prediction with a measured peak"),
         ("per-step data", "steps.csv" if steps is not None else "absent (results.csv only)"),
         ("units", "GB = 1e9 bytes; step time is the median optimizer step in ms (warm-up excluded); "
                   "tokens/s the median of the measured steps' throughputs"),
@@ -260,7 +260,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     short_ids = compact_trial_ids(analysed["trial_id"])
     return ReportData(
         title="DPO sweep report" + (f": {', '.join(models)}" if models else ""),
-        summary=_summary(analysed, rec, objectives, steps),
+        summary=_summary(analysed, rec, objectives, steps, environment),
         recommendation_headline=_headline(rec),
         recommendation_reason=rec.reason,
         recommendation_json=rec.to_json_dict(),

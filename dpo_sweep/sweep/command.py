@@ -104,7 +104,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         conn = connect_ray(args.address, dashboard=not args.no_dashboard)
         print_dashboard(conn, say)
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
-                            cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)))
+                            cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)),
+                            lengths=preflight.lengths_by_trial(sp.trials, data))  # the plan's memory model
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -38,8 +38,10 @@ def _drop_orphan_steps(out_dir: Path, keep_ids: set[str]) -> None:
     kept = [r for r in rows if r.get("trial_id") in keep_ids]
     if len(kept) == len(rows):
         return
+    # The file's own columns too: one written by an older version keeps every cell it had.
+    columns = STEPS_COLUMNS + [c for c in rows[0] if c not in STEPS_COLUMNS]
     with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=STEPS_COLUMNS, extrasaction="ignore")
+        w = csv.DictWriter(fh, fieldnames=columns)
         w.writeheader()
         w.writerows(kept)
 

@@ -16,7 +16,7 @@ from ray import tune
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.schedule import SweepPlan
-from dpo_sweep.records import TrialResult, write_results, write_steps
+from dpo_sweep.records import TrialResult, widened_line, write_results, write_steps
 from dpo_sweep.sweep import driver
 from dpo_sweep.sweep.output_dir import save_environment
 from dpo_sweep.sweep.stopping import Ending, StopRequest, same_early_failure
@@ -111,10 +111,10 @@ class SweepRecorder(tune.Callback):
     def flush(self) -> None:
         steps, rows = self.plan.take_output()
         # Steps first: a kill between the two writes leaves orphan steps, which --resume drops.
-        if steps:
-            write_steps(self.out_dir, steps, append=True)
-        if rows:
-            write_results(self.out_dir, rows, append=True)
+        if steps and (added := write_steps(self.out_dir, steps, append=True)):
+            say(widened_line(self.out_dir / "steps.csv", added))
+        if rows and (added := write_results(self.out_dir, rows, append=True)):
+            say(widened_line(self.out_dir / "results.csv", added))  # --resume into an older results.csv
         for row in rows:
             self.finished += 1
             left = eta_s(self.total - self.finished, self.trial_walls_s, self.concurrent)

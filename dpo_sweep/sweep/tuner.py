@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ray import tune
 
@@ -17,6 +17,7 @@ from dpo_sweep import space as space_mod
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
+from dpo_sweep.train.lengths import LengthProfile
 from dpo_sweep.sweep import driver
 from dpo_sweep.sweep.output_dir import RESULTS_FILE
 from dpo_sweep.sweep.ray_cluster import InfrastructureError
@@ -108,8 +109,10 @@ def tune_config(max_concurrent: int, search_alg: PlanSearcher | None = None, num
 
 def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None, done_ids: set[str],
               cluster: dict[str, float], trainer: str = driver.DEFAULT_TRAINER,
-              out: Callable[[str], None] = say, full_grid: bool = False) -> SweepSummary:
-    """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster."""
+              out: Callable[[str], None] = say, full_grid: bool = False,
+              lengths: Mapping[str, LengthProfile | None] | None = None) -> SweepSummary:
+    """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster;
+    ``lengths``: each trial's data lengths as preflight measured them (the plan's memory model)."""
 
     todo = [_absolute_paths(t) for t in sp.trials if t.trial_id not in done_ids]
     total = len(sp.trials)
@@ -128,7 +131,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
 
     storage = str((out_dir / "ray").resolve())
     stop = StopRequest()
-    plan = SweepPlan(todo, budget_gb=card_memory_gb() if use_gpu else None, full_grid=full_grid)
+    plan = SweepPlan(todo, budget_gb=card_memory_gb() if use_gpu else None, full_grid=full_grid, lengths=lengths)
     out(plan.summary_line())
     recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent)
     for key, value in TUNE_DRIVER_ENV.items():

@@ -21,7 +21,8 @@ def estimate(cfg) -> MemoryEstimate:
     act = cfg.micro_batch * _ACT[cfg.checkpoint_level]
     return MemoryEstimate(weights_gb=4.0, grads_gb=2.0, optimizer_gb=4.0, reference_gb=0.0, casts_gb=0.0,
                           activations_gb=act, head_gb=0.0, allocator_gb=0.0, context_gb=1.0,
-                          total_gb=11.0 + act, peak_at="backward start")
+                          total_gb=11.0 + act, peak_at="backward start",
+                          tokens=2 * cfg.micro_batch * cfg.train.max_length)
 
 
 def space(**search):

@@ -1,6 +1,7 @@
 """The report's data, built before rendering and tested as data ("compute, then render")."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -209,6 +210,34 @@ def test_normal_report_still_lists_its_failures(tmp_path):
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": [{"e": None}]}) == [
         ("a.b", "1"), ("a.c", "1, 2"), ("d[0].e", "")]
+
+
+def _measured(trial_id, mem, predicted, device, **kw):
+    return dataclasses.replace(trial(trial_id, mem=mem, time_ms=100.0, std=0.1, **kw), predicted_peak_gb=predicted,
+                               measured_by=trial_id, device=device)
+
+
+def test_on_a_cpu_sweep_the_model_is_not_compared_with_the_process_rss(tmp_path):
+    # CPU RSS (the interpreter, torch, the data) far above the tensors the model predicts: -52%.
+    rows = [_measured("t000", 0.50, 0.24, "cpu"), _measured("t001", 0.60, 0.29, "cpu", mb=2)]
+    _, data = build(tmp_path, rows, budget=100.0)
+    said = dict(data.summary)["memory model"]
+    assert "%" not in said and said.startswith("2 CPU trial(s) not compared: the model predicts GPU memory")
+    assert "RSS" in said
+    # An older results.csv without the device column: environment.json's machine had no GPU.
+    old = [dataclasses.replace(r, device="") for r in rows]
+    _, data = build(tmp_path / "old", old, budget=100.0, env={"gpu_count": 0, "gpus": []})
+    assert dict(data.summary)["memory model"].startswith("2 CPU trial(s) not compared")
+
+
+def test_gpu_rows_are_compared_and_cpu_rows_beside_them_named(tmp_path):
+    rows = [_measured("t000", 10.0, 11.0, "cuda:0"), _measured("t001", 40.0, 38.0, "cuda:0", mb=4),
+            _measured("t002", 0.5, 0.24, "cpu", mb=2)]
+    _, data = build(tmp_path, rows, budget=100.0, env={"gpu_count": 1, "gpus": [{"name": "H200"}]})
+    said = dict(data.summary)["memory model"]
+    assert said.startswith("predicted vs measured peak over 2 measured trial(s): median error +2.5%, largest +10.0%")
+    assert said.endswith("; 1 CPU trial(s) not compared: the model predicts GPU memory, a CPU trial measures "
+                         "the process's RSS (Python, libraries, every buffer)")
 
 
 def test_the_report_shows_predicted_against_measured_and_the_model_error(tmp_path):
