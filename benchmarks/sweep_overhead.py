@@ -18,6 +18,12 @@ its space and the timestamped console log under ``--out``.
 
     python benchmarks/sweep_overhead.py --out benchmarks/results/sweep_overhead_cpu
     python benchmarks/sweep_overhead.py --model llama-3.2-1b --out DIR     # on a GPU
+
+``--space PATH`` instead runs that space as a user would (planner on) and reports how much of the
+sweep's wall time the device spent in optimizer steps: ``train_s`` = the sum of ``step_time_ms``
+over every step of every Ray trial (steps.csv holds them all, learning trials' included),
+``share`` = ``train_s`` / the command's wall time (Ray start, preflight and report included).
+Writes ``<name>_share.md`` / ``.csv`` and the sweep's results.csv, steps.csv and console log.
 """
 from __future__ import annotations
 
@@ -171,6 +177,41 @@ def markdown(rows: list[TrialTiming], cmd: str, description: str, wall_s: float,
     return "\n".join(out) + "\n"
 
 
+def training_share(steps: list[dict[str, str]], wall_s: float) -> dict[str, float]:
+    """What share of a sweep's wall time its optimizer steps took (see the module doc)."""
+    train_s = sum(float(r["step_time_ms"]) for r in steps if r.get("step_time_ms") not in (None, "")) / 1e3
+    trials = len({r["trial_id"] for r in steps})
+    return {"wall_s": wall_s, "train_s": train_s, "share": train_s / wall_s if wall_s > 0 else math.nan,
+            "ray_trials_with_steps": trials, "steps": len(steps)}
+
+
+def run_space(space: Path, out: Path, dashboard: bool) -> int:
+    """``--space``: one user sweep, timed; the share of its wall time spent training."""
+    out.mkdir(parents=True, exist_ok=True)
+    name = space.stem
+    with tempfile.TemporaryDirectory(prefix="sweep-share-") as sweep_dir:
+        cmd = [sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", sweep_dir,
+               *([] if dashboard else ["--no-dashboard"])]
+        t0 = time.monotonic()
+        run_timed(cmd, out / f"{name}_console.log")
+        wall_s = time.monotonic() - t0
+        for file in ("results.csv", "steps.csv", "environment.json"):
+            shutil.copy(Path(sweep_dir) / file, out / f"{name}_{file}")
+    share = training_share(read_csv_rows(out / f"{name}_steps.csv"), wall_s)
+    with (out / f"{name}_share.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(share))
+        w.writeheader()
+        w.writerow(share)
+    md = (f"# Training share of `dpo-sweep run {space}`\n\n"
+          f"Command: `python benchmarks/sweep_overhead.py --space {space} --out {out}`\n\n"
+          f"| wall_s | train_s | share | ray_trials_with_steps | steps |\n| --- | --- | --- | --- | --- |\n"
+          f"| {share['wall_s']:.1f} | {share['train_s']:.1f} | {share['share']:.1%} | "
+          f"{share['ray_trials_with_steps']} | {share['steps']} |\n")
+    (out / f"{name}_share.md").write_text(md)
+    print("\n" + md)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny-llama")
@@ -178,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per trial")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "sweep_overhead_cpu")
     parser.add_argument("--dashboard", action="store_true", help="start Ray with its dashboard")
+    parser.add_argument("--space", type=Path, help="run this space instead (planner on) and report the "
+                        "share of the sweep's wall time spent in optimizer steps")
     args = parser.parse_args(argv)
+    if args.space is not None:
+        return run_space(args.space, args.out, args.dashboard)
     if args.trials < 1 or args.steps < 2:
         parser.error("--trials must be at least 1 and --steps at least 2 (one warm-up step)")
 

@@ -76,3 +76,11 @@ def test_worker_lines_come_from_the_sweeps_trial_logs(tmp_path):
     rows = sweep_overhead.timings(console + sweep_overhead.worker_lines(tmp_path),
                                   [{"trial_id": "t000_a", "startup_s": "8.0", "measure_s": "0.5"}])
     assert [(r.trial_id, r.wall_s, r.ray_s, r.import_s, r.model_s) for r in rows] == [("t000_a", 10.0, 5.0, 1.0, 1.4)]
+
+
+def test_training_share_sums_every_step_of_every_trial_against_the_wall():
+    steps = [{"trial_id": "a", "step_time_ms": "1000"}, {"trial_id": "a", "step_time_ms": "500"},
+             {"trial_id": "a-learning", "step_time_ms": "2500"}, {"trial_id": "b", "step_time_ms": ""}]
+    share = sweep_overhead.training_share(steps, wall_s=8.0)
+    assert share["train_s"] == pytest.approx(4.0) and share["share"] == pytest.approx(0.5)
+    assert share["ray_trials_with_steps"] == 3 and share["steps"] == 4

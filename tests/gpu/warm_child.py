@@ -1,0 +1,43 @@
+"""Run trials one after another in one warm TrialWorker; print each one's peaks as JSON.
+
+    python tests/gpu/warm_child.py '[{"preset": "qwen2-7b", "micro_batch": 1, "level": "none"}, ...]'
+
+Used by test_warm_worker_gpu.py: a fresh process per trial against one process for all of them.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testkit
+
+from dpo_sweep.sweep import driver  # noqa: E402
+from dpo_sweep.sweep.warm_worker import TrialWorker  # noqa: E402
+from testkit import make_cfg  # noqa: E402
+
+LENGTH = 512
+
+
+def trial_cfg(spec: dict):
+    half = LENGTH // 2 - 1
+    return make_cfg(resources={"use_gpu": True}, model={"preset": spec["preset"]},
+                    data={"synthetic": {"pairs": 64, "prompt_tokens": half, "response_tokens": half}},
+                    micro_batch=spec["micro_batch"], checkpoint_level=spec["level"], device="cuda",
+                    precision="bf16", max_length=LENGTH, steps=3, warmup_steps=1, lr=5e-6)
+
+
+def main() -> None:
+    worker = TrialWorker()
+    out = []
+    for spec in json.loads(sys.argv[1]):
+        items = list(worker.run({"trial": trial_cfg(spec), "trial_start": time.time(), "log_dir": None}))
+        row = driver.outcome_from_json([i for i in items if driver.OUTCOME_KEY in i][0][driver.OUTCOME_KEY])[0]
+        out.append({"status": row.status, "error": row.error, "torch_peak_alloc_gb": row.torch_peak_alloc_gb,
+                    "peak_mem_gb": row.peak_mem_gb, "mem_source": row.mem_source})
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
