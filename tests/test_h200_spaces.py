@@ -24,6 +24,7 @@ EXAMPLES = {
     "llama-3.2-1b-h200-betas-40gb": [],
     "llama-3.2-1b-learning-beta-lr": ["--full-grid"],
     "llama-3.2-1b-learning-knobs": ["--full-grid"],
+    "llama-3.2-1b-learning-beta-schedule-ema": ["--full-grid"],
 }
 
 
