@@ -78,7 +78,8 @@ for name in "$@"; do
     echo "started: $(date -u -d "@$start" +%Y-%m-%dT%H:%M:%SZ)"
     echo "git commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
   } > "$dir/command.txt"
-  tar -czf "$OUT_DIR/$name-h200.tgz" -C "$OUT_DIR" "$name-h200" && rm -rf "$dir"
+  # ray/ holds only Ray Train's empty storage markers
+  tar -czf "$OUT_DIR/$name-h200.tgz" --exclude="$name-h200/ray" -C "$OUT_DIR" "$name-h200" && rm -rf "$dir"
   have=$(tar -tzf "$OUT_DIR/$name-h200.tgz" 2>/dev/null | grep -cE '/(environment\.json|report\.html|command\.txt)$')
   summary+=("$name: exit $rc, ${wall} s, $have/3 of command.txt, environment.json, report.html -> $OUT_DIR/$name-h200.tgz")
 done
