@@ -1,0 +1,88 @@
+"""Issue 18's H200 example spaces: each is the variant it says it is of the space it comes from,
+the planner plans it as its header says, and ``benchmarks/h200_examples.sh`` reads the run flags
+from its header. (``tests/test_docs.py`` validates every shipped space; this checks what these
+spaces are for.)"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dpo_sweep import cli
+from dpo_sweep import space as space_mod
+from dpo_sweep.plan.schedule import plan_labels
+
+ROOT = Path(__file__).resolve().parents[1]
+SPACES = ROOT / "search_spaces"
+SCRIPT = ROOT / "benchmarks/h200_examples.sh"
+#: The spaces the script runs on the H200 for issue 18, and the flags each header gives `run`.
+EXAMPLES = {
+    "seed-table-llama-3-8b-80gb": [],
+    "seed-table-llama-3-8b-80gb-live-ref": [],
+    "llama-3.2-1b-h200-betas": [],
+    "llama-3.2-1b-h200-betas-40gb": [],
+    "llama-3.2-1b-learning-beta-lr": ["--full-grid"],
+    "llama-3.2-1b-learning-knobs": ["--full-grid"],
+    "llama-3.2-1b-learning-beta-schedule-ema": ["--full-grid"],
+}
+
+
+def _raw(name: str) -> dict:
+    return space_mod.load_raw(SPACES / f"{name}.yaml")
+
+
+def _without(raw: dict, *paths: tuple[str, ...]) -> dict:
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for path in paths:
+        node = out
+        for key in path[:-1]:
+            node = node[key]
+        node.pop(path[-1])
+    return out
+
+
+def _plans(name: str) -> list[str]:
+    trials = space_mod.load(SPACES / f"{name}.yaml").trials
+    labels = plan_labels(trials)
+    return [labels[t.trial_id] for t in trials]
+
+
+def test_live_ref_variant_is_the_seed_table_with_the_other_reference():
+    table, live = _raw("seed-table-llama-3-8b-80gb"), _raw("seed-table-llama-3-8b-80gb-live-ref")
+    assert (table["train"]["reference"], live["train"]["reference"]) == ("precomputed", "live")
+    assert _without(table, ("name",), ("train", "reference")) == _without(live, ("name",), ("train", "reference"))
+
+
+def test_seed_tables_plans():
+    # Precomputed: mb 4 L1 and L2 run (2 micro-steps each), the rest is over 80 GB + 5%; live: the
+    # floor of weights, reference, gradients and AdamW state (80.3 GB) is over the cap: all pruned.
+    plans = _plans("seed-table-llama-3-8b-80gb")
+    assert plans.count("run at grad_acc 2, time extrapolated") == 2
+    assert all(p.startswith("pruned: predicted peak") for p in _plans("seed-table-llama-3-8b-80gb-live-ref"))
+
+
+def test_beta_spaces_are_the_1b_grid_times_three_betas():
+    base, betas, small = _raw("llama-3.2-1b-h200"), _raw("llama-3.2-1b-h200-betas"), _raw("llama-3.2-1b-h200-betas-40gb")
+    assert betas["search"] == {**base["search"], "beta": [0.05, 0.1, 0.3]}
+    assert base["resources"]["gpu_memory_gb"] is None and small["resources"]["gpu_memory_gb"] == 40
+    assert _without(betas, ("name",), ("resources", "gpu_memory_gb")) == _without(small, ("name",), ("resources", "gpu_memory_gb"))
+    assert len(space_mod.load(SPACES / "llama-3.2-1b-h200-betas.yaml").trials) == 75
+    # One measurement per micro_batch x level, shared by its three betas.
+    plans = _plans("llama-3.2-1b-h200-betas")
+    assert plans.count("run at grad_acc 2, time extrapolated") == 25
+    assert sum(p.startswith("shares measurement with") for p in plans) == 50
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_header_gives_the_run_command_and_the_script_reads_its_flags(name):
+    text = (SPACES / f"{name}.yaml").read_text()
+    assert f"bash benchmarks/h200_examples.sh {name}\n" in text
+    # The script's own run_flags function, on this space.
+    define = subprocess.run(["sed", "-n", "/^run_flags() {/,/^}/p", str(SCRIPT)], capture_output=True, text=True, check=True)
+    assert "run_flags()" in define.stdout
+    got = subprocess.run(["bash", "-c", f"{define.stdout}\nrun_flags {name}"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert got == EXAMPLES[name]
+    args = cli._parser().parse_args(["run", f"search_spaces/{name}.yaml", *got])  # flags `run` knows
+    assert args.full_grid == ("--full-grid" in got)
