@@ -72,7 +72,7 @@ MODELS = {
 PROGRESS = re.compile(r"^\[(\d+)/(\d+)\] (\S+)\s+(\S+)\s")
 WORKER = re.compile(r"\[(\S+)\] worker loop started ([\d.]+) s after the trial, trainer imported in ([\d.]+) s")
 MARK = re.compile(r"\[(\S+)\] (data|model)\b.*\[([\d.]+) s\]\s*$")
-TODO = re.compile(r"^\d+ trial\(s\) to run")
+TODO = re.compile(r"^\d+ (trial|configuration)\(s\) to run")
 
 
 @dataclass

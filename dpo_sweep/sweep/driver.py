@@ -278,8 +278,8 @@ def tune_trainable(param: dict[str, Any]) -> None:
     loop_config = {"trial": cfg, "trial_start": trial_start, "log_dir": param.get("log_dir"),
                    "trainer": param.get("trainer", DEFAULT_TRAINER)}
     use_gpu = bool(param.get("use_gpu", False))
-    if warm_worker.wanted(cfg):
-        summary = warm_worker.run_in_warm_worker(loop_config, use_gpu)
+    if param.get("warm_pool") and warm_worker.wanted(cfg):
+        summary = warm_worker.run_in_warm_worker(loop_config, param["warm_pool"])
     else:
         summary = _fit_in_train_workers(loop_config, use_gpu, param["storage_path"])
     summary["wall_s"] = time.time() - trial_start

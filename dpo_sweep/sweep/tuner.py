@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import ray
 from ray import tune
 
 from dpo_sweep import space as space_mod
@@ -18,7 +19,7 @@ from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.train.lengths import LengthProfile
-from dpo_sweep.sweep import driver
+from dpo_sweep.sweep import driver, warm_worker
 from dpo_sweep.sweep.output_dir import RESULTS_FILE
 from dpo_sweep.sweep.ray_cluster import InfrastructureError
 from dpo_sweep.sweep.recorder import SweepRecorder, say
@@ -137,6 +138,9 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     for key, value in TUNE_DRIVER_ENV.items():
         os.environ.setdefault(key, value)
     logging.getLogger(RESULT_GRID_LOGGER).setLevel(logging.ERROR)
+    # Warm workers start now: their process start and imports overlap Tune's own start.
+    pool_name = f"dpo-sweep-workers-{os.getpid()}-{time.time_ns()}" if warm_worker.wanted(todo[0]) else None
+    pool = warm_worker.start_pool(pool_name, concurrent, todo, use_gpu, trainer) if pool_name else None
     try:
         tuner = tune.Tuner(
             tune.with_resources(driver.tune_trainable, {"CPU": driver.TRIAL_CPUS}),
@@ -146,6 +150,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
                 "storage_path": storage,
                 "log_dir": str((out_dir / driver.LOGS_DIR).resolve()),
                 "trainer": trainer,
+                "warm_pool": pool_name,
             },
             # A measure trial per configuration at most, and a learning trial per configuration.
             tune_config=tune_config(concurrent, PlanSearcher(plan, recorder), num_samples=2 * len(todo)),
@@ -162,6 +167,9 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
             tuner.fit()
     except Exception as err:  # noqa: BLE001
         raise InfrastructureError(f"Ray Tune failed: {type(err).__name__}: {err}") from err
+    finally:
+        if pool is not None:
+            ray.kill(pool)  # and with it its workers (it owns them): their GPUs are free again
     missing = plan.unwritten()
     ran = len(todo) - len(missing)
     if stop.reason is not None:

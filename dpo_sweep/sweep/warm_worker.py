@@ -2,12 +2,13 @@
 
 A fresh Ray Train worker per trial pays, every trial, for a Train controller, a worker process,
 ``import torch`` and transformers and a CUDA context: on the H200 ~23 s before the first optimizer
-step of a trial whose steps take 4 s (issue 14). Here the Tune trial process - which Tune keeps
-from one trial to the next (``reuse_actors``) - owns one :class:`TrialWorker` actor holding the
-trial's GPU (or its CPUs); the actor imports the trainer once, when it is created, and runs trial
-after trial:
+step of a trial whose steps take 4 s (issue 14). Here a trial runs in one of the sweep's
+:class:`TrialWorker` actors, each holding one trial's GPU (or its CPUs); a worker imports the
+trainer once, when it is created, and runs trial after trial:
 
-1. :func:`run_in_warm_worker` (in the Tune trial process) hands it the validated
+0. The sweep's driver starts a :class:`WorkerPool` (:func:`start_pool`) before Tune: its workers
+   import while Tune starts, and the pool owns them, so they outlive any one Tune trial process.
+1. :func:`run_in_warm_worker` (in the Tune trial process) takes a free one and hands it the validated
    ``TrialConfig``; the actor runs :func:`~dpo_sweep.sweep.driver.run_and_report` in a thread and
    streams each report back (a Ray streaming generator), which the trial process forwards with
    ``tune.report`` - the same keys, in the same order, as a Ray Train worker's.
@@ -53,12 +54,15 @@ class TrialWorker:
     """The long-lived process of one trial slot (see the module doc). Made a Ray actor by
     :func:`_start_worker`; a plain object in tests."""
 
-    def __init__(self, trainer: str = driver.DEFAULT_TRAINER):
+    def __init__(self, trainer: str = driver.DEFAULT_TRAINER, models: list[Any] = ()):
         started = time.time()
         driver._quiet_train_reports()
         self._run_trial = driver.import_trainer(trainer)
         from dpo_sweep.train import setup  # the trainer's own modules: imported with it
+        from dpo_sweep.train.model import prepare_imports
 
+        for spec in models:  # the modelling code the sweep's trials will build (lazy in transformers)
+            prepare_imports(spec)
         self._release = setup.release_after_trial
         #: When the import ran: the part that overlaps the first trial is that trial's ``import``
         #: phase (the trial that started this worker waited for it; later trials do not).
@@ -124,59 +128,70 @@ def _device_of(cfg: TrialConfig) -> Any:
         return torch.device("cpu")
 
 
-# --- The Tune trial process's side -------------------------------------------------------------
-
-#: This Tune trial process's worker and what it was started for (Tune reuses the process from one
-#: trial to the next; the actor lives as long as it does, Ray ends it with its owner).
-_worker: tuple[tuple[Any, ...], Any] | None = None
+# --- The pool: created by the sweep's driver, used by the Tune trial processes -----------------
 
 
-def _start_worker(cfg: TrialConfig, use_gpu: bool, trainer: str) -> Any:
-    global _worker
-    key = (trainer, use_gpu, cfg.resources.cpus_per_worker)
-    if _worker is not None and _worker[0] == key:
-        return _worker[1]
-    _stop_worker()
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+class WorkerPool:
+    """The sweep's warm workers, one per concurrent trial, created when the sweep starts (so that
+    their process start and imports overlap Ray Tune's own start) and owned by this actor (so
+    that they outlive any one Tune trial process). A Ray actor (:func:`start_pool`)."""
 
-    actor = ray.remote(TrialWorker).options(
-        num_cpus=cfg.resources.cpus_per_worker, num_gpus=1 if use_gpu else 0,
-        # Not inside the Tune trial's own placement group (0.1 CPU): the worker asks for its own.
-        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None),
-        max_restarts=0,
-    ).remote(trainer)
-    _worker = (key, actor)
-    return actor
+    def __init__(self, count: int, options: dict[str, Any], trainer: str, models: list[Any]):
+        import asyncio
+
+        self._options, self._trainer, self._models = options, trainer, models
+        self._free: asyncio.Queue = asyncio.Queue()
+        for _ in range(count):
+            self._free.put_nowait(self._new_worker())
+
+    def _new_worker(self) -> Any:
+        return ray.remote(TrialWorker).options(**self._options, max_restarts=0).remote(self._trainer, self._models)
+
+    async def acquire(self) -> Any:
+        """A free worker (waits for one: the sweep runs at most as many trials as it has)."""
+        return await self._free.get()
+
+    async def release(self, worker: Any, replace: bool = False) -> None:
+        """Give ``worker`` back; ``replace``: it is not to run another trial (after an error, or
+        dead): a new one takes its place."""
+        if replace:
+            ray.kill(worker, no_restart=True)
+            worker = self._new_worker()
+        self._free.put_nowait(worker)
 
 
-def _stop_worker() -> None:
-    global _worker
-    if _worker is not None:
-        ray.kill(_worker[1], no_restart=True)
-    _worker = None
+def start_pool(name: str, count: int, trials: list[TrialConfig], use_gpu: bool, trainer: str) -> Any:
+    """The sweep's :class:`WorkerPool` named ``name`` (its trials find it by that name), with
+    ``count`` workers that start importing the trainer and ``trials``' model classes now."""
+    first = trials[0].resources
+    options = {"num_cpus": first.cpus_per_worker, "num_gpus": 1 if use_gpu else 0}
+    models = list({t.model.model_dump_json(): t.model for t in trials}.values())
+    return ray.remote(WorkerPool).options(name=name, num_cpus=0, max_concurrency=max(4, 2 * count)).remote(
+        count, options, trainer, models)
 
 
-def run_in_warm_worker(loop_config: dict[str, Any], use_gpu: bool) -> dict[str, Any]:
-    """Run the trial of ``loop_config`` in this Tune trial process's warm worker, forwarding its
+def run_in_warm_worker(loop_config: dict[str, Any], pool_name: str) -> dict[str, Any]:
+    """Run the trial of ``loop_config`` in a warm worker of the sweep's pool, forwarding its
     reports to Tune; returns the trial's summary (``status``, ``error``, maybe ``peak_mem_gb``)
     as :func:`~dpo_sweep.sweep.driver.tune_trainable` reports it."""
     from ray import tune
 
-    cfg: TrialConfig = loop_config["trial"]
-    actor = _start_worker(cfg, use_gpu, loop_config.get("trainer", driver.DEFAULT_TRAINER))
+    pool = ray.get_actor(pool_name)
+    worker = ray.get(pool.acquire.remote())
     summary: dict[str, Any] = {"status": "finished", "error": ""}
+    replace = False
     try:
-        for ref in actor.run.remote(loop_config):
+        for ref in worker.run.remote(loop_config):
             item = ray.get(ref)
             if _FAILURE in item:
                 summary.update(status=item[_FAILURE]["status"], error=item[_FAILURE]["error"],
                                peak_mem_gb=item[_FAILURE]["peak_mem_gb"])
-                if item[_REPLACE]:
-                    _stop_worker()
+                replace = item[_REPLACE]
             else:
                 tune.report(item)
     except ray.exceptions.RayActorError as exc:
         summary.update(status="error", error=driver._short(f"the trial's worker process died: {exc}"))
-        _stop_worker()
+        replace = True
+    finally:
+        pool.release.remote(worker, replace)
     return summary
-

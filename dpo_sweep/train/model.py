@@ -137,6 +137,17 @@ def model_arch(spec: ModelSpec) -> str:
     return load_config(spec).model_type
 
 
+def prepare_imports(spec: ModelSpec) -> None:
+    """Import what building ``spec``'s model will (transformers' modelling module, liger-kernel on
+    CUDA) ahead of the first trial that needs it: a warm worker does this while it waits."""
+    arch = model_arch(spec)
+    importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+    if torch.cuda.is_available():
+        torch.cuda.init()
+        if importlib.util.find_spec("liger_kernel") is not None:
+            importlib.import_module("liger_kernel.transformers")
+
+
 def resolve_liger(spec: ModelSpec, device: torch.device, arch: str | None = None) -> bool:
     """Whether liger-kernel is used: ``auto`` takes it on CUDA when it imports, for Llama/Qwen2.
     ``arch``: the model type when the caller has it (it costs a config read for a checkpoint)."""

@@ -95,6 +95,11 @@ def release_after_trial(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        # cuBLAS keeps a workspace per (handle, stream) in the caching allocator: 1 MiB each that
+        # an earlier trial's shapes created and a fresh process would not hold (seen on the H200).
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # CUDA builds only
+        if clear_workspaces is not None:
+            clear_workspaces()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     _malloc_trim()
