@@ -19,7 +19,7 @@ SCRIPT = ROOT / "benchmarks/h200_examples.sh"
 #: The spaces the script runs on the H200 for issue 18, and the flags each header gives `run`.
 EXAMPLES = {
     "seed-table-llama-3-8b-80gb": [],
-    "seed-table-llama-3-8b-80gb-live-ref": [],
+    "seed-table-llama-3-8b-80gb-live-ref": ["--full-grid"],  # every row a measured OOM
     "llama-3.2-1b-h200-betas": [],
     "llama-3.2-1b-h200-betas-40gb": [],
     "llama-3.2-1b-learning-beta-lr": ["--full-grid"],
