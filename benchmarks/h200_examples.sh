@@ -6,7 +6,7 @@
 #   OUT=/tmp/x bash benchmarks/h200_examples.sh quickstart   (CPU: the plumbing, ~3 min)
 #
 # For each NAME (a file search_spaces/NAME.yaml):
-#   - runs `python3 -m dpo_sweep run search_spaces/NAME.yaml --output $OUT/NAME-h200 FLAGS` under
+#   - runs `python3 -m dpo_sweep run search_spaces/NAME.yaml --output $OUT/NAME-h200 --no-dashboard FLAGS` under
 #     `timeout`, FLAGS being what the space's own `# Run the sweep:` header line puts after its
 #     path (e.g. --full-grid), so the sweep is run as the space file documents it;
 #   - writes $OUT/NAME-h200/command.txt: the exact command, its exit status and wall time;
@@ -58,7 +58,7 @@ for name in "$@"; do
   rm -rf "$dir"
   mkdir -p "$dir"
   # shellcheck disable=SC2206  # the header's flags are words (e.g. --full-grid)
-  cmd=("$PY" -m dpo_sweep run "search_spaces/$name.yaml" --output "$dir" $(run_flags "$name"))
+  cmd=("$PY" -m dpo_sweep run "search_spaces/$name.yaml" --output "$dir" --no-dashboard $(run_flags "$name"))
   echo "=== $name: ${cmd[*]} (timeout ${limit} s)"
   start=$(date +%s)
   timeout --kill-after=15 "$limit" "${cmd[@]}" 2>&1 | tee "$dir/console.log"
