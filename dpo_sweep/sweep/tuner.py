@@ -139,7 +139,9 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
         os.environ.setdefault(key, value)
     logging.getLogger(RESULT_GRID_LOGGER).setLevel(logging.ERROR)
     # Warm workers start now: their process start and imports overlap Tune's own start.
-    pool_name = f"dpo-sweep-workers-{os.getpid()}-{time.time_ns()}" if warm_worker.wanted(todo[0]) else None
+    # (Only on a connected cluster: a Ray call here would start a Ray of its own otherwise.)
+    warm = warm_worker.wanted(todo[0]) and ray.is_initialized()
+    pool_name = f"dpo-sweep-workers-{os.getpid()}-{time.time_ns()}" if warm else None
     pool = warm_worker.start_pool(pool_name, concurrent, todo, use_gpu, trainer) if pool_name else None
     try:
         tuner = tune.Tuner(

@@ -18,7 +18,7 @@ import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-CHILD = Path(__file__).with_name("warm_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "warm_child.py"
 SMALL = [{"preset": "llama-3.2-1b", "micro_batch": 2, "level": "none"},
          {"preset": "llama-3.2-1b", "micro_batch": 2, "level": "full"}]
 BIGGER = {"preset": "qwen2-7b", "micro_batch": 1, "level": "none"}

@@ -11,6 +11,7 @@ import dataclasses
 import json
 from types import SimpleNamespace
 
+import ray
 from ray.tune.search import Searcher
 
 from dpo_sweep import preflight
@@ -91,6 +92,9 @@ def test_the_run_predicts_what_validate_prints_from_the_data_lengths(tmp_path, m
     shown = _validate_column(capsys, path, "predicted peak (GB)")
     rows = _run(monkeypatch, path, tmp_path / "out")
     assert set(rows) == set(shown) and {r["status"] for r in rows.values()} == {"ok"}
+    # Without a connected cluster the sweep starts no Ray of its own (no warm-worker pool either):
+    # one would stay up in this test session and break every later ray.init.
+    assert not ray.is_initialized()
     for trial_id, (cfg, real, at_max) in _estimates(path).items():
         # Two memory families (padding_free): neither is calibrated by the other's measurement.
         assert float(rows[trial_id]["predicted_peak_gb"]) == real.total_gb
