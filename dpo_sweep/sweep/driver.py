@@ -1,10 +1,15 @@
-"""One sweep trial: a Ray Tune function trainable that runs the DPO trainer in Ray Train workers.
+"""One sweep trial: a Ray Tune function trainable that runs the DPO trainer in a warm worker or in
+Ray Train workers.
 
 The story of one trial, top to bottom:
 
 1. Tune starts :func:`tune_trainable` with ``{"trial": <TrialConfig as JSON>, ...}``.
-2. It builds a Ray Train ``TorchTrainer`` (``num_workers = resources.workers_per_trial``, fractional
-   CPUs per worker, one GPU per worker when GPUs are used) and calls ``fit()``. Train V2 is the
+2. A one-worker trial runs in one of the sweep's warm workers
+   (:mod:`dpo_sweep.sweep.warm_worker`: long-lived actors that run trial after trial, their
+   memory released in between; they call :func:`run_and_report` as a Train worker does and
+   their reports reach Tune the same way). Otherwise it builds a Ray Train ``TorchTrainer``
+   (``num_workers = resources.workers_per_trial``, fractional CPUs per worker, one GPU per
+   worker when GPUs are used) and calls ``fit()``. Train V2 is the
    default in Ray 2.60 and passing a trainer to ``tune.Tuner`` is deprecated, hence the function
    trainable around ``fit()``. Its ``torch_config`` is :class:`~dpo_sweep.sweep.torch_backend.
    LazyTorchConfig` (the trial's Train controller process then never imports torch), and Tune

@@ -30,6 +30,7 @@ Multi-worker trials (DDP, FSDP) always run in fresh Ray Train workers: a process
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -51,8 +52,8 @@ def wanted(cfg: TrialConfig) -> bool:
 
 
 class TrialWorker:
-    """The long-lived process of one trial slot (see the module doc). Made a Ray actor by
-    :func:`_start_worker`; a plain object in tests."""
+    """The long-lived process of one trial slot (see the module doc). A Ray actor of the sweep's
+    :class:`WorkerPool`; a plain object in tests."""
 
     def __init__(self, trainer: str = driver.DEFAULT_TRAINER, models: list[Any] = ()):
         started = time.time()
@@ -68,9 +69,6 @@ class TrialWorker:
         #: phase (the trial that started this worker waited for it; later trials do not).
         self._import_window: tuple[float, float] | None = (started, time.time())
         self.trials_run = 0
-
-    def ping(self) -> int:
-        return self.trials_run
 
     def run(self, loop_config: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """Run one trial, yielding its reports as they happen, then at most one failure item."""
@@ -99,20 +97,18 @@ class TrialWorker:
 
         log_dir = loop_config.get("log_dir")
         cfg: TrialConfig = loop_config["trial"]
-        logs = driver.output_to_file(driver.worker_log_path(log_dir, cfg.trial_id, 0)) if log_dir else None
-        if logs is not None:
-            logs.__enter__()
-        try:
-            thread = threading.Thread(target=work, name=f"trial-{cfg.trial_id}", daemon=True)
-            thread.start()
-            while (item := reports.get()) is not ended:
-                yield item
-            thread.join()
-        finally:
-            self.trials_run += 1
-            self._release(_device_of(cfg))
-            if logs is not None:
-                logs.__exit__(None, None, None)
+        with contextlib.ExitStack() as stack:
+            if log_dir:  # everything the trial prints goes to its log file, as a Train worker's does
+                stack.enter_context(driver.output_to_file(driver.worker_log_path(log_dir, cfg.trial_id, 0)))
+            try:
+                thread = threading.Thread(target=work, name=f"trial-{cfg.trial_id}", daemon=True)
+                thread.start()
+                while (item := reports.get()) is not ended:
+                    yield item
+                thread.join()
+            finally:
+                self.trials_run += 1
+                self._release(_device_of(cfg))
         if failure:
             yield {_FAILURE: failure, _REPLACE: failure["status"] != "oom"}
 
