@@ -306,10 +306,11 @@ def _stable(rows: pd.DataFrame, limit: float | None) -> pd.DataFrame:
 def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
                   unstable_ids: list[str], common: dict[str, Any]) -> Recommendation:
     row, measured = cheapest_row(df)
+    normal = " with a normal loss std" if limit is not None else ""  # None: no loss std was measured
     if usable is None:
-        why = "Nothing to recommend: no completed trial with a normal loss std is on the frontier"
+        why = f"Nothing to recommend: no completed trial{normal} is on the frontier"
     else:
-        why = (f"Nothing fits: no configuration with a normal loss std peaks under {usable:.2f} GB "
+        why = (f"Nothing fits: no configuration{normal} peaks under {usable:.2f} GB "
                f"({common['memory_budget_gb']:.2f} GB budget minus a {100 * common['safety_margin']:g}% "
                "safety margin)")
     why += f" ({len(df)} trial(s): {_status_counts(df)})." if len(df) else " (results.csv has no trials)."

@@ -159,3 +159,13 @@ def test_advice_fits_the_failure_when_no_trial_completed(tmp_path):
     assert ("1 ran out of memory (o): try a smaller micro_batch, a stronger checkpoint level (L2, L3, full) "
             "or a GPU with more memory") in rec.reason
     assert "2 failed with an error (a, b)" in rec.reason
+
+
+def test_nothing_fits_without_any_loss_std_does_not_speak_of_a_normal_loss_std(tmp_path):
+    # The seed table's case: loss std unmeasured (a short learning trial), nothing under the budget.
+    rows = [trial("a", 79.6, 50_000.0), trial("b", 81.2, math.nan, status="oom")]
+    rec = recommend(analysed(tmp_path, rows), memory_budget_gb=80.0)
+    assert rec.reason.startswith("Nothing fits: no configuration peaks under 76.00 GB")
+    assert "loss std" not in rec.reason
+    with_std = recommend(analysed(tmp_path, [trial("a", 79.6, 50_000.0, 0.02)]), memory_budget_gb=80.0)
+    assert with_std.reason.startswith("Nothing fits: no configuration with a normal loss std peaks under")
