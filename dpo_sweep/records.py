@@ -165,11 +165,18 @@ def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append:
         _write(path, [_row(r, header) for r in rows], header, mode="a", with_header=False)
         return []
     union = columns + [c for c in header if c not in columns]
-    old = read_csv_rows(path)
-    tmp = path.with_name(path.name + ".widening")
-    _write(tmp, old + [_row(r, union) for r in rows], union, mode="w")
-    tmp.replace(path)  # atomic: a kill during the rewrite leaves the old file whole
+    rewrite_csv(path, read_csv_rows(path) + [_row(r, union) for r in rows], union)
     return added
+
+
+def rewrite_csv(path: str | Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """Replace ``path`` with these plain-dict rows under ``columns`` (a missing cell is empty),
+    atomically: written beside it, then moved over it, so a kill during the rewrite leaves the
+    old file whole."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".rewrite")
+    _write(tmp, rows, columns, mode="w")
+    tmp.replace(path)
 
 
 def _write(path: Path, rows: list[dict[str, Any]], columns: list[str], *, mode: str,

@@ -2,13 +2,12 @@
 and environment.json (the layout is the results-directory contract in ../shared/DESIGN.md)."""
 from __future__ import annotations
 
-import csv
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from dpo_sweep.records import STEPS_COLUMNS, read_csv_rows
+from dpo_sweep.records import STEPS_COLUMNS, read_csv_rows, rewrite_csv
 
 RESULTS_FILE = "results.csv"
 STEPS_FILE = "steps.csv"
@@ -39,11 +38,7 @@ def _drop_orphan_steps(out_dir: Path, keep_ids: set[str]) -> None:
     if len(kept) == len(rows):
         return
     # The file's own columns too: one written by an older version keeps every cell it had.
-    columns = STEPS_COLUMNS + [c for c in rows[0] if c not in STEPS_COLUMNS]
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=columns)
-        w.writeheader()
-        w.writerows(kept)
+    rewrite_csv(path, kept, STEPS_COLUMNS + [c for c in rows[0] if c not in STEPS_COLUMNS])
 
 
 def prepare_output(space_path: Path, out_dir: Path, resume: bool) -> set[str]:
