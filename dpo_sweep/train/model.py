@@ -140,12 +140,16 @@ def model_arch(spec: ModelSpec) -> str:
 def prepare_imports(spec: ModelSpec) -> None:
     """Import what building ``spec``'s model will (transformers' modelling module, liger-kernel on
     CUDA) ahead of the first trial that needs it: a warm worker does this while it waits."""
-    arch = model_arch(spec)
-    importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+    _modelling_module(model_arch(spec))
     if torch.cuda.is_available():
         torch.cuda.init()
         if importlib.util.find_spec("liger_kernel") is not None:
             importlib.import_module("liger_kernel.transformers")
+
+
+def _modelling_module(arch: str) -> Any:
+    """transformers' modelling module of a model type (``llama`` -> ``...llama.modeling_llama``)."""
+    return importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
 
 
 def resolve_liger(spec: ModelSpec, device: torch.device, arch: str | None = None) -> bool:
@@ -178,7 +182,7 @@ def apply_liger(spec: ModelSpec, arch: str) -> None:
     """
     from liger_kernel.transformers import apply_liger_kernel_to_llama, apply_liger_kernel_to_qwen2
 
-    module = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+    module = _modelling_module(arch)
     _UNPATCHED.setdefault(module.__name__, dict(vars(module)))
     patch = apply_liger_kernel_to_qwen2 if arch == "qwen2" else apply_liger_kernel_to_llama
     patch(rope=True, swiglu=not spec.lean_ops, rms_norm=True, cross_entropy=False,

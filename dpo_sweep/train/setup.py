@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import functools
 import ctypes.util
 import gc
 import math
@@ -106,10 +107,17 @@ def release_after_trial(device: torch.device) -> None:
 
 
 def _malloc_trim() -> None:
+    trim = _libc_malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None on musl, macOS), looked up once per process: the lookup
+    (``find_library`` asks ldconfig) is the same for every trial."""
     name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is not None and hasattr(libc, "malloc_trim"):  # glibc only (not musl, not macOS)
-        libc.malloc_trim(0)
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
 
 
 def load_data(cfg: TrialConfig, world: int, say: Logger, since: float) -> TrialData:

@@ -27,8 +27,9 @@ def _cfg(micro_batch: int, length: int, **kw):
                     data={"synthetic": {"pairs": 32, "prompt_tokens": half, "response_tokens": half}}, **kw)
 
 
-def _run(worker: TrialWorker, cfg) -> tuple[list[dict], object, dict | None]:
-    items = list(worker.run({"trial": cfg, "trial_start": time.time(), "log_dir": None}))
+def _run(worker: TrialWorker, cfg, trial_start: float | None = None) -> tuple[list[dict], object, dict | None]:
+    start = time.time() if trial_start is None else trial_start
+    items = list(worker.run({"trial": cfg, "trial_start": start, "log_dir": None}))
     outcomes = [driver.outcome_from_json(i[driver.OUTCOME_KEY])[0] for i in items if driver.OUTCOME_KEY in i]
     failure = next((i for i in items if warm_worker._FAILURE in i), None)
     return [i for i in items if driver.STEP_KEY in i], (outcomes[0] if outcomes else None), failure
@@ -61,8 +62,7 @@ def test_a_trial_after_a_bigger_one_reports_a_fresh_process_peak():
 def test_start_up_split_the_trial_that_waited_for_the_import_pays_it_later_ones_do_not():
     started = time.time()  # this trial started the worker: it waits for the import
     worker = TrialWorker()
-    items = list(worker.run({"trial": _cfg(2, 64), "trial_start": started, "log_dir": None}))
-    first = driver.outcome_from_json([i for i in items if driver.OUTCOME_KEY in i][0][driver.OUTCOME_KEY])[0]
+    _, first, _ = _run(worker, _cfg(2, 64), trial_start=started)
     _, second, _ = _run(worker, _cfg(2, 64))
     assert first.startup_import_s > 0 and second.startup_import_s == 0
     for row in (first, second):
