@@ -1,0 +1,58 @@
+"""The runoff (issue 15): the configurations a recommendation would choose between, timed in full.
+
+A memory/time trial runs a few micro-steps per optimizer step and the row's step time at its real
+grad_acc is extrapolated (rules.extrapolate_step_ms). On the H200 that is within 5% for 19 of the
+25 1B configurations against a full measurement (benchmarks/results/full_grid_h200/), but three
+short steps give a p10-p90 interval about 2-10x wider than a full run's. So the planned 1B sweep
+found micro_batch 16 and 8 without checkpointing tied (1.1% apart, intervals overlapping) and
+named the leaner one, where the full grid measured them 1.8% apart, intervals disjoint, and named
+micro_batch 16: the same measurements, a different answer, decided by the width of a guess.
+
+The runoff takes the rows the recommendation would weigh - ok, fitting the budget, their
+throughput interval overlapping the fastest fitting row's - and, when any of them is
+extrapolated, times each such finalist in full at its real grad_acc (``<id>-runoff`` trials).
+Pure: the plan (schedule.py) asks which rows are finalists and runs them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from dpo_sweep.records import TrialResult
+
+#: At most this many finalists are timed in full (fastest first): each costs a trial at the real
+#: grad_acc, the cost the planner exists to avoid; ties wider than this are rare and the rest keep
+#: their extrapolated times.
+RUNOFF_MAX = 3
+RUNOFF_SUFFIX = "-runoff"
+
+
+def throughput_interval(row: TrialResult) -> tuple[float, float]:
+    """tokens/s at the row's p90 and p10 step times (the median's when they are missing)."""
+    tps, ms = row.tokens_per_s, row.step_time_ms
+    p90 = row.step_time_p90_ms if math.isfinite(row.step_time_p90_ms) else ms
+    p10 = row.step_time_p10_ms if math.isfinite(row.step_time_p10_ms) else ms
+    return tps * ms / p90, tps * ms / p10
+
+
+def finalists(rows: Sequence[TrialResult], usable_gb: float | None,
+              limit: int = RUNOFF_MAX) -> list[TrialResult]:
+    """The extrapolated rows of ``rows`` to time in full, fastest first, one per configuration
+    (rows that share a measurement and a grad_acc - e.g. betas - are one configuration): the ok
+    rows peaking within ``usable_gb`` (None: any) whose throughput interval overlaps the fastest
+    such row's. Empty when every finalist was already measured at its grad_acc."""
+    fitting = [r for r in rows if r.status == "ok" and math.isfinite(r.tokens_per_s)
+               and (usable_gb is None or r.peak_mem_gb <= usable_gb)]
+    if not fitting:
+        return []
+    best = max(fitting, key=lambda r: r.tokens_per_s)
+    best_low, best_high = throughput_interval(best)
+    out: list[TrialResult] = []
+    seen: set[tuple[str, int]] = set()
+    for r in sorted(fitting, key=lambda r: -r.tokens_per_s):
+        low, high = throughput_interval(r)
+        key = (r.measured_by, r.grad_acc)
+        if low <= best_high and best_low <= high and r.step_time_source == "extrapolated" and key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out[:limit]
