@@ -200,10 +200,9 @@ def stability_source(analysed: pd.DataFrame) -> str | None:
         why.append(f"the space trains in pure bf16, where updates of {updates} round away (README \"Precision\")"
                    if spaces == {"bf16"} else f"the space trains in {' and '.join(sorted(spaces))} "
                    "(train.learning_precision)")
-    own_steps = [int(s) for s in rows["steps"] if is_finite(s) and int(s) > 0] if "steps" in rows else []
-    if own_steps and max(own_steps) < min(s for s, _ in groups):
-        why.append(f"its {max(own_steps)} steps are too few for a stability verdict and the rollback "
-                   "trigger (5 steps each; on the H200 the trigger fired at steps 9-13)")
+    # Not "the space's N steps": results.csv's ``steps`` counts the worst-case step too.
+    why.append("their length is train.learning_steps (a stability verdict needs 5 steps and the rollback "
+               "trigger 5 in a row; on the H200 it fired at steps 9-13)")
     notes = sorted({_text(n) for n in rows.get("stability_note", pd.Series(dtype=object))} - {""})
     if notes:
         why.append(f"{len(notes)} learning trial(s) ran in the space's precision instead: {notes[0]}")

@@ -27,15 +27,15 @@ def test_learning_trials_of_sixteen_steps_in_bf16_mixed_say_why(tmp_path):
     assert stability_source(frame(tmp_path, betas_space_rows())) == (
         "Stability columns (loss std, stability and its signals) from 3 learning trials of 16 steps in "
         "bf16-mixed: the space trains in pure bf16, where updates of lr 5e-06 round away (README "
-        "\"Precision\"); its 5 steps are too few for a stability verdict and the rollback trigger (5 steps "
-        "each; on the H200 the trigger fired at steps 9-13).")
+        "\"Precision\"); their length is train.learning_steps (a stability verdict needs 5 steps and the "
+        "rollback trigger 5 in a row; on the H200 it fired at steps 9-13).")
 
 
 def test_a_fallback_to_the_space_s_precision_is_said(tmp_path):
     note = "learning trial t04-learning runs in bf16, the space's precision: in bf16-mixed no configuration fits"
     text = stability_source(frame(tmp_path, betas_space_rows("bf16", note)))
     assert text.startswith("Stability columns (loss std, stability and its signals) from 3 learning trials "
-                           "of 16 steps in bf16: its 5 steps")
+                           "of 16 steps in bf16: their length is train.learning_steps")
     assert f"1 learning trial(s) ran in the space's precision instead: {note}." in text
 
 

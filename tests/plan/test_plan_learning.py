@@ -141,3 +141,23 @@ def test_full_grid_runs_each_configuration_with_its_own_steps_and_precision():
     assert learn_jobs(jobs) == [] and {(j.cfg.train.steps, j.cfg.train.precision) for j in jobs} == {(5, "bf16")}
     assert {(r.stability_from == r.trial_id, r.stability_steps, r.stability_precision)
             for r in rows.values()} == {(True, 5, "bf16")}
+
+
+def test_a_learning_trial_that_runs_out_of_memory_in_the_learning_precision_is_run_again_in_the_space_s():
+    # Predicted to fit (no budget known), but bf16-mixed runs out on the card: learn in bf16 instead.
+    trials = bf16_space(micro_batch=[2], grad_acc=[2])
+    plan = SweepPlan(trials, estimate=estimate)
+    notes, jobs, rows = [], [], {}
+    while (job := plan.next_job()) is not None:
+        notes += plan.take_notes()
+        jobs.append(job)
+        plan.finish(job.job_id, *run(job, "oom" if job.cfg.train.precision == "bf16-mixed" else "ok"))
+        rows.update((r.trial_id, r) for r in plan.take_output()[1])
+    first, again = learn_jobs(jobs)
+    assert (first.job_id, first.cfg.train.precision) == (f"{trials[0].trial_id}-learning", "bf16-mixed")
+    assert (again.job_id, again.cfg.train.precision) == (f"{trials[0].trial_id}-learning-bf16", "bf16")
+    assert notes == [f"note: learning trial {again.job_id} runs in bf16, the space's precision: in bf16-mixed "
+                     f"{first.job_id} ran out of memory"]
+    (row,) = rows.values()
+    assert (row.status, row.stability_from, row.stability_precision, row.stability_note) == (
+        "ok", again.job_id, "bf16", notes[0].removeprefix("note: "))
