@@ -157,7 +157,7 @@ class SweepPlan:
     def finish(self, job_id: str, result: TrialResult, steps: Sequence[StepRecord]) -> None:
         job = self._running.pop(job_id)
         self._out.steps.extend(steps)
-        if job.kind == LEARN and result.status == "oom" and not job.note:
+        if job.kind == LEARN and result.status == "oom" and job.cfg.train.precision != self._precision_of(job.key):
             # The memory model under-predicted the learning precision (it can by up to 6.8 %): learn
             # in the space's precision instead, as when it is predicted not to fit.
             self._learning_oom[job.key] = f"{job_id} ran out of memory"
@@ -259,13 +259,17 @@ class SweepPlan:
         where every row is its own) with exactly its set-up's learning steps and precision."""
         return self._ran_in_full(cfg) and (self.full_grid or learning_config(cfg) == cfg)
 
-    def _fits_learning(self, cfg: TrialConfig) -> str | None:
+    def _learning_over_budget(self, cfg: TrialConfig) -> str | None:
         """Why ``learning_config(cfg)`` is predicted not to fit, or None. A learning trial in the
         measured precision fits: only its steps differ, and the peak does not grow with them."""
         lcfg = learning_config(cfg)
         if (lcfg.train.precision, lcfg.model) == (cfg.train.precision, cfg.model):
             return None
         return self.over_budget(lcfg)
+
+    def _precision_of(self, lkey: str) -> str:
+        """The space's precision of a learning set-up (precision is part of its learning_key)."""
+        return next(self._cfgs[t].train.precision for t, k in self._learning_keys.items() if k == lkey)
 
     def _step_ms(self, cfg: TrialConfig) -> float:
         group = self._groups[self._group_of[cfg.trial_id]]
@@ -298,11 +302,10 @@ class SweepPlan:
             return pick_learning_trial(cfgs, predict=lambda _c: 0.0, budget_gb=math.inf, step_ms=self._step_ms)
 
         ran_out = self._learning_oom.get(lkey)
-        reasons = {c.trial_id: ran_out or self._fits_learning(c) for c in ok}
+        reasons = {c.trial_id: ran_out or self._learning_over_budget(c) for c in ok}
         pick, note = fastest([c for c in ok if reasons[c.trial_id] is None]), ""
-        job_id = pick.trial_id + LEARNING_SUFFIX if pick is not None else ""
         if pick is not None:
-            cfg = learning_config(pick)
+            cfg, job_id = learning_config(pick), pick.trial_id + LEARNING_SUFFIX
         elif (pick := fastest(ok)) is not None:
             cfg = learning_config(pick, precision=pick.train.precision)
             job_id = pick.trial_id + LEARNING_SUFFIX + (f"-{cfg.train.precision}" if ran_out else "")

@@ -161,3 +161,12 @@ def test_a_learning_trial_that_runs_out_of_memory_in_the_learning_precision_is_r
     (row,) = rows.values()
     assert (row.status, row.stability_from, row.stability_precision, row.stability_note) == (
         "ok", again.job_id, "bf16", notes[0].removeprefix("note: "))
+
+
+def test_a_learning_trial_that_runs_out_of_memory_in_the_space_s_own_precision_is_not_run_again():
+    trials = bf16_space(micro_batch=[2], grad_acc=[2])
+    trials = [t.model_copy(update={"train": t.train.model_copy(update={"learning_precision": "bf16"})}) for t in trials]
+    jobs, rows = drive(SweepPlan(trials, estimate=estimate), lambda job: run(job, "oom" if job.kind == LEARN else "ok"))
+    assert [j.job_id for j in learn_jobs(jobs)] == [f"{trials[0].trial_id}-learning"]
+    (row,) = rows.values()  # ok in memory and time; no stability columns to give
+    assert row.status == "ok" and row.stability == "" and row.stability_from == trials[0].trial_id + "-learning"
