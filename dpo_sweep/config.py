@@ -51,6 +51,14 @@ def refused_adaptive_clip(train: TrainSpec, resources: ResourcesSpec) -> str | N
 LossType = Literal["sigmoid", "ipo", "hinge"]
 LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16"]
+#: ``auto`` or a Precision, one flat Literal (a union of two would report two errors for one typo).
+LearningPrecision = Literal["auto", "fp32", "bf16", "bf16-mixed", "fp16"]
+#: A learning trial's steps when ``train.learning_steps`` is null: max(train.steps, this). stability.py's
+#: rollback trigger needs 5 consecutive steps of log-ratio std > 1.5 and a verdict needs 5 steps; on
+#: the H200 (reports/examples/llama-3.2-1b-learning-beta-lr-h200/, bf16-mixed) the trigger fired at
+#: step 9 (effective batch 128) and 13 (32) in every lr 2e-5 run, and a random-init 1B's loss stays
+#: at ln 2 until the synthetic pairs repeat (step 9 at batch 32 over 256 pairs): 5 steps show neither.
+DEFAULT_LEARNING_STEPS = 16
 ModelPreset = Literal["tiny-llama", "llama-3.2-1b", "llama-3-8b", "qwen2-7b"]
 MODEL_PRESETS: tuple[str, ...] = get_args(ModelPreset)
 
@@ -239,6 +247,17 @@ class TrainSpec(_Strict):
         "micro-batch the run can meet): its peak is peak_mem_gb; it is left out of step times, "
         "tokens/s and the loss statistics.",
     )
+    learning_steps: int | None = Field(
+        None, ge=1,
+        description="Optimizer steps of the planner's learning trials (<trial_id>-learning), which give "
+        "every row its stability columns. null: max(steps, DEFAULT_LEARNING_STEPS = 16).",
+    )
+    learning_precision: LearningPrecision = Field(
+        "auto",
+        description="Precision of the planner's learning trials. auto: pure bf16 becomes bf16-mixed "
+        "(fp32 master weights and AdamW state, bf16 autocast: updates of lr ~1e-5 round away in pure "
+        "bf16), any other precision stays.",
+    )
     seed: int = Field(0, description="Seed for weights, data order and dropout.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
     fail_at_step: int | None = Field(
@@ -264,6 +283,16 @@ class TrainSpec(_Strict):
                 "or loss: sigmoid"
             )
         return self
+
+    def learning_steps_resolved(self) -> int:
+        """The steps a learning trial runs (``learning_steps``, null: see DEFAULT_LEARNING_STEPS)."""
+        return self.learning_steps if self.learning_steps is not None else max(self.steps, DEFAULT_LEARNING_STEPS)
+
+    def learning_precision_resolved(self) -> Precision:
+        """The precision a learning trial runs in (``learning_precision``; auto: bf16 -> bf16-mixed)."""
+        if self.learning_precision != "auto":
+            return self.learning_precision
+        return "bf16-mixed" if self.precision == "bf16" else self.precision
 
 
 #: results.csv column of a swept train field where it is not the field's own name: a contract

@@ -122,6 +122,9 @@ class TrialResult:
     measured_by: str = ""          # the trial whose memory/time measurement this row carries (own id: itself)
     step_time_source: str = ""     # measured | extrapolated (t_opt + grad_acc x t_micro of a short run)
     stability_from: str = ""       # the trial whose loss trajectory gives loss_mean, loss_std, ...
+    stability_steps: int | None = None  # that trial's optimizer steps (train.learning_steps, or the row's own)
+    stability_precision: str = ""  # that trial's precision (train.learning_precision, or the row's own)
+    stability_note: str = ""       # why that trial ran in the space's precision, not the learning one (it did not fit)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
 

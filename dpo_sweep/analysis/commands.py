@@ -169,7 +169,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     table = tables.frontier_markdown(analysed)
     frontier_path = out_dir / "frontier.md"
     floor = noise_floor.noise_floor_markdown(noise_floor.noise_floor(analysed, steps))
-    frontier_path.write_text(_frontier_document(table, objs, rec) + (f"\n{floor}" if floor else ""),
+    frontier_path.write_text(_frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else ""),
                              encoding="utf-8")
     rec_json = rec.to_json_dict()
     rec_path = out_dir / "recommendation.json"
@@ -191,10 +191,13 @@ def objective_notes(objs: tuple[pareto.Objective, ...]) -> list[str]:
             f"{o.name}: {o.direction} (the time objective is throughput now)" for o in objs if o.note]
 
 
-def _frontier_document(table: str, objs: tuple[pareto.Objective, ...], rec: Recommendation) -> str:
+def _frontier_document(table: str, objs: tuple[pareto.Objective, ...], rec: Recommendation,
+                       analysed: pd.DataFrame) -> str:
     objectives = describe_objectives(objs)
+    source = tables.stability_source(analysed)
     return (f"# Pareto frontier\n\nObjectives: {objectives}. GB = 1e9 bytes. Sorted by peak memory; "
-            "`on frontier` is `-` for trials that did not finish ok.\n\n"
+            "`on frontier` is `-` for trials that did not finish ok."
+            + (f" {source}" if source else "") + "\n\n"
             f"{table}\n**Recommendation:** {rec.reason}\n")
 
 

@@ -36,7 +36,8 @@ DERIVED_COLUMNS = (POOLED_COLUMN, "eligible", "throughput_low", "throughput_high
                    "frontier_distance", "frontier_rank")
 
 
-def _key_columns(df: pd.DataFrame) -> list[str]:
+def same_maths_columns(df: pd.DataFrame) -> list[str]:
+    """The columns of ``df`` that set a row's maths: :data:`SAME_MATHS_COLUMNS` and the swept ones."""
     swept = [c for c in df.columns if c not in RESULTS_COLUMNS and c not in DERIVED_COLUMNS]
     return [c for c in SAME_MATHS_COLUMNS if c in df.columns] + swept
 
@@ -47,7 +48,7 @@ def same_maths_key(df: pd.DataFrame) -> pd.Series:
     effective batch: what cannot be shown to be the same maths is not pooled."""
     if any(c not in df.columns for c in SAME_MATHS_COLUMNS):
         return df["trial_id"].astype(str)
-    keys = ["|".join(map(str, row)) for row in df[_key_columns(df)].itertuples(index=False)]
+    keys = ["|".join(map(str, row)) for row in df[same_maths_columns(df)].itertuples(index=False)]
     known = pd.to_numeric(df["effective_batch"], errors="coerce").notna().to_numpy()
     return pd.Series([k if ok else f"trial:{t}" for k, ok, t in zip(keys, known, df["trial_id"])],
                      index=df.index, dtype=object)

@@ -1,6 +1,7 @@
 """Sentences of the recommendation's reason that stand on their own: numbers as people write
 them (``51,640 tokens/s``), the tie and exact-comparison sentences (the rule is in
-:mod:`dpo_sweep.analysis.noise`), and what failed when no trial completed."""
+:mod:`dpo_sweep.analysis.noise`), the learning set-ups one measurement stands for, and what
+failed when no trial completed."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,7 +9,8 @@ from typing import Any
 import pandas as pd
 
 from dpo_sweep.analysis import noise
-from dpo_sweep.analysis.tables import is_finite
+from dpo_sweep.analysis.noise_floor import same_maths_columns, same_maths_key
+from dpo_sweep.analysis.tables import fmt_sig, is_finite
 
 
 def amount(value: Any) -> str:
@@ -40,7 +42,55 @@ def tie_sentence(winner: pd.Series, faster: pd.DataFrame) -> str:
     rates = " and ".join(amount(v) for v in faster["tokens_per_s"])
     return (f" A tie decided: {ids} measured more tokens/s ({rates} vs {amount(winner['tokens_per_s'])}) "
             f"but inside the step-time noise (p10-p90 throughput intervals overlapping this one's, "
-            f"{interval(winner)}), and ties go to less peak memory, then lower loss std.")
+            f"{interval(winner)}), and ties go to less peak memory, then the stability verdict, then the "
+            "space's order.")
+
+
+def _setting(row: pd.Series, columns: list[str]) -> str:
+    return " ".join(f"{c} {fmt_sig(row[c], 4) if is_finite(row[c]) else row[c]}" for c in columns)
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def learning_trials(rows: pd.DataFrame) -> str:
+    """``16 steps, bf16-mixed``: how the rows' learning trials ran (stability_steps/_precision);
+    "" when the results file does not say (written before those columns)."""
+    if "stability_steps" not in rows or "stability_precision" not in rows:
+        return ""
+    ran = dict.fromkeys(f"{int(s)} steps, {p}" for s, p in zip(rows["stability_steps"], rows["stability_precision"])
+                        if is_finite(s) and p is not pd.NA and str(p))
+    return " or ".join(ran)
+
+
+def shared_measurement_sentence(winner: pd.Series, sharing: pd.DataFrame) -> str:
+    """`` beta 0.05, 0.1 and 0.3 share this measurement; their learning trials (16 steps,
+    bf16-mixed) were all `stable` and are not ranked by loss std (one trial each), so the first in
+    the space is named: choose beta by your own evaluation.`` ``sharing``: the qualifying rows
+    (winner included) with the winner's memory/time measurement; "" when they are one learning
+    set-up."""
+    sharing = sharing.sort_values("trial_id", kind="mergesort")  # the space's order
+    sets = sharing[~same_maths_key(sharing).duplicated()]
+    if len(sets) < 2:
+        return ""
+    differ = [c for c in same_maths_columns(sets) if sets[c].astype(str).nunique() > 1]
+    if len(differ) == 1:
+        c = differ[0]
+        names = f"{c} " + _listed([fmt_sig(v, 4) if is_finite(v) else str(v) for v in sets[c]])
+    else:
+        names = _listed([_setting(r, differ) for _, r in sets.iterrows()])
+    how = learning_trials(sets)
+    verdicts = [str(v) if v is not pd.NA else "" for v in sets.get("stability", pd.Series("", index=sets.index))]
+    if len(set(verdicts)) == 1:
+        were = f"were all `{verdicts[0]}`" if verdicts[0] else "have no stability verdict"
+        named = "the first in the space is named"
+    else:
+        were = "were " + _listed([f"`{v or 'no verdict'}` ({_setting(r, differ)})" for v, (_, r) in zip(verdicts, sets.iterrows())])
+        named = f"the first with the best verdict (`{winner.get('stability') or 'none'}`) in the space is named"
+    return (f" {names} share this measurement; their learning trials{f' ({how})' if how else ''} {were} and "
+            f"are not ranked by loss std (one trial each), so {named}: choose {' and '.join(differ)} by your "
+            "own evaluation.")
 
 
 def exactness_sentence(candidates: pd.DataFrame) -> str:

@@ -4,9 +4,17 @@ The rule: among the frontier configurations whose peak memory stays under the bu
 safety margin and whose loss std lies within the sweep's normal range, take the one with the most
 tokens/s, with throughput compared within its measured noise (:mod:`dpo_sweep.analysis.noise`):
 every candidate whose p10-p90 throughput interval overlaps that of the candidate with the highest
-median tokens/s is tied with it, and the tie goes to the least peak memory, then the lowest loss
-std, then the most tokens/s, then the trial id (so the answer never depends on row order). The
-reason says when a tie decided, and when throughputs were compared exactly for want of a spread.
+median tokens/s is tied with it, and the tie goes to the least peak memory, then the stability
+verdict (``stable`` before ``noisy`` before none; ``diverging`` never qualifies), then the most
+tokens/s, then the trial id: the space's order (so the answer never depends on row order). Not to
+the loss std: between learning set-ups (other betas, lrs) each measured by one learning trial, a
+loss std difference is not evidence (on the H200 three betas' single 5-step trials swapped their
+order between two runs); the loss std only filters, through the sweep's normal range. For the same
+reason the candidates are the frontier's plus every qualifying row that shares a candidate's
+memory/time measurement (``measured_by``, at its grad_acc): such rows differ from it only in loss
+std, by which the frontier alone would drop them. The reason says when a tie decided, when
+throughputs were compared exactly for want of a spread, and when the winner's measurement stands
+for other learning set-ups too.
 If none fits, say so and name the cheapest configuration measured (or, when nothing completed,
 the cheapest one tried, with advice that fits how the trials failed: memory advice for ``oom``).
 """
@@ -21,7 +29,8 @@ import pandas as pd
 
 from dpo_sweep.analysis import noise
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
-from dpo_sweep.analysis.reasons import amount, exactness_sentence, failure_summary, interval, tie_sentence, tied_faster
+from dpo_sweep.analysis.reasons import (amount, exactness_sentence, failure_summary, interval,
+                                        shared_measurement_sentence, tie_sentence, tied_faster)
 from dpo_sweep.analysis.tables import is_finite
 from dpo_sweep.errors import UserError
 
@@ -31,6 +40,8 @@ _LEVEL_STRENGTH = {"full": 0, "L3": 1, "L2": 2, "L1": 3, "none": 4}
 CONFIG_KEYS = ("micro_batch", "checkpoint_level", "grad_acc", "beta", "effective_batch",
                "num_workers", "seq_len", "model")
 METRIC_KEYS = ("peak_mem_gb", "step_time_ms", "tokens_per_s", "loss_std")
+#: How tied rows rank by their stability verdict (stability.py); no verdict ("") ranks last.
+VERDICT_RANK = {"stable": 0, "noisy": 1}
 
 
 @dataclass(frozen=True)
@@ -126,26 +137,45 @@ def _metrics(row: pd.Series) -> dict[str, float | None]:
     return {k: (float(row[k]) if is_finite(row.get(k)) else None) for k in METRIC_KEYS}
 
 
+def verdict_rank(rows: pd.DataFrame) -> pd.Series:
+    """:data:`VERDICT_RANK` of each row's ``stability`` (no column or no verdict: last)."""
+    if "stability" not in rows:
+        return pd.Series(len(VERDICT_RANK), index=rows.index)
+    return rows["stability"].astype(object).map(VERDICT_RANK).fillna(len(VERDICT_RANK))
+
+
 def rank_candidates(rows: pd.DataFrame) -> pd.DataFrame:
     """Best first, for rows of ``pareto.analyse_frontier`` (with the throughput interval columns):
     the rows tied with the highest median tokens/s (their intervals overlap its interval; it
-    included) by least memory, lowest loss std, most tokens/s, trial id; then the others by most
-    tokens/s, least memory, lowest loss std, trial id. NaN metrics sort last."""
+    included) by least memory, stability verdict, most tokens/s, trial id; then the others by most
+    tokens/s, least memory, verdict, trial id. NaN metrics sort last. Never by loss std (see the
+    module doc)."""
     key = rows.assign(
         _tps=-rows["tokens_per_s"].astype(float).fillna(-np.inf),
         _mem=rows["peak_mem_gb"].astype(float).fillna(np.inf),
-        _std=rows[POOLED_COLUMN].astype(float).fillna(np.inf),
+        _verdict=verdict_rank(rows),
     )
     if key.empty:
         return rows
-    best = key.sort_values(["_tps", "_mem", "_std", "trial_id"], kind="mergesort").iloc[0]
+    best = key.sort_values(["_tps", "_mem", "_verdict", "trial_id"], kind="mergesort").iloc[0]
     tied = noise.overlaps(key["throughput_low"], key["throughput_high"],
                           best["throughput_low"], best["throughput_high"])
     ranked = pd.concat([
-        key[tied].sort_values(["_mem", "_std", "_tps", "trial_id"], kind="mergesort"),
-        key[~tied].sort_values(["_tps", "_mem", "_std", "trial_id"], kind="mergesort"),
+        key[tied].sort_values(["_mem", "_verdict", "_tps", "trial_id"], kind="mergesort"),
+        key[~tied].sort_values(["_tps", "_mem", "_verdict", "trial_id"], kind="mergesort"),
     ])
-    return ranked.drop(columns=["_tps", "_mem", "_std"])
+    return ranked.drop(columns=["_tps", "_mem", "_verdict"])
+
+
+def sharing_measurement(rows: pd.DataFrame, of: pd.DataFrame) -> pd.Series:
+    """Rows of ``rows`` whose memory/time measurement (``measured_by`` at their grad_acc: the same
+    peak and step time) is that of a row of ``of``."""
+    if "measured_by" not in rows or "measured_by" not in of:
+        return pd.Series(False, index=rows.index)
+    keys = {(str(m), int(g)) for m, g in zip(of["measured_by"].astype(object), of["grad_acc"])
+            if m is not pd.NA and str(m)}
+    return pd.Series([(str(m), int(g)) in keys for m, g in zip(rows["measured_by"].astype(object), rows["grad_acc"])],
+                     index=rows.index, dtype=bool)
 
 
 def runner_up_cost(winner: pd.Series, other: pd.Series) -> str:
@@ -228,6 +258,10 @@ def recommend(
     stable = _stable(fits, limit)
     unstable_ids = [str(t) for t in fits["trial_id"] if t not in set(stable["trial_id"])]
     pool_name, off_frontier = "frontier configuration", False
+    qualifying = _stable(_fits(ok[ok["eligible"]], usable), limit)
+    siblings = qualifying[~qualifying["trial_id"].isin(stable["trial_id"]) & sharing_measurement(qualifying, stable)]
+    if not stable.empty and not siblings.empty:  # off the frontier only by a loss std: not evidence
+        stable, pool_name = pd.concat([stable, siblings]), "configuration on the frontier or sharing a frontier measurement"
     if stable.empty:
         # An ok off-frontier trial can still qualify when memory is not a min-objective, or when
         # every fitting frontier point is unstable; better that than "nothing fits".
@@ -243,10 +277,11 @@ def recommend(
     second = ranked.iloc[1] if len(ranked) > 1 else None
     # Ties are looked for among every fitting, stable trial: one off the frontier may be off it
     # only because its higher median throughput is inside the noise of a leaner trial's.
-    faster = tied_faster(winner, _stable(_fits(ok[ok["eligible"]], usable), limit))
+    faster = tied_faster(winner, qualifying)
     reason = _why_it_won(winner, len(ranked), pool_name, memory_budget_gb, usable, safety_margin, limit,
                          tie=not faster.empty)
     reason += tie_sentence(winner, faster) + exactness_sentence(ranked)
+    reason += shared_measurement_sentence(winner, ranked[sharing_measurement(ranked, winner.to_frame().T)])
     if off_frontier:
         reason += " No frontier configuration qualifies, so the choice falls on a measured one off it."
     runner_up = None
@@ -281,7 +316,7 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
     if n_qualified == 1:
         text = f"{describe(winner)} is the only {pool_name}{that}: {speed}."
     else:
-        text = f"{describe(winner)} has {highest}, {speed}, of the {n_qualified} {pool_name}s{that}."
+        text = f"{describe(winner)} has {highest}, {speed}, of the {n_qualified} {pool_name.replace('configuration', 'configurations', 1)}{that}."
     text += f" It peaks at {_gb(winner['peak_mem_gb'])} with loss std {_g(winner['loss_std'], 3)}."
     if usable_gb is None:
         text += (" No memory budget was given (pass --memory-budget-gb, or keep environment.json with "

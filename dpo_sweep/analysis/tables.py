@@ -162,3 +162,49 @@ def to_markdown(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> s
 def frontier_markdown(analysed: pd.DataFrame) -> str:
     """frontier.md's table text."""
     return to_markdown(FRONTIER_HEADER, frontier_rows(analysed))
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _counted(groups: dict[tuple[int, str], set[str]]) -> str:
+    """``3 learning trials of 16 steps in bf16-mixed and 1 of 16 steps in bf16``."""
+    parts = [f"{len(ids)} of {steps} steps in {precision}" for (steps, precision), ids in groups.items()]
+    plural = "s" if len(next(iter(groups.values()))) > 1 else ""
+    parts[0] = parts[0].replace(" of ", f" learning trial{plural} of ", 1)
+    return " and ".join(parts)
+
+
+def stability_source(analysed: pd.DataFrame) -> str | None:
+    """Which trials the stability columns (loss std, the verdict and its signals) come from - how
+    many, of how many steps, in which precision - and why they differ from the space's own steps
+    and precision; None for a results file without ``stability_steps`` (an older version)."""
+    if "stability_steps" not in analysed or "stability_precision" not in analysed:
+        return None
+    rows = analysed[(analysed["status"] == "ok") & analysed["stability_steps"].map(is_finite)]
+    if rows.empty:
+        return None
+    groups: dict[tuple[int, str], set[str]] = {}
+    for _, r in rows.iterrows():
+        groups.setdefault((int(r["stability_steps"]), _text(r["stability_precision"])), set()).add(str(r["stability_from"]))
+    if (rows["stability_from"] == rows["trial_id"]).all():
+        runs = " or ".join(f"{s} steps in {p}" for s, p in groups)
+        return f"Stability columns (loss std, stability and its signals) from each trial's own run of {runs}."
+    why = []
+    spaces = {_text(p) for p in rows["precision"]} - {""} if "precision" in rows else set()
+    learned = {p for _, p in groups}
+    if spaces and learned - spaces:
+        lrs = sorted({float(v) for v in rows["lr"] if is_finite(v)}) if "lr" in rows else []
+        updates = "lr " + " and ".join(f"{v:g}" for v in lrs) if lrs else "small learning rates"
+        why.append(f"the space trains in pure bf16, where updates of {updates} round away (README \"Precision\")"
+                   if spaces == {"bf16"} else f"the space trains in {' and '.join(sorted(spaces))} "
+                   "(train.learning_precision)")
+    # Not "the space's N steps": results.csv's ``steps`` counts the worst-case step too.
+    why.append("their length is train.learning_steps (a stability verdict needs 5 steps and the rollback "
+               "trigger 5 in a row; on the H200 it fired at steps 9-13)")
+    notes = sorted({_text(n) for n in rows.get("stability_note", pd.Series(dtype=object))} - {""})
+    if notes:
+        why.append(f"{len(notes)} learning trial(s) ran in the space's precision instead: {notes[0]}")
+    return (f"Stability columns (loss std, stability and its signals) from {_counted(groups)}"
+            + (": " + "; ".join(why) if why else "") + ".")

@@ -8,7 +8,9 @@ A row's numbers come from up to two trials (issue 15):
   throughput and MFU follow the extrapolated time (work per step grows with grad_acc);
 * its **learning trial** (``stability_from``): the loss trajectory at the row's real effective
   batch gives ``loss_mean``, ``loss_std``, ``grad_norm_mean``, ``reward_accuracy`` and
-  ``reward_margin``.
+  ``reward_margin`` and stability.py's signals and verdict; ``stability_steps`` and
+  ``stability_precision`` say how that trial ran (its ``train.learning_steps`` and
+  ``learning_precision``, or the row's own steps and precision when the row is that trial).
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.rules import extrapolate_step_ms, fit_step_time
 from dpo_sweep.records import TIMING_COLUMNS, StepRecord, TrialResult
 
-#: Columns a row takes from its learning trial.
 #: The columns a row takes from its learning trial, with the value they have when there is none.
 STABILITY_COLUMNS: dict[str, object] = {
     "loss_mean": math.nan, "loss_std": math.nan, "grad_norm_mean": math.nan, "reward_accuracy": math.nan,
@@ -69,17 +70,34 @@ def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepReco
     )
 
 
-def with_stability(row: TrialResult, learned: TrialResult | None, learned_by: str) -> TrialResult:
-    """``row`` with the stability columns of its learning trial's row ``learned`` (None: there is
-    none, e.g. every configuration of the set-up ran out of memory). A learning trial that
-    diverged makes the row ``diverged``: the learning, not the memory, is what diverges."""
+@dataclasses.dataclass(frozen=True)
+class LearningSource:
+    """The trial a set-up's rows take their stability columns from, as it ran."""
+
+    trial_id: str
+    result: TrialResult
+    steps: int         # its configured optimizer steps (stability_steps)
+    precision: str     # stability_precision
+    note: str = ""     # stability_note: why it ran in another precision than train.learning_precision
+
+    @classmethod
+    def of(cls, cfg: TrialConfig, result: TrialResult, note: str = "") -> "LearningSource":
+        return cls(cfg.trial_id, result, cfg.train.steps, cfg.train.precision, note)
+
+
+def with_stability(row: TrialResult, learned: LearningSource | None) -> TrialResult:
+    """``row`` with the stability columns of its learning trial ``learned`` (None: there is none,
+    e.g. every configuration of the set-up ran out of memory). A learning trial that diverged
+    makes the row ``diverged``: the learning, not the memory, is what diverges."""
     if row.status != "ok":
         return row
     if learned is None:
         return dataclasses.replace(row, **STABILITY_COLUMNS, stability_from="")
-    update = {c: getattr(learned, c) for c in STABILITY_COLUMNS}
-    if learned.status == "diverged":
-        update.update(status="diverged", error=f"diverged in learning trial {learned_by}: {learned.error}")
-    elif learned.status != "ok":
+    got = learned.result
+    update = {c: getattr(got, c) for c in STABILITY_COLUMNS}
+    if got.status == "diverged":
+        update.update(status="diverged", error=f"diverged in learning trial {learned.trial_id}: {got.error}")
+    elif got.status != "ok":
         update = dict(STABILITY_COLUMNS)
-    return dataclasses.replace(row, **update, stability_from=learned_by)
+    return dataclasses.replace(row, **update, stability_from=learned.trial_id, stability_steps=learned.steps,
+                               stability_precision=learned.precision, stability_note=learned.note)

@@ -30,6 +30,8 @@ train.weight_decay, adam_betas,          no    the same fused AdamW kernel
 adam_eps
 train.max_grad_norm                      no    the norm is computed either way (inf: no clip)
 train.steps                              no    the measurement's own step count decides
+train.learning_steps, learning_precision no    only the learning trials' (``learning_config``),
+                                               whose configurations carry the resolved values
 train.seed (fixed synthetic lengths)     no    weights' values and the order of equal lengths
 trial_id, space_name                     no    names
 =======================================  ====  ================================================
@@ -50,6 +52,7 @@ NOT_MEMORY_FIELDS: tuple[tuple[str, ...], ...] = (
     ("train", "loss"), ("train", "label_smoothing"), ("train", "lr"), ("train", "lr_warmup_steps"),
     ("train", "lr_schedule"), ("train", "weight_decay"), ("train", "adam_betas"), ("train", "adam_eps"),
     ("train", "max_grad_norm"), ("train", "steps"),
+    ("train", "learning_steps"), ("train", "learning_precision"),  # a learning trial's cfg carries its own
 )
 #: Fields that set what the loss trajectory is (point 5 of issue 15), besides the effective batch.
 LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
@@ -61,6 +64,7 @@ LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("train", "fail_at_step"), ("train", "fail_kind"), ("train", "fail_rank"),
     ("train", "beta_schedule"), ("train", "adaptive_clip"), ("train", "adaptive_clip_window"),
     ("train", "ema_decay"), ("train", "grad_acc_schedule"),  # the stability knobs (train/knobs.py)
+    ("train", "learning_steps"), ("train", "learning_precision"),
 )
 #: Checkpoint levels from most activations kept to fewest (README: none > L1 > L2 >= L3 > full).
 LEVELS_BY_MEMORY: tuple[str, ...] = ("none", "L1", "L2", "L3", "full")
@@ -244,6 +248,22 @@ def learning_key(cfg: TrialConfig) -> str:
     picked = {"/".join(p): _get(tree, p) for p in LEARNING_FIELDS}
     picked["effective_batch"] = cfg.effective_batch()
     return _canonical(picked)
+
+
+def learning_config(cfg: TrialConfig, precision: str | None = None) -> TrialConfig:
+    """``cfg`` as its set-up's learning trial runs it: ``train.learning_steps_resolved()`` steps
+    (warm-up kept below them), in ``precision`` (default ``train.learning_precision_resolved()``).
+    When ``auto`` turns pure bf16 into bf16-mixed, a ``model.dtype: bfloat16`` goes too: the fp32
+    master weights and AdamW state are what let small updates happen."""
+    t = cfg.train
+    steps = t.learning_steps_resolved()
+    precision = precision or t.learning_precision_resolved()
+    train = t.model_copy(update={"steps": steps, "warmup_steps": min(t.warmup_steps, steps - 1),
+                                 "precision": precision})
+    model = cfg.model
+    if t.learning_precision == "auto" and precision != t.precision and model.dtype == "bfloat16":
+        model = model.model_copy(update={"dtype": None})
+    return cfg.model_copy(update={"train": train, "model": model})
 
 
 def pick_learning_trial(group: Sequence[TrialConfig], predict: Predict, budget_gb: float,

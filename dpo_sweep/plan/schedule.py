@@ -14,13 +14,16 @@ The story of a sweep:
    naming the trial that ran out.
 3. Every member's row copies its group's memory columns and takes the step time at its own
    grad_acc (:mod:`dpo_sweep.plan.rows`).
-4. A row whose configuration did not itself run at its real grad_acc takes its loss-trajectory
-   columns from one **learning** trial per :func:`~dpo_sweep.plan.rules.learning_key`: a
-   configuration of that set-up that already ran in full when there is one, else the fastest
-   measured one that fits, run in full as ``<trial_id>-learning`` once its set-up's groups are in.
+4. Every ok row takes its loss-trajectory columns from one **learning** trial per
+   :func:`~dpo_sweep.plan.rules.learning_key`, run as :func:`~dpo_sweep.plan.rules.learning_config`
+   makes it (``train.learning_steps`` steps in ``train.learning_precision``): a configuration of
+   that set-up that already ran in full with exactly those steps and precision when there is one,
+   else, once its set-up's groups are in, ``<trial_id>-learning`` of the fastest measured ok
+   configuration that the memory model says fits in the learning precision; when none fits, the
+   fastest in the space's own precision, with a note (console and ``stability_note``).
 
-``full_grid``: every configuration is its own measure trial at its real grad_acc, in the space's
-order; nothing is pruned, shared or extrapolated.
+``full_grid``: every configuration is its own measure trial at its real grad_acc with its own
+steps and precision, in the space's order; nothing is pruned, shared or extrapolated.
 """
 from __future__ import annotations
 
@@ -31,9 +34,10 @@ from typing import Callable, Mapping, Sequence
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
 from dpo_sweep.plan.memory import MemoryEstimate, planning_device, predict_peak_gb
-from dpo_sweep.plan.rows import fitted_step_ms, shared_row, with_stability
-from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_key, measurement_key,
-                                  pick_learning_trial, prune_after_oom, prune_over_budget, short_grad_acc)
+from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, shared_row, with_stability
+from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
+                                  measurement_key, pick_learning_trial, prune_after_oom, prune_over_budget,
+                                  short_grad_acc)
 from dpo_sweep.records import StepRecord, TrialResult, failed_result
 from dpo_sweep.train.lengths import LengthProfile
 
@@ -64,6 +68,7 @@ class Job:
     cfg: TrialConfig
     kind: str  # measure | learn
     key: str   # its measurement_key (measure) or learning_key (learn)
+    note: str = ""  # learn: why it runs in the space's precision (stability_note), else ""
 
 
 @dataclass
@@ -81,6 +86,7 @@ class _Group:
 class _Output:
     steps: list[StepRecord] = field(default_factory=list)
     rows: list[TrialResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class SweepPlan:
@@ -88,7 +94,8 @@ class SweepPlan:
 
     ``next_job()`` -> the next :class:`Job` to start, or None (wait while :meth:`running`, else
     the sweep is over); ``finish(job_id, result, steps)`` when a job's trial ended;
-    ``take_output()`` -> the step rows and results rows ready to append since the last call.
+    ``take_output()`` -> the step rows and results rows ready to append since the last call;
+    ``take_notes()`` -> the console lines the plan has to say since the last call.
     """
 
     def __init__(self, trials: Sequence[TrialConfig], *, budget_gb: float | None = None,
@@ -111,7 +118,8 @@ class SweepPlan:
             self._groups = {measurement_key(g.measuring): _Group(g.measuring, g.members) for g in dedupe(trials)}
         self._group_of = {m.trial_id: key for key, g in self._groups.items() for m in g.members}
         self._learning_keys = {t.trial_id: learning_key(t) for t in trials}
-        self._learned: dict[str, tuple[str, TrialResult | None]] = {}
+        self._learned: dict[str, LearningSource | None] = {}
+        self._learning_oom: dict[str, str] = {}  # learning_key -> why its learning precision did not fit
         self._running: dict[str, Job] = {}
         self._measurements: list[Measurement] = []
         self._calibration: Calibration = calibrate([])
@@ -123,9 +131,12 @@ class SweepPlan:
         if self.full_grid:
             return f"planner off (--full-grid): {len(self._order)} configuration(s), each run in full"
         budget = {self.budget_of(g.measuring) for g in self._groups.values()} - {None}
+        learning = dict.fromkeys(f"{c.train.steps} steps in {c.train.precision}"
+                                 for c in map(learning_config, self._cfgs.values()))
         return (f"planner: {len(self._order)} configuration(s) share {len(self._groups)} memory/time "
                 f"measurement(s), cheapest predicted peak first; over-budget pruning "
-                + (f"against {', '.join(f'{b:.1f}' for b in sorted(budget))} GB" if budget else "off (no budget known)"))
+                + (f"against {', '.join(f'{b:.1f}' for b in sorted(budget))} GB" if budget else "off (no budget known)")
+                + f"; learning trials of {' or '.join(learning)} (train.learning_steps, learning_precision)")
 
     # --- what the Searcher asks -------------------------------------------------------------
 
@@ -146,8 +157,12 @@ class SweepPlan:
     def finish(self, job_id: str, result: TrialResult, steps: Sequence[StepRecord]) -> None:
         job = self._running.pop(job_id)
         self._out.steps.extend(steps)
-        if job.kind == LEARN:
-            self._learned[job.key] = (job_id, result)
+        if job.kind == LEARN and result.status == "oom" and job.cfg.train.precision != self._precision_of(job.key):
+            # The memory model under-predicted the learning precision (it can by up to 6.8 %): learn
+            # in the space's precision instead, as when it is predicted not to fit.
+            self._learning_oom[job.key] = f"{job_id} ran out of memory"
+        elif job.kind == LEARN:
+            self._learned[job.key] = LearningSource.of(job.cfg, result, job.note)
         else:
             group = self._groups[job.key]
             group.state, group.result, group.steps = "done", result, tuple(steps)
@@ -159,8 +174,13 @@ class SweepPlan:
         self._emit_ready()
 
     def take_output(self) -> tuple[list[StepRecord], list[TrialResult]]:
-        out, self._out = self._out, _Output()
-        return out.steps, out.rows
+        steps, rows = self._out.steps, self._out.rows
+        self._out.steps, self._out.rows = [], []
+        return steps, rows
+
+    def take_notes(self) -> list[str]:
+        notes, self._out.notes = self._out.notes, []
+        return notes
 
     def unwritten(self) -> list[str]:
         """Configurations without a results row yet, in the space's order."""
@@ -234,6 +254,23 @@ class SweepPlan:
         group = self._groups[self._group_of[cfg.trial_id]]
         return group.measuring.trial_id == cfg.trial_id and group.ran_grad_acc == cfg.grad_acc
 
+    def _own_learning(self, cfg: TrialConfig) -> bool:
+        """``cfg``'s own trial gives its stability columns: it ran in full, and (unless full_grid,
+        where every row is its own) with exactly its set-up's learning steps and precision."""
+        return self._ran_in_full(cfg) and (self.full_grid or learning_config(cfg) == cfg)
+
+    def _learning_over_budget(self, cfg: TrialConfig) -> str | None:
+        """Why ``learning_config(cfg)`` is predicted not to fit, or None. A learning trial in the
+        measured precision fits: only its steps differ, and the peak does not grow with them."""
+        lcfg = learning_config(cfg)
+        if (lcfg.train.precision, lcfg.model) == (cfg.train.precision, cfg.model):
+            return None
+        return self.over_budget(lcfg)
+
+    def _precision_of(self, lkey: str) -> str:
+        """The space's precision of a learning set-up (precision is part of its learning_key)."""
+        return next(self._cfgs[t].train.precision for t, k in self._learning_keys.items() if k == lkey)
+
     def _step_ms(self, cfg: TrialConfig) -> float:
         group = self._groups[self._group_of[cfg.trial_id]]
         if cfg.grad_acc == group.ran_grad_acc:
@@ -251,17 +288,36 @@ class SweepPlan:
             if any(g.state in ("pending", "running") for g in groups):
                 continue  # pick the fastest once every configuration of the set-up is measured
             ok = [c for c, g in zip(cfgs, groups) if g.state == "done" and g.result.status == "ok"]
-            full = [c for c in ok if self._ran_in_full(c)]
+            full = [c for c in ok if self._own_learning(c)]
             if full:
-                self._learned[lkey] = (full[0].trial_id, self._groups[self._group_of[full[0].trial_id]].result)
+                self._learned[lkey] = LearningSource.of(full[0], self._groups[self._group_of[full[0].trial_id]].result)
                 continue
-            pick = pick_learning_trial(ok, predict=lambda _c: 0.0, budget_gb=math.inf, step_ms=self._step_ms)
-            if pick is None:
-                self._learned[lkey] = ("", None)
-                continue
-            job_id = pick.trial_id + LEARNING_SUFFIX
-            return Job(job_id, pick.model_copy(update={"trial_id": job_id}), LEARN, lkey)
+            return self._learning_job(ok, lkey)
         return None
+
+    def _learning_job(self, ok: list[TrialConfig], lkey: str) -> Job | None:
+        """The learning trial of a set-up whose measured ok configurations are ``ok``: the fastest
+        whose learning configuration fits, else the fastest in the space's precision, noted."""
+        def fastest(cfgs: list[TrialConfig]) -> TrialConfig | None:
+            return pick_learning_trial(cfgs, predict=lambda _c: 0.0, budget_gb=math.inf, step_ms=self._step_ms)
+
+        ran_out = self._learning_oom.get(lkey)
+        reasons = {c.trial_id: ran_out or self._learning_over_budget(c) for c in ok}
+        pick, note = fastest([c for c in ok if reasons[c.trial_id] is None]), ""
+        if pick is not None:
+            cfg, job_id = learning_config(pick), pick.trial_id + LEARNING_SUFFIX
+        elif (pick := fastest(ok)) is not None:
+            cfg = learning_config(pick, precision=pick.train.precision)
+            job_id = pick.trial_id + LEARNING_SUFFIX + (f"-{cfg.train.precision}" if ran_out else "")
+            wanted = pick.train.learning_precision_resolved()
+            why = ran_out or (f"no configuration of its set-up fits (it would have been {pick.trial_id}, "
+                              f"{reasons[pick.trial_id].removeprefix('pruned: ')})")
+            note = f"learning trial {job_id} runs in {cfg.train.precision}, the space's precision: in {wanted} {why}"
+            self._out.notes.append(f"note: {note}")
+        else:
+            self._learned[lkey] = None
+            return None
+        return Job(job_id, cfg.model_copy(update={"trial_id": job_id}), LEARN, lkey, note)
 
     # --- rows ----------------------------------------------------------------------------------
 
@@ -278,10 +334,12 @@ class SweepPlan:
                     continue
                 row = shared_row(m, group.result, group.steps, ran_grad_acc=group.ran_grad_acc,
                                  measured_by=group.measuring.trial_id, predicted_peak_gb=group.predicted_gb)
-                if self._ran_in_full(m) or row.status != "ok":
-                    self._emit(replace(row, stability_from=m.trial_id if row.status == "ok" else ""))
-                elif (learned := self._learned.get(self._learning_keys[m.trial_id])) is not None:
-                    self._emit(with_stability(row, learned[1], learned[0]))
+                if row.status != "ok":
+                    self._emit(row)
+                elif self._own_learning(m):
+                    self._emit(with_stability(row, LearningSource.of(m, row)))
+                elif (lkey := self._learning_keys[m.trial_id]) in self._learned:
+                    self._emit(with_stability(row, self._learned[lkey]))
 
 
 def plan_labels(trials: Sequence[TrialConfig], budget_gb: float | None = None,

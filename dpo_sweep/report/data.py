@@ -230,6 +230,8 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     if len(ineligible_ok):
         notes.append("Completed but missing an objective metric (NaN), so not compared for the frontier: "
                      + ", ".join(ineligible_ok["trial_id"]))
+    if source := tables.stability_source(analysed):
+        notes.append(source)
     notes += [noise_floor.noise_floor_sentence(g) for g in noise_floor.noise_floor(analysed, steps)]
     names = [o.name for o in objectives]
     figs = [

@@ -109,6 +109,8 @@ class SweepRecorder(tune.Callback):
         return self.plan.job(trial.config["trial"]["trial_id"]).cfg
 
     def flush(self) -> None:
+        for note in self.plan.take_notes():  # e.g. a learning trial that falls back to the space's precision
+            say(note)
         steps, rows = self.plan.take_output()
         # Steps first: a kill between the two writes leaves orphan steps, which --resume drops.
         if steps and (added := write_steps(self.out_dir, steps, append=True)):

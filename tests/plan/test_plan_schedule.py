@@ -67,6 +67,7 @@ def drive(plan: SweepPlan, outcome=lambda job: run(job)):
 def test_cheapest_predicted_memory_runs_first():
     trials = space(micro_batch=[4, 1, 2], checkpoint_level=["none", "full"])
     jobs, _ = drive(SweepPlan(trials, estimate=estimate))
+    jobs = [j for j in jobs if j.kind == MEASURE]  # the learning trial comes after them
     peaks = [estimate(j.cfg).total_gb for j in jobs]
     assert peaks == sorted(peaks) and len(jobs) == 6
     assert [(j.cfg.micro_batch, j.cfg.checkpoint_level) for j in jobs[:2]] == [(1, "full"), (2, "full")]
@@ -107,7 +108,7 @@ def test_after_an_oom_what_dominates_it_is_pruned_naming_the_trial():
 def test_over_budget_by_more_than_the_margin_is_pruned_before_it_runs():
     trials = space(micro_batch=[1, 2, 4], checkpoint_level=["none"])  # 15, 19, 27 GB predicted
     jobs, rows = drive(SweepPlan(trials, estimate=estimate, budget_gb=18.5))
-    assert [j.cfg.micro_batch for j in jobs] == [1, 2]  # 19 GB is within 5 % of 18.5: it runs
+    assert [j.cfg.micro_batch for j in jobs if j.kind == MEASURE] == [1, 2]  # 19 GB is within 5 % of 18.5: it runs
     r = rows[trials[2].trial_id]
     assert r.status == "pruned" and "over the 18.5 GB budget" in r.error and r.predicted_peak_gb == 27.0
     assert plan_labels(trials, 18.5, estimate)[trials[2].trial_id] == r.error
@@ -175,6 +176,7 @@ def test_the_summary_line_says_how_many_measurements_and_the_budget():
     trials = space(micro_batch=[1, 2], beta=[0.1, 0.2, 0.3])
     assert SweepPlan(trials, estimate=estimate, budget_gb=80.0).summary_line() == (
         "planner: 6 configuration(s) share 2 memory/time measurement(s), cheapest predicted peak first; "
-        "over-budget pruning against 80.0 GB")
+        "over-budget pruning against 80.0 GB; learning trials of 16 steps in fp32 (train.learning_steps, "
+        "learning_precision)")
     assert "off (no budget known)" in SweepPlan(trials, estimate=estimate).summary_line()
     assert SweepPlan(trials, full_grid=True).summary_line().startswith("planner off (--full-grid)")

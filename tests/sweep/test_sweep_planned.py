@@ -35,7 +35,7 @@ def test_planned_sweep_runs_fewer_trials_and_writes_every_row(local_ray, tmp_pat
         checkpoint_level: [none, L1]
         grad_acc: [3]
         beta: [0.1, 0.2]
-        """)
+        """, train_extra=", learning_steps: 5")  # the space's steps: 3
     sp = space_mod.load(path)
     out = tmp_path / "out"
     summary = run_sweep(sp, out, max_concurrent=1, done_ids=set(), cluster=local_ray,
@@ -57,6 +57,7 @@ def test_planned_sweep_runs_fewer_trials_and_writes_every_row(local_ray, tmp_pat
             assert r["status"] == "ok" and r["measured_by"] == by[(1, level, 0.1)]["trial_id"]
             assert r["step_time_source"] == "extrapolated" and float(r["step_time_ms"]) > 0
             assert r["stability_from"].endswith("-learning") and r["loss_std"] != ""
+            assert (r["stability_steps"], r["stability_precision"], r["stability_note"]) == ("5", "fp32", "")
             assert int(r["grad_acc"]) == 3 and int(r["effective_batch"]) == 3
             assert float(r["predicted_peak_gb"]) >= 0
     # The two betas learn separately: their stability columns come from different trials.
@@ -64,7 +65,13 @@ def test_planned_sweep_runs_fewer_trials_and_writes_every_row(local_ray, tmp_pat
 
     steps = read_csv(out / "steps.csv")
     ran = {s["trial_id"] for s in steps}
-    assert {r["stability_from"] for r in rows.values() if r["stability_from"]} <= ran
+    learned = {r["stability_from"] for r in rows.values() if r["stability_from"]}
+    assert learned <= ran
+    for trial_id in learned:  # a learning trial runs train.learning_steps, the measurements train.steps
+        typical = [s for s in steps if s["trial_id"] == trial_id and s["worst_case"] != "True"]
+        assert [int(s["step"]) for s in typical] == [1, 2, 3, 4, 5]
+    assert max(int(s["step"]) for s in steps if s["trial_id"] == by[(1, "L1", 0.1)]["trial_id"]
+               and s["worst_case"] != "True") == 3
     # The short measurement runs 2 micro-steps a step: micro-step and optimizer times are recorded.
     short = [s for s in steps if s["trial_id"] == by[(1, "L1", 0.1)]["trial_id"]]
     assert short and all(float(s["micro_step_ms"]) > 0 and float(s["optimizer_ms"]) > 0 for s in short)
