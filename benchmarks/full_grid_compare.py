@@ -136,6 +136,12 @@ def log_startup_s(log: Path) -> float:
     return float(worker[2]) + float(worker[3]) + float(model[3]) if worker and model else math.nan
 
 
+def _wall_s(out_dir: Path) -> float:
+    """The sweep's wall time: command.txt's, plus each command-*.txt's (a --resume that finished it)."""
+    walls = [_number_in(p, r"wall time: ([\d.]+) s") for p in sorted(out_dir.glob("command*.txt"))]
+    return sum(walls) if walls and all(map(is_finite, walls)) else math.nan
+
+
 def _number_in(path: Path, pattern: str) -> float:
     match = re.search(pattern, path.read_text(errors="replace")) if path.is_file() else None
     return float(match[1]) if match else math.nan
@@ -143,7 +149,9 @@ def _number_in(path: Path, pattern: str) -> float:
 
 def run_cost(out_dir: Path, df: pd.DataFrame, steps: pd.DataFrame | None) -> RunCost:
     own = (df.measured_by == df.trial_id) | ((df.measured_by == "") & (df.status != "pruned"))
-    learning = sorted({s for s in df.stability_from if s and s not in set(df.trial_id)})
+    # Trials without a row of their own: the learning trials and the runoff (their rows' timed_by).
+    timed_by = df.timed_by.fillna("").astype(str) if "timed_by" in df else pd.Series(dtype=str)
+    learning = sorted({s for s in [*df.stability_from.fillna("").astype(str), *timed_by] if s and s not in set(df.trial_id)})
     rows = df[own].set_index("trial_id")
     step_s = (steps.groupby("trial_id").step_time_ms.sum() / 1000.0) if steps is not None else pd.Series(dtype=float)
     total, untimed = 0.0, []
@@ -156,7 +164,7 @@ def run_cost(out_dir: Path, df: pd.DataFrame, steps: pd.DataFrame | None) -> Run
             untimed.append(tid)
         total += (startup if is_finite(startup) else 0.0) + measure
     return RunCost(trials=len(rows) + len(learning), learning=len(learning), untimed=tuple(untimed), trial_s=total,
-                   step_s=float(step_s.sum()), wall_s=_number_in(out_dir / "command.txt", r"wall time: ([\d.]+) s"),
+                   step_s=float(step_s.sum()), wall_s=_wall_s(out_dir),
                    console_trials=_number_in(out_dir / "console.log", r"in (\d+) Ray trial\(s\)"))
 
 
@@ -223,7 +231,7 @@ def cost_lines(costs: tuple[RunCost, RunCost], multiplier: float) -> list[str]:
     def trials(c: RunCost) -> str:
         seen = f"; console.log: {fmt_float(c.console_trials, 0)}" if is_finite(c.console_trials) else ""
         untimed = f"; no start-up time: {', '.join(c.untimed)}" if c.untimed else ""
-        return f"{c.trials} ({c.trials - c.learning} memory/time + {c.learning} learning{seen}{untimed})"
+        return f"{c.trials} ({c.trials - c.learning} memory/time + {c.learning} learning or runoff{seen}{untimed})"
 
     what = [("Ray trials", "trials", 0), ("GPU time: trials' startup + measure (s)", "trial_s", 1),
             ("optimizer steps (steps.csv, s)", "step_s", 1), ("sweep wall time (command.txt, s)", "wall_s", 0)]

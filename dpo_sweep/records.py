@@ -120,7 +120,8 @@ class TrialResult:
     # The planner (dpo_sweep/plan/schedule.py): where this row's numbers come from.
     predicted_peak_gb: float = math.nan  # the memory model's prediction when the measurement started
     measured_by: str = ""          # the trial whose memory/time measurement this row carries (own id: itself)
-    step_time_source: str = ""     # measured | extrapolated (t_opt + grad_acc x t_micro of a short run)
+    step_time_source: str = ""     # measured | extrapolated (t_opt + grad_acc x t_micro of a short run) | runoff
+    timed_by: str = ""             # runoff: the <id>-runoff trial that timed this row in full at its grad_acc
     stability_from: str = ""       # the trial whose loss trajectory gives loss_mean, loss_std, ...
     stability_steps: int | None = None  # that trial's optimizer steps (train.learning_steps, or the row's own)
     stability_precision: str = ""  # that trial's precision (train.learning_precision, or the row's own)
@@ -207,6 +208,15 @@ def write_results(out_dir: str | Path, results: Iterable[TrialResult], append: b
     results = list(results)
     extra = [c for c in dict.fromkeys(k for r in results for k in r.extra) if c not in RESULTS_COLUMNS]
     return write_csv(Path(out_dir) / "results.csv", results, RESULTS_COLUMNS + extra, append=append)
+
+
+def replace_results(out_dir: str | Path, rows: Iterable[TrialResult]) -> None:
+    """Rewrite results.csv with ``rows`` in place of the rows of the same trial ids (the planner's
+    runoff re-times rows already written), atomically (:func:`rewrite_csv`); other rows stay."""
+    path = Path(out_dir) / "results.csv"
+    header = _header(path)
+    new = {r.trial_id: _row(r, header) for r in rows}
+    rewrite_csv(path, [new.get(old["trial_id"], old) for old in read_csv_rows(path)], header)
 
 
 def write_steps(out_dir: str | Path, steps: Iterable[StepRecord], append: bool = False) -> list[str]:

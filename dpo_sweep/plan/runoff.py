@@ -15,6 +15,7 @@ Pure: the plan (schedule.py) asks which rows are finalists and runs them.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -25,6 +26,9 @@ from dpo_sweep.records import TrialResult
 #: their extrapolated times.
 RUNOFF_MAX = 3
 RUNOFF_SUFFIX = "-runoff"
+#: A finalist must fit the budget less this share: the recommendation's default safety margin
+#: (``--safety-margin``), so the runoff times what the default recommendation can choose.
+RUNOFF_SAFETY_MARGIN = 0.05
 
 
 def throughput_interval(row: TrialResult) -> tuple[float, float]:
@@ -56,3 +60,12 @@ def finalists(rows: Sequence[TrialResult], usable_gb: float | None,
             seen.add(key)
             out.append(r)
     return out[:limit]
+
+
+def timed_row(row: TrialResult, runoff: TrialResult) -> TrialResult:
+    """``row`` with the step time, its spread, throughput and MFU that its runoff trial measured
+    in full at the row's grad_acc (``step_time_source: runoff``, ``timed_by``: that trial)."""
+    return dataclasses.replace(
+        row, step_time_ms=runoff.step_time_ms, step_time_p10_ms=runoff.step_time_p10_ms,
+        step_time_p90_ms=runoff.step_time_p90_ms, tokens_per_s=runoff.tokens_per_s, mfu=runoff.mfu,
+        step_time_source="runoff", timed_by=runoff.trial_id)

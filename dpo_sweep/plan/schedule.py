@@ -22,6 +22,12 @@ The story of a sweep:
    configuration that the memory model says fits in the learning precision; when none fits, the
    fastest in the space's own precision, with a note (console and ``stability_note``).
 
+5. The **runoff** (:mod:`~dpo_sweep.plan.runoff`): once every group is measured, the rows the
+   recommendation would weigh - fitting the budget, their throughput tied within its p10-p90
+   noise with the fastest's - whose step time was extrapolated are timed in full at their own
+   grad_acc as ``<trial_id>-runoff`` (at most ``RUNOFF_MAX``); their rows take that time
+   (``step_time_source: runoff``, ``timed_by``), rewritten in results.csv if already written.
+
 ``full_grid``: every configuration is its own measure trial at its real grad_acc with its own
 steps and precision, in the space's order; nothing is pruned, shared or extrapolated.
 """
@@ -35,13 +41,14 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
 from dpo_sweep.plan.memory import MemoryEstimate, planning_device, predict_peak_gb
 from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, shared_row, with_stability
+from dpo_sweep.plan.runoff import RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, timed_row
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
                                   measurement_key, pick_learning_trial, prune_after_oom, prune_over_budget,
                                   short_grad_acc)
 from dpo_sweep.records import StepRecord, TrialResult, failed_result
 from dpo_sweep.train.lengths import LengthProfile
 
-MEASURE, LEARN = "measure", "learn"
+MEASURE, LEARN, RUNOFF = "measure", "learn", "runoff"
 LEARNING_SUFFIX = "-learning"
 Estimator = Callable[[TrialConfig], MemoryEstimate]
 
@@ -66,8 +73,8 @@ class Job:
 
     job_id: str
     cfg: TrialConfig
-    kind: str  # measure | learn
-    key: str   # its measurement_key (measure) or learning_key (learn)
+    kind: str  # measure | learn | runoff
+    key: str   # its measurement_key (measure, runoff) or learning_key (learn)
     note: str = ""  # learn: why it runs in the space's precision (stability_note), else ""
 
 
@@ -87,6 +94,7 @@ class _Output:
     steps: list[StepRecord] = field(default_factory=list)
     rows: list[TrialResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    replaced: list[TrialResult] = field(default_factory=list)
 
 
 class SweepPlan:
@@ -121,6 +129,8 @@ class SweepPlan:
         self._learned: dict[str, LearningSource | None] = {}
         self._learning_oom: dict[str, str] = {}  # learning_key -> why its learning precision did not fit
         self._running: dict[str, Job] = {}
+        self._runoff_queue: list[Job] | None = None  # None: not decided yet (groups still measuring)
+        self._runoff_times: dict[tuple[str, int], TrialResult] = {}  # (measurement_key, grad_acc) -> ok runoff
         self._measurements: list[Measurement] = []
         self._calibration: Calibration = calibrate([])
         self._written: set[str] = set()
@@ -141,7 +151,7 @@ class SweepPlan:
     # --- what the Searcher asks -------------------------------------------------------------
 
     def next_job(self) -> Job | None:
-        job = self._next_measurement() or self._next_learning()
+        job = self._next_measurement() or self._next_runoff() or self._next_learning()
         if job is not None:
             self._running[job.job_id] = job
         self._emit_ready()
@@ -163,6 +173,8 @@ class SweepPlan:
             self._learning_oom[job.key] = f"{job_id} ran out of memory"
         elif job.kind == LEARN:
             self._learned[job.key] = LearningSource.of(job.cfg, result, job.note)
+        elif job.kind == RUNOFF:
+            self._finish_runoff(job, result)
         else:
             group = self._groups[job.key]
             group.state, group.result, group.steps = "done", result, tuple(steps)
@@ -177,6 +189,12 @@ class SweepPlan:
         steps, rows = self._out.steps, self._out.rows
         self._out.steps, self._out.rows = [], []
         return steps, rows
+
+    def take_replaced(self) -> list[TrialResult]:
+        """Rows already handed out by :meth:`take_output` whose numbers changed since (a runoff
+        timed them in full): to rewrite in results.csv."""
+        rows, self._out.replaced = self._out.replaced, []
+        return rows
 
     def take_notes(self) -> list[str]:
         notes, self._out.notes = self._out.notes, []
@@ -319,27 +337,83 @@ class SweepPlan:
             return None
         return Job(job_id, cfg.model_copy(update={"trial_id": job_id}), LEARN, lkey, note)
 
+    # --- the runoff ----------------------------------------------------------------------------
+
+    def _next_runoff(self) -> Job | None:
+        if self.full_grid:
+            return None
+        if self._runoff_queue is None:
+            if any(g.state in ("pending", "running") for g in self._groups.values()):
+                return None  # the fastest is known once every group is measured
+            self._runoff_queue = [self._runoff_job(r) for r in finalists(self._fitting_rows(), usable_gb=None)]
+            if self._runoff_queue:
+                names = ", ".join(j.job_id.removesuffix(RUNOFF_SUFFIX) for j in self._runoff_queue)
+                self._out.notes.append(f"runoff: {names} tied within the step-time noise on extrapolated "
+                                       "step times; timing each in full at its grad_acc")
+        return self._runoff_queue.pop(0) if self._runoff_queue else None
+
+    def _fitting_rows(self) -> list[TrialResult]:
+        """Every measured ok row that fits its budget less the recommendation's default margin."""
+        rows = []
+        for group in self._groups.values():
+            if group.state != "done" or group.result.status != "ok":
+                continue
+            for m in group.members:
+                budget = self.budget_of(m)
+                if budget is None or group.result.peak_mem_gb <= budget * (1 - RUNOFF_SAFETY_MARGIN):
+                    rows.append(self._time_row(m, group))
+        return rows
+
+    def _runoff_job(self, row: TrialResult) -> Job:
+        cfg = self._cfgs[row.trial_id]
+        job_id = cfg.trial_id + RUNOFF_SUFFIX
+        return Job(job_id, cfg.model_copy(update={"trial_id": job_id}), RUNOFF, self._group_of[cfg.trial_id])
+
+    def _finish_runoff(self, job: Job, result: TrialResult) -> None:
+        group = self._groups[job.key]
+        if result.status != "ok":
+            self._out.notes.append(f"runoff: {job.job_id} {result.status}; its rows keep the extrapolated step time")
+            return
+        grad_acc = job.cfg.grad_acc
+        self._runoff_times[(job.key, grad_acc)] = result
+        before = self._time_row(job.cfg.model_copy(update={"trial_id": job.job_id.removesuffix(RUNOFF_SUFFIX)}), group)
+        self._out.notes.append(f"runoff: {job.job_id} {result.step_time_ms:.0f} ms per step in full "
+                               f"(extrapolated {before.step_time_ms:.0f} ms)")
+        for m in group.members:
+            if m.grad_acc == grad_acc and m.trial_id in self._written and (row := self._row_of(m, group)):
+                self._out.replaced.append(row)
+
     # --- rows ----------------------------------------------------------------------------------
 
     def _emit(self, row: TrialResult) -> None:
         self._written.add(row.trial_id)
         self._out.rows.append(row)
 
+    def _time_row(self, m: TrialConfig, group: _Group) -> TrialResult:
+        """``m``'s row from its group's measurement, with its runoff's time when it had one."""
+        row = shared_row(m, group.result, group.steps, ran_grad_acc=group.ran_grad_acc,
+                         measured_by=group.measuring.trial_id, predicted_peak_gb=group.predicted_gb)
+        runoff = self._runoff_times.get((self._group_of[m.trial_id], m.grad_acc))
+        return timed_row(row, runoff) if runoff is not None and row.status == "ok" else row
+
+    def _row_of(self, m: TrialConfig, group: _Group) -> TrialResult | None:
+        """``m``'s results row, or None while its learning trial is still to come."""
+        row = self._time_row(m, group)
+        if row.status != "ok":
+            return row
+        if self._own_learning(m):
+            return with_stability(row, LearningSource.of(m, row))
+        if (lkey := self._learning_keys[m.trial_id]) in self._learned:
+            return with_stability(row, self._learned[lkey])
+        return None
+
     def _emit_ready(self) -> None:
         for group in self._groups.values():
             if group.state != "done":
                 continue
             for m in group.members:
-                if m.trial_id in self._written:
-                    continue
-                row = shared_row(m, group.result, group.steps, ran_grad_acc=group.ran_grad_acc,
-                                 measured_by=group.measuring.trial_id, predicted_peak_gb=group.predicted_gb)
-                if row.status != "ok":
+                if m.trial_id not in self._written and (row := self._row_of(m, group)) is not None:
                     self._emit(row)
-                elif self._own_learning(m):
-                    self._emit(with_stability(row, LearningSource.of(m, row)))
-                elif (lkey := self._learning_keys[m.trial_id]) in self._learned:
-                    self._emit(with_stability(row, self._learned[lkey]))
 
 
 def plan_labels(trials: Sequence[TrialConfig], budget_gb: float | None = None,

@@ -16,7 +16,7 @@ from ray import tune
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.schedule import SweepPlan
-from dpo_sweep.records import TrialResult, widened_line, write_results, write_steps
+from dpo_sweep.records import TrialResult, replace_results, widened_line, write_results, write_steps
 from dpo_sweep.sweep import driver
 from dpo_sweep.sweep.output_dir import save_environment
 from dpo_sweep.sweep.stopping import Ending, StopRequest, same_early_failure
@@ -117,6 +117,8 @@ class SweepRecorder(tune.Callback):
             say(widened_line(self.out_dir / "steps.csv", added))
         if rows and (added := write_results(self.out_dir, rows, append=True)):
             say(widened_line(self.out_dir / "results.csv", added))  # --resume into an older results.csv
+        if replaced := self.plan.take_replaced():  # rows a runoff timed in full after they were written
+            replace_results(self.out_dir, replaced)
         for row in rows:
             self.finished += 1
             left = eta_s(self.total - self.finished, self.trial_walls_s, self.concurrent)

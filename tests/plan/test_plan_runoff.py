@@ -1,6 +1,7 @@
 """The runoff's finalists (dpo_sweep/plan/runoff.py): which rows get timed in full."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from dpo_sweep.plan.runoff import finalists, throughput_interval
@@ -46,3 +47,77 @@ def test_failed_rows_do_not_count_and_the_number_is_capped():
     assert len(finalists(rows, usable_gb=None)) == 3 and len(finalists(rows, None, limit=5)) == 5
     oom = row("big", 16, 2000.0, status="oom")
     assert finalists([oom], usable_gb=None) == [] and finalists(rows + [oom], None)[0].trial_id == "t0"
+
+
+# --- the runoff in the plan (no Ray): stand-in trials of tests/plan/test_plan_schedule.py ---------
+
+from dpo_sweep.plan.schedule import LEARN, MEASURE, RUNOFF, SweepPlan  # noqa: E402
+from dpo_sweep.records import read_csv_rows, replace_results, write_results  # noqa: E402
+from tests.plan.test_plan_schedule import drive, estimate, run, space  # noqa: E402
+
+
+def test_tied_extrapolated_configurations_are_timed_in_full_after_every_measurement():
+    # Two levels at grad_acc 8, measured at 2: the stand-in times them alike, so they tie.
+    trials = space(checkpoint_level=["none", "L1"], grad_acc=[8], beta=[0.1, 0.2])
+    jobs, rows = drive(SweepPlan(trials, estimate=estimate))
+    kinds = [j.kind for j in jobs]
+    assert kinds[:2] == [MEASURE, MEASURE] and kinds[2:4] == [RUNOFF, RUNOFF]  # after both measurements
+    runoff = [j for j in jobs if j.kind == RUNOFF]
+    assert [(j.cfg.grad_acc, j.cfg.checkpoint_level) for j in runoff] == [(8, "none"), (8, "L1")]
+    assert all(j.job_id.endswith("-runoff") for j in runoff)
+    for r in rows.values():  # both betas of each level take their level's runoff
+        level = next(j for j in runoff if j.cfg.checkpoint_level == r.checkpoint_level)
+        assert (r.step_time_source, r.timed_by, r.measured_by) == ("runoff", level.job_id, r.measured_by)
+        assert r.measured_by != level.job_id  # the memory still comes from the short measurement
+
+
+def test_a_finalist_must_fit_the_budget_less_the_recommendation_margin():
+    # Peaks 15 GB (none) and 14 GB (L1): a 15.5 GB budget leaves 14.7 GB after 5 %: only L1 runs off.
+    trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
+    jobs, rows = drive(SweepPlan(trials, estimate=estimate, budget_gb=15.5, margin=0.5))
+    assert [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF] == ["L1"]
+    assert {r.checkpoint_level: r.step_time_source for r in rows.values()} == {"none": "extrapolated", "L1": "runoff"}
+
+
+def test_rows_written_before_their_runoff_ended_are_handed_back_rewritten():
+    trials = space(grad_acc=[8])
+    plan = SweepPlan(trials, estimate=estimate)
+    measure = plan.next_job()
+    plan.finish(measure.job_id, *run(measure))
+    runoff, learn = plan.next_job(), plan.next_job()  # both start: two trials at a time
+    assert (runoff.kind, learn.kind) == (RUNOFF, LEARN)
+    plan.finish(learn.job_id, *run(learn))
+    (written,) = plan.take_output()[1]
+    assert written.step_time_source == "extrapolated" and plan.take_replaced() == []
+    result, steps = run(runoff)
+    plan.finish(runoff.job_id, dataclasses.replace(result, step_time_ms=999.0), steps)
+    (again,) = plan.take_replaced()
+    assert (again.trial_id, again.step_time_ms, again.step_time_source) == (written.trial_id, 999.0, "runoff")
+    assert again.stability_from == written.stability_from  # the rest of the row is unchanged
+    assert any(n.startswith(f"runoff: {runoff.job_id} 999 ms per step in full") for n in plan.take_notes())
+
+
+def test_a_runoff_that_fails_leaves_the_extrapolated_time_and_says_so():
+    trials = space(grad_acc=[8])
+    plan = SweepPlan(trials, estimate=estimate)
+    jobs, rows = drive(plan, outcome=lambda j: run(j, status="oom") if j.kind == RUNOFF else run(j))
+    assert [j.kind for j in jobs].count(RUNOFF) == 1
+    assert rows[trials[0].trial_id].step_time_source == "extrapolated"
+    assert any("runoff" in n and "oom" in n for n in plan.take_notes())
+
+
+def test_full_grid_and_measured_rows_have_no_runoff():
+    trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
+    jobs, _ = drive(SweepPlan(trials, estimate=estimate, full_grid=True))
+    assert RUNOFF not in {j.kind for j in jobs}
+    jobs, _ = drive(SweepPlan(space(micro_batch=[1, 2], grad_acc=[2]), estimate=estimate))  # ran at their grad_acc
+    assert RUNOFF not in {j.kind for j in jobs}
+
+
+def test_replace_results_rewrites_only_the_rows_of_those_trial_ids(tmp_path):
+    a, b = row("a", 8, 100.0), row("b", 16, 200.0)
+    write_results(tmp_path, [a, b])
+    replace_results(tmp_path, [dataclasses.replace(b, tokens_per_s=250.0, step_time_source="runoff", timed_by="b-runoff")])
+    got = {r["trial_id"]: r for r in read_csv_rows(tmp_path / "results.csv")}
+    assert list(got) == ["a", "b"] and got["a"]["tokens_per_s"] == "100.0"
+    assert (got["b"]["tokens_per_s"], got["b"]["timed_by"], got["b"]["step_time_source"]) == ("250.0", "b-runoff", "runoff")

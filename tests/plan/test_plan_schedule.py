@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dpo_sweep.plan.memory import MemoryEstimate
-from dpo_sweep.plan.schedule import LEARN, MEASURE, SweepPlan, plan_labels
+from dpo_sweep.plan.schedule import LEARN, MEASURE, RUNOFF, SweepPlan, plan_labels
 from dpo_sweep.records import StepRecord, TrialResult
 from tests.testkit import make_cfg
 
@@ -127,9 +127,11 @@ def test_short_accumulation_runs_two_micro_steps_and_extrapolates_the_step_time(
     jobs, rows = drive(SweepPlan(trials, estimate=estimate))
     measure = [j for j in jobs if j.kind == MEASURE]
     assert [(j.job_id, j.cfg.grad_acc) for j in measure] == [(trials[0].trial_id, 2)]
+    # grad_acc 64 is the fastest (tokens/s) and alone: the runoff times it in full (test_plan_runoff.py)
+    assert [j.job_id for j in jobs if j.kind == RUNOFF] == [trials[1].trial_id + "-runoff"]
     for t in trials:
         r = rows[t.trial_id]
-        assert r.grad_acc == t.grad_acc and r.step_time_source == "extrapolated"
+        assert r.grad_acc == t.grad_acc and r.step_time_source == ("runoff" if t.grad_acc == 64 else "extrapolated")
         assert r.step_time_ms == pytest.approx(T_OPT_MS + t.grad_acc * T_MICRO_MS)
         # tokens/s: the measured rate scaled by the work per step over the time per step
         assert r.tokens_per_s == pytest.approx(1000.0 * t.grad_acc / r.step_time_ms)
