@@ -6,10 +6,9 @@ is left); and the same-failure early stop (:mod:`~dpo_sweep.sweep.stopping`)."""
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import ray
 from ray import tune
@@ -27,14 +26,23 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def eta_s(remaining: int, trial_walls_s: list[float], concurrent: int) -> float:
-    """What is left: the remaining trials x the median trial wall so far, ``concurrent`` at a time
-    (NaN before any trial has finished)."""
-    if remaining <= 0:
+def trial_tokens(cfg: TrialConfig) -> int:
+    """What a configuration's trial costs, as a proxy: the tokens its optimizer steps go through at
+    most (steps x grad_acc x micro_batch x max_length); a step's time grows with them."""
+    return cfg.train.steps * cfg.grad_acc * cfg.micro_batch * cfg.train.max_length
+
+
+def eta_s(trial_walls_s: Sequence[float], done_tokens: float, left_tokens: float, concurrent: int) -> float:
+    """What is left: the remaining configurations' tokens (:func:`trial_tokens`) at this run's pace
+    so far - the finished trials' summed wall time over the tokens of the rows they have written
+    (rows shared or extrapolated from one trial make the pace faster, as they will for the rest) -
+    ``concurrent`` at a time. A configuration 4x as long as the finished ones counts 4x. NaN
+    before a trial has finished."""
+    if left_tokens <= 0:
         return 0.0
-    if not trial_walls_s:
+    if not trial_walls_s or done_tokens <= 0:
         return math.nan
-    return math.ceil(remaining / max(1, concurrent)) * statistics.median(trial_walls_s)
+    return sum(trial_walls_s) / done_tokens * left_tokens / max(1, concurrent)
 
 
 def duration(seconds: float) -> str:
@@ -87,7 +95,9 @@ class SweepRecorder(tune.Callback):
     (a picklable reference: Tune pickles its callbacks with the experiment state)."""
 
     def __init__(self, out_dir: Path, plan: SweepPlan, total: int, already_done: int,
-                 stop: StopRequest | None = None, concurrent: int = 1) -> None:
+                 stop: StopRequest | None = None, concurrent: int = 1, trials: Sequence[TrialConfig] = ()) -> None:
+        """``trials``: this run's configurations, which weight the estimate of what is left (one
+        not given counts as one token)."""
         self.out_dir = out_dir
         # The plan's jobs hold the configs the sweep already validated: a Tune trial's config
         # dict is only looked up here (by its trial id), never validated again.
@@ -104,6 +114,8 @@ class SweepRecorder(tune.Callback):
         self.started_at = time.monotonic()
         self.trial_started: dict[str, float] = {}
         self.trial_walls_s: list[float] = []
+        self.tokens = {t.trial_id: trial_tokens(t) for t in trials}
+        self.done_tokens = 0  # of the rows this run wrote for trials that ran (not pruned ones)
 
     def _cfg(self, trial: Any) -> TrialConfig:
         return self.plan.job(trial.config["trial"]["trial_id"]).cfg
@@ -115,9 +127,15 @@ class SweepRecorder(tune.Callback):
             say(widened_line(self.out_dir / "steps.csv", added))
         if rows and (added := write_results(self.out_dir, rows, append=True)):
             say(widened_line(self.out_dir / "results.csv", added))  # --resume into an older results.csv
+        # What is left as each row is counted: the configurations still without a row, and this
+        # flush's rows after it.
+        left_tokens = sum(self.tokens.get(t, 1) for t in [*self.plan.unwritten(), *(r.trial_id for r in rows)])
         for row in rows:
             self.finished += 1
-            left = eta_s(self.total - self.finished, self.trial_walls_s, self.concurrent)
+            left_tokens -= self.tokens.get(row.trial_id, 1)
+            if row.status != "pruned":  # a pruned configuration took no trial time
+                self.done_tokens += self.tokens.get(row.trial_id, 1)
+            left = eta_s(self.trial_walls_s, self.done_tokens, left_tokens, self.concurrent)
             say(progress_line(self.finished, self.total, row, time.monotonic() - self.started_at, left))
 
     def _end(self, done: driver.CollectedTrial) -> None:

@@ -134,7 +134,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     stop = StopRequest()
     plan = SweepPlan(todo, budget_gb=card_memory_gb() if use_gpu else None, full_grid=full_grid, lengths=lengths)
     out(plan.summary_line())
-    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent)
+    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent, trials=todo)
     for key, value in TUNE_DRIVER_ENV.items():
         os.environ.setdefault(key, value)
     logging.getLogger(RESULT_GRID_LOGGER).setLevel(logging.ERROR)
