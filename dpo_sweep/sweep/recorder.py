@@ -6,6 +6,7 @@ is left); and the same-failure early stop (:mod:`~dpo_sweep.sweep.stopping`)."""
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -32,17 +33,18 @@ def trial_tokens(cfg: TrialConfig) -> int:
     return cfg.train.steps * cfg.grad_acc * cfg.micro_batch * cfg.train.max_length
 
 
-def eta_s(trial_walls_s: Sequence[float], done_tokens: float, left_tokens: float, concurrent: int) -> float:
-    """What is left: the remaining configurations' tokens (:func:`trial_tokens`) at this run's pace
-    so far - the finished trials' summed wall time over the tokens of the rows they have written
-    (rows shared or extrapolated from one trial make the pace faster, as they will for the rest) -
-    ``concurrent`` at a time. A configuration 4x as long as the finished ones counts 4x. NaN
-    before a trial has finished."""
+def eta_s(s_per_token: Sequence[float], left_tokens: float, concurrent: int, run_share: float = 1.0) -> float:
+    """What is left: the tokens of the configurations without a row (:func:`trial_tokens`) at the
+    median pace of this run's finished trials (seconds per token of what each ran; the median, as
+    the first trial also waited for Ray and its worker), times ``run_share`` - the tokens trials
+    ran per token of the rows they wrote (below 1 when rows share a measurement or were measured
+    at a shorter accumulation) - ``concurrent`` at a time. A configuration with 4x the tokens of
+    the finished ones counts 4x. NaN before a trial has finished."""
     if left_tokens <= 0:
         return 0.0
-    if not trial_walls_s or done_tokens <= 0:
+    if not s_per_token:
         return math.nan
-    return sum(trial_walls_s) / done_tokens * left_tokens / max(1, concurrent)
+    return statistics.median(s_per_token) * left_tokens * run_share / max(1, concurrent)
 
 
 def duration(seconds: float) -> str:
@@ -113,9 +115,10 @@ class SweepRecorder(tune.Callback):
         self.endings: list[Ending] = []  # this run's ended Ray trials, in the order they ended
         self.started_at = time.monotonic()
         self.trial_started: dict[str, float] = {}
-        self.trial_walls_s: list[float] = []
         self.tokens = {t.trial_id: trial_tokens(t) for t in trials}
-        self.done_tokens = 0  # of the rows this run wrote for trials that ran (not pruned ones)
+        self.trial_s_per_token: list[float] = []  # each ended Ray trial's wall over what it ran
+        self.run_tokens = 0   # what this run's ended Ray trials ran
+        self.done_tokens = 0  # the rows this run wrote for configurations that ran (not pruned ones)
 
     def _cfg(self, trial: Any) -> TrialConfig:
         return self.plan.job(trial.config["trial"]["trial_id"]).cfg
@@ -135,7 +138,8 @@ class SweepRecorder(tune.Callback):
             left_tokens -= self.tokens.get(row.trial_id, 1)
             if row.status != "pruned":  # a pruned configuration took no trial time
                 self.done_tokens += self.tokens.get(row.trial_id, 1)
-            left = eta_s(self.trial_walls_s, self.done_tokens, left_tokens, self.concurrent)
+            share = self.run_tokens / self.done_tokens if self.done_tokens and self.run_tokens else 1.0
+            left = eta_s(self.trial_s_per_token, left_tokens, self.concurrent, share)
             say(progress_line(self.finished, self.total, row, time.monotonic() - self.started_at, left))
 
     def _end(self, done: driver.CollectedTrial) -> None:
@@ -149,7 +153,11 @@ class SweepRecorder(tune.Callback):
             self.worker_environment_written = True
         started = self.trial_started.pop(job_id, None)
         if started is not None:
-            self.trial_walls_s.append(time.monotonic() - started)
+            # What it ran: its own grad_acc (a shorter one, measuring); 1 when the recorder was
+            # given no configurations (rows count 1 each then).
+            ran = trial_tokens(self.plan.job(job_id).cfg) if self.tokens else 1
+            self.trial_s_per_token.append((time.monotonic() - started) / ran)
+            self.run_tokens += ran
         r = done.result
         self.endings.append(Ending(job_id, r.status, len(done.steps), r.error))
         self.plan.finish(job_id, r, done.steps)

@@ -102,12 +102,15 @@ def test_recorder_asks_for_the_stop_after_two_alike_failures_and_writes_no_row_f
 
 
 def test_eta_weights_what_is_left_by_its_tokens_at_the_pace_so_far():
-    # Two finished trials of 1,000 tokens in 10 s each; left: two of 4,000 (grad_acc 4): 80 s, not
-    # the 20 s that counting trials equally says.
-    assert recorder.eta_s([10.0, 10.0], done_tokens=2000, left_tokens=8000, concurrent=1) == 80.0
-    assert recorder.eta_s([10.0, 10.0], done_tokens=2000, left_tokens=8000, concurrent=2) == 40.0
-    assert recorder.eta_s([10.0], done_tokens=1000, left_tokens=0, concurrent=1) == 0.0
-    assert math.isnan(recorder.eta_s([], done_tokens=0, left_tokens=1000, concurrent=1))
+    # Finished trials took 10 s per 1,000 tokens (the median: the first one also waited for its
+    # worker); left: two of 4,000 tokens (grad_acc 4): 80 s, not the 20 s of counting trials.
+    pace = [0.010, 0.010, 0.050]
+    assert recorder.eta_s(pace, left_tokens=8000, concurrent=1) == pytest.approx(80.0)
+    assert recorder.eta_s(pace, left_tokens=8000, concurrent=2) == pytest.approx(40.0)
+    # Rows sharing one measurement: the trials ran half the tokens of the rows they wrote.
+    assert recorder.eta_s(pace, left_tokens=8000, concurrent=1, run_share=0.5) == pytest.approx(40.0)
+    assert recorder.eta_s(pace, left_tokens=0, concurrent=1) == 0.0
+    assert math.isnan(recorder.eta_s([], left_tokens=1000, concurrent=1))
     assert recorder.trial_tokens(make_cfg(grad_acc=4, micro_batch=2, steps=3)) == 3 * 4 * 2 * 64  # max_length 64
     assert [recorder.duration(s) for s in (42.4, 185, 3720, math.nan)] == ["42 s", "3 min 05 s", "1 h 02 min", "?"]
 
