@@ -22,7 +22,8 @@ its space and the timestamped console log under ``--out``.
 ``--space PATH`` instead runs that space as a user would (planner on) and reports how much of the
 sweep's wall time the device spent in optimizer steps: ``train_s`` = the sum of ``step_time_ms``
 over every step of every Ray trial (steps.csv holds them all, learning trials' included),
-``share`` = ``train_s`` / the command's wall time (Ray start, preflight and report included).
+``share`` = ``train_s`` / the command's wall time (Ray start, preflight and report included),
+``first_row_s`` = the command's start -> its first progress line (the fixed start-up + the first trial).
 Writes ``<name>_share.md`` / ``.csv`` and the sweep's results.csv, steps.csv and console log.
 """
 from __future__ import annotations
@@ -177,12 +178,18 @@ def markdown(rows: list[TrialTiming], cmd: str, description: str, wall_s: float,
     return "\n".join(out) + "\n"
 
 
-def training_share(steps: list[dict[str, str]], wall_s: float) -> dict[str, float]:
+def first_row_s(lines: list[tuple[float, str]]) -> float:
+    """When the first progress line came (seconds since the command's start): the sweep's fixed
+    start-up (preflight, Ray, Tune, the first worker's imports) plus the first trial."""
+    return next((t for t, line in lines if PROGRESS.match(_strip(line))), math.nan)
+
+
+def training_share(steps: list[dict[str, str]], wall_s: float, first_row: float = math.nan) -> dict[str, float]:
     """What share of a sweep's wall time its optimizer steps took (see the module doc)."""
     train_s = sum(float(r["step_time_ms"]) for r in steps if r.get("step_time_ms") not in (None, "")) / 1e3
     trials = len({r["trial_id"] for r in steps})
     return {"wall_s": wall_s, "train_s": train_s, "share": train_s / wall_s if wall_s > 0 else math.nan,
-            "ray_trials_with_steps": trials, "steps": len(steps)}
+            "ray_trials_with_steps": trials, "steps": len(steps), "first_row_s": first_row}
 
 
 def run_space(space: Path, out: Path, dashboard: bool) -> int:
@@ -193,20 +200,23 @@ def run_space(space: Path, out: Path, dashboard: bool) -> int:
         cmd = [sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", sweep_dir,
                *([] if dashboard else ["--no-dashboard"])]
         t0 = time.monotonic()
-        run_timed(cmd, out / f"{name}_console.log")
+        lines = run_timed(cmd, out / f"{name}_console.log")
         wall_s = time.monotonic() - t0
         for file in ("results.csv", "steps.csv", "environment.json"):
             shutil.copy(Path(sweep_dir) / file, out / f"{name}_{file}")
-    share = training_share(read_csv_rows(out / f"{name}_steps.csv"), wall_s)
+    share = training_share(read_csv_rows(out / f"{name}_steps.csv"), wall_s, first_row_s(lines))
     with (out / f"{name}_share.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(share))
         w.writeheader()
         w.writerow(share)
     md = (f"# Training share of `dpo-sweep run {space}`\n\n"
           f"Command: `python benchmarks/sweep_overhead.py --space {space} --out {out}`\n\n"
-          f"| wall_s | train_s | share | ray_trials_with_steps | steps |\n| --- | --- | --- | --- | --- |\n"
+          f"| wall_s | train_s | share | ray_trials_with_steps | steps | first_row_s |\n"
+          f"| --- | --- | --- | --- | --- | --- |\n"
           f"| {share['wall_s']:.1f} | {share['train_s']:.1f} | {share['share']:.1%} | "
-          f"{share['ray_trials_with_steps']} | {share['steps']} |\n")
+          f"{share['ray_trials_with_steps']} | {share['steps']} | {share['first_row_s']:.1f} |\n\n"
+          "first_row_s: the command's start -> its first progress line (the fixed start-up and the "
+          "first trial).\n")
     (out / f"{name}_share.md").write_text(md)
     print("\n" + md)
     return 0

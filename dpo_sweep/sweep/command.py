@@ -1,10 +1,12 @@
 """``dpo-sweep run``: the whole sweep on a Ray cluster, through the planner (fewer Tune trials
 than configurations; ``--full-grid``: one per configuration).
 
-The story: validate the space (exit 2 on a bad file) -> prepare the results directory
+The story: validate the space (exit 2 on a bad file) -> check the data and models
+(:mod:`~dpo_sweep.preflight`, exit 2) while Ray and the warm workers start beside it
+(:mod:`~dpo_sweep.sweep.startup`; :mod:`~dpo_sweep.sweep.ray_cluster`: a new local cluster with
+its dashboard, or ``--address`` / ``RAY_ADDRESS``) -> prepare the results directory
 (:mod:`~dpo_sweep.sweep.output_dir`: copy the space file, keep or set aside earlier results) ->
-connect to Ray (:mod:`~dpo_sweep.sweep.ray_cluster`: a new local cluster with its dashboard, or
-``--address`` / ``RAY_ADDRESS``) and print where the dashboard is and how to log in -> run the
+print where the dashboard is and how to log in -> run the
 trials not yet in ``results.csv`` (:mod:`~dpo_sweep.sweep.tuner`), each trial's rows appended as it
 finishes (:mod:`~dpo_sweep.sweep.recorder`), its workers' output in ``DIR/logs/`` -> analyse the
 directory and print the frontier table and the recommendation. Ctrl-C and a failure that every
@@ -35,8 +37,10 @@ from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finish
 from dpo_sweep.sweep.ray_cluster import InfrastructureError, RayConnection, connect_ray, print_dashboard
 from dpo_sweep.sweep.driver import LOGS_DIR
 from dpo_sweep.sweep.recorder import say
+from dpo_sweep.sweep.startup import PREFLIGHT_HEAD_START_S, BackgroundPreflight
 from dpo_sweep.sweep.stopping import INTERRUPTED, interrupted_line, resume_command
-from dpo_sweep.sweep.tuner import SweepSummary, run_sweep
+from dpo_sweep.sweep.tuner import SweepSummary, absolute_paths, run_sweep, start_warm_workers, trial_slots
+from dpo_sweep.sweep.warm_worker import WarmPool
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
@@ -81,31 +85,51 @@ def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Pat
     return 1
 
 
+def _prepare(args: argparse.Namespace, out_dir: Path, data: tuple[preflight.DataSummary, ...]) -> set[str]:
+    """After the preflight: its lines, the results directory (earlier results kept or set aside),
+    environment.json and data.json; the trial ids to skip."""
+    say("\n".join(s.line() for s in data))
+    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume))
+    save_environment(out_dir, say)
+    write_data_json(out_dir, [s.shape for s in data if s.shape is not None])  # the report's data shape
+    return done_ids
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``dpo-sweep run SPACE.yaml``: see the module doc for the steps and exit codes."""
     sp = space_mod.load(args.space)  # UserError -> exit 2, before anything starts
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent: {args.max_concurrent} is not allowed; give 1 or more")
     out_dir = Path(args.output) if args.output else default_output_dir(sp.name)
-    data = preflight.check_inputs(sp.trials, out_dir)  # exit 2 before Ray
-    say("\n".join(s.line() for s in data))
-    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume))
-    save_environment(out_dir, say)
-    write_data_json(out_dir, [s.shape for s in data if s.shape is not None])  # the report's data shape
-
-    if done_ids >= {t.trial_id for t in sp.trials}:
-        say(f"resume: all {len(sp.trials)} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
-        _analyse(out_dir, args, say, sp.spec)
-        return 0
-
-    conn: RayConnection | None = None
     total = len(sp.trials)
+    # A resumed sweep with every row written starts no Ray (a look only: prepare_output decides).
+    nothing_to_run = bool(args.resume) and finished_trial_ids(out_dir) >= {t.trial_id for t in sp.trials}
+    planned = [absolute_paths(t) for t in sp.trials]  # as the trials will see them
+    conn: RayConnection | None = None
+    pool: WarmPool | None = None
     try:
-        conn = connect_ray(args.address, dashboard=not args.no_dashboard)
+        # The preflight (exit 2 on bad input, before anything is written) in a thread, Ray and
+        # the warm workers starting beside it (startup.py).
+        with BackgroundPreflight(sp.trials, out_dir, planned) as pending:
+            if not nothing_to_run and not pending.answered_within(PREFLIGHT_HEAD_START_S):
+                try:
+                    conn = connect_ray(args.address, dashboard=not args.no_dashboard)
+                    pool = start_warm_workers(planned, trial_slots(sp, ray.cluster_resources(), args.max_concurrent))
+                except Exception:
+                    pending.result()  # a refusal of the input comes first, as when it ran before Ray
+                    raise
+            checked = pending.result()
+        done_ids = _prepare(args, out_dir, checked.data)
+        if done_ids >= {t.trial_id for t in sp.trials}:
+            say(f"resume: all {total} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
+            _analyse(out_dir, args, say, sp.spec)
+            return 0
+        if conn is None:  # the preflight answered within its head start
+            conn = connect_ray(args.address, dashboard=not args.no_dashboard)
         print_dashboard(conn, say)
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
                             cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)),
-                            lengths=preflight.lengths_by_trial(sp.trials, data))  # the plan's memory model
+                            lengths=checked.lengths, pool=pool)  # the plan's memory model
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -114,6 +138,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                              resume_command(args.space, str(out_dir))))
         return EXIT_INTERRUPTED
     finally:
+        if pool is not None:
+            pool.close()  # before the analysis: the workers' GPUs are free again
         # Ends the trials still running when the sweep stopped early: a local cluster with
         # everything in it; on a joined cluster, the job's trial actors (their Train controllers
         # and workers are owned by them, so they end too).

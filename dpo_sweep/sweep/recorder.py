@@ -9,7 +9,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import ray
 from ray import tune
@@ -27,14 +27,24 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def eta_s(remaining: int, trial_walls_s: list[float], concurrent: int) -> float:
-    """What is left: the remaining trials x the median trial wall so far, ``concurrent`` at a time
-    (NaN before any trial has finished)."""
-    if remaining <= 0:
+def trial_tokens(cfg: TrialConfig) -> int:
+    """What a configuration's trial costs, as a proxy: the tokens its optimizer steps go through at
+    most (steps x grad_acc x micro_batch x max_length); a step's time grows with them."""
+    return cfg.train.steps * cfg.grad_acc * cfg.micro_batch * cfg.train.max_length
+
+
+def eta_s(s_per_token: Sequence[float], left_tokens: float, concurrent: int, run_share: float = 1.0) -> float:
+    """What is left: the tokens of the configurations without a row (:func:`trial_tokens`) at the
+    median pace of this run's finished trials (seconds per token of what each ran; the median, as
+    the first trial also waited for Ray and its worker), times ``run_share`` - the tokens trials
+    ran per token of the rows they wrote (below 1 when rows share a measurement or were measured
+    at a shorter accumulation) - ``concurrent`` at a time. A configuration with 4x the tokens of
+    the finished ones counts 4x. NaN before a trial has finished."""
+    if left_tokens <= 0:
         return 0.0
-    if not trial_walls_s:
+    if not s_per_token:
         return math.nan
-    return math.ceil(remaining / max(1, concurrent)) * statistics.median(trial_walls_s)
+    return statistics.median(s_per_token) * left_tokens * run_share / max(1, concurrent)
 
 
 def duration(seconds: float) -> str:
@@ -87,7 +97,9 @@ class SweepRecorder(tune.Callback):
     (a picklable reference: Tune pickles its callbacks with the experiment state)."""
 
     def __init__(self, out_dir: Path, plan: SweepPlan, total: int, already_done: int,
-                 stop: StopRequest | None = None, concurrent: int = 1) -> None:
+                 stop: StopRequest | None = None, concurrent: int = 1, trials: Sequence[TrialConfig] = ()) -> None:
+        """``trials``: this run's configurations, which weight the estimate of what is left (one
+        not given counts as one token)."""
         self.out_dir = out_dir
         # The plan's jobs hold the configs the sweep already validated: a Tune trial's config
         # dict is only looked up here (by its trial id), never validated again.
@@ -103,7 +115,10 @@ class SweepRecorder(tune.Callback):
         self.endings: list[Ending] = []  # this run's ended Ray trials, in the order they ended
         self.started_at = time.monotonic()
         self.trial_started: dict[str, float] = {}
-        self.trial_walls_s: list[float] = []
+        self.tokens = {t.trial_id: trial_tokens(t) for t in trials}
+        self.trial_s_per_token: list[float] = []  # each ended Ray trial's wall over what it ran
+        self.run_tokens = 0   # what this run's ended Ray trials ran
+        self.done_tokens = 0  # the rows this run wrote for configurations that ran (not pruned ones)
 
     def _cfg(self, trial: Any) -> TrialConfig:
         return self.plan.job(trial.config["trial"]["trial_id"]).cfg
@@ -119,9 +134,16 @@ class SweepRecorder(tune.Callback):
             say(widened_line(self.out_dir / "results.csv", added))  # --resume into an older results.csv
         if replaced := self.plan.take_replaced():  # rows a runoff timed in full after they were written
             replace_results(self.out_dir, replaced)
+        # What is left as each row is counted: the configurations still without a row, and this
+        # flush's rows after it.
+        left_tokens = sum(self.tokens.get(t, 1) for t in [*self.plan.unwritten(), *(r.trial_id for r in rows)])
         for row in rows:
             self.finished += 1
-            left = eta_s(self.total - self.finished, self.trial_walls_s, self.concurrent)
+            left_tokens -= self.tokens.get(row.trial_id, 1)
+            if row.status != "pruned":  # a pruned configuration took no trial time
+                self.done_tokens += self.tokens.get(row.trial_id, 1)
+            share = self.run_tokens / self.done_tokens if self.done_tokens and self.run_tokens else 1.0
+            left = eta_s(self.trial_s_per_token, left_tokens, self.concurrent, share)
             say(progress_line(self.finished, self.total, row, time.monotonic() - self.started_at, left))
 
     def _end(self, done: driver.CollectedTrial) -> None:
@@ -135,7 +157,11 @@ class SweepRecorder(tune.Callback):
             self.worker_environment_written = True
         started = self.trial_started.pop(job_id, None)
         if started is not None:
-            self.trial_walls_s.append(time.monotonic() - started)
+            # What it ran: its own grad_acc (a shorter one, measuring); 1 when the recorder was
+            # given no configurations (rows count 1 each then).
+            ran = trial_tokens(self.plan.job(job_id).cfg) if self.tokens else 1
+            self.trial_s_per_token.append((time.monotonic() - started) / ran)
+            self.run_tokens += ran
         r = done.result
         self.endings.append(Ending(job_id, r.status, len(done.steps), r.error))
         self.plan.finish(job_id, r, done.steps)

@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import ray
 from ray import tune
@@ -41,7 +41,7 @@ TUNE_DRIVER_ENV = {
 RESULT_GRID_LOGGER = "ray.tune.analysis.experiment_analysis"
 
 
-def _absolute_paths(cfg: TrialConfig) -> TrialConfig:
+def absolute_paths(cfg: TrialConfig) -> TrialConfig:
     """Tune runs each trial in its own working directory: make local data/model paths absolute."""
     updates: dict[str, Any] = {}
     if cfg.data.path and not os.path.isabs(cfg.data.path) and os.path.exists(cfg.data.path):
@@ -79,6 +79,36 @@ def check_fits(cfg: TrialConfig, cluster_cpus: float) -> None:
             "resources.workers_per_trial")
 
 
+@dataclass(frozen=True)
+class TrialSlots:
+    """How the sweep's trials run on the connected cluster."""
+
+    use_gpu: bool
+    concurrent: int  # trials at a time
+    workers: int     # per trial
+
+
+def trial_slots(sp: space_mod.Space, cluster: Mapping[str, float], max_concurrent: int | None) -> TrialSlots:
+    """The trials' device and concurrency on ``cluster`` (``ray.cluster_resources()``); a
+    :class:`UserError` when the space asks for what the cluster does not have."""
+    cluster_gpus = float(cluster.get("GPU", 0))
+    use_gpu = resolve_use_gpu(sp.spec.resources.use_gpu, cluster_gpus)
+    check_fits(sp.trials[0], float(cluster.get("CPU", 0)))  # every trial has the space's resources
+    workers = sp.spec.resources.workers_per_trial
+    return TrialSlots(use_gpu, max_concurrent or default_max_concurrent(use_gpu, cluster_gpus, workers), workers)
+
+
+def start_warm_workers(trials: Sequence[TrialConfig], slots: TrialSlots,
+                       trainer: str = driver.DEFAULT_TRAINER) -> warm_worker.WarmPool | None:
+    """The sweep's warm workers (:mod:`~dpo_sweep.sweep.warm_worker`), one per concurrent trial,
+    when its trials run in them; they start importing now. Only on a connected cluster: a Ray call
+    here would start a Ray of its own otherwise."""
+    if not (warm_worker.wanted(trials[0]) and ray.is_initialized()):
+        return None
+    name = f"dpo-sweep-workers-{os.getpid()}-{time.time_ns()}"
+    return warm_worker.start_pool(name, slots.concurrent, trials, slots.use_gpu, trainer)
+
+
 @dataclass
 class SweepSummary:
     out_dir: Path
@@ -111,21 +141,20 @@ def tune_config(max_concurrent: int, search_alg: PlanSearcher | None = None, num
 def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None, done_ids: set[str],
               cluster: dict[str, float], trainer: str = driver.DEFAULT_TRAINER,
               out: Callable[[str], None] = say, full_grid: bool = False,
-              lengths: Mapping[str, LengthProfile | None] | None = None) -> SweepSummary:
+              lengths: Mapping[str, LengthProfile | None] | None = None,
+              pool: warm_worker.WarmPool | None = None) -> SweepSummary:
     """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster;
-    ``lengths``: each trial's data lengths as preflight measured them (the plan's memory model)."""
+    ``lengths``: each trial's data lengths as preflight measured them (the plan's memory model);
+    ``pool``: warm workers the caller started (:func:`start_warm_workers`) and closes."""
 
-    todo = [_absolute_paths(t) for t in sp.trials if t.trial_id not in done_ids]
+    todo = [absolute_paths(t) for t in sp.trials if t.trial_id not in done_ids]
     total = len(sp.trials)
     if done_ids:
         out(f"resume: {total - len(todo)} of {total} trial(s) already in {out_dir / RESULTS_FILE}")
     if not todo:
         return SweepSummary(out_dir, ran=0, skipped=total, finished=total)
-    cluster_gpus = float(cluster.get("GPU", 0))
-    use_gpu = resolve_use_gpu(sp.spec.resources.use_gpu, cluster_gpus)
-    check_fits(todo[0], float(cluster.get("CPU", 0)))
-    workers = sp.spec.resources.workers_per_trial
-    concurrent = max_concurrent or default_max_concurrent(use_gpu, cluster_gpus, workers)
+    slots = trial_slots(sp, cluster, max_concurrent)
+    use_gpu, concurrent, workers = slots.use_gpu, slots.concurrent, slots.workers
     out(f"{len(todo)} configuration(s) to run{' (--full-grid: each in full)' if full_grid else ''}, "
         f"{concurrent} trial(s) at a time, {workers} worker(s) each on "
         f"{'GPU' if use_gpu else 'CPU'}; results go to {out_dir}/")
@@ -134,15 +163,14 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     stop = StopRequest()
     plan = SweepPlan(todo, budget_gb=card_memory_gb() if use_gpu else None, full_grid=full_grid, lengths=lengths)
     out(plan.summary_line())
-    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent)
+    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent, trials=todo)
     for key, value in TUNE_DRIVER_ENV.items():
         os.environ.setdefault(key, value)
     logging.getLogger(RESULT_GRID_LOGGER).setLevel(logging.ERROR)
-    # Warm workers start now: their process start and imports overlap Tune's own start.
-    # (Only on a connected cluster: a Ray call here would start a Ray of its own otherwise.)
-    warm = warm_worker.wanted(todo[0]) and ray.is_initialized()
-    pool_name = f"dpo-sweep-workers-{os.getpid()}-{time.time_ns()}" if warm else None
-    pool = warm_worker.start_pool(pool_name, concurrent, todo, use_gpu, trainer) if pool_name else None
+    # Warm workers start now, unless the caller started them already (``dpo-sweep run`` does, while
+    # its preflight runs): their process start and imports overlap Tune's own start.
+    own_pool = pool is None
+    pool = pool or start_warm_workers(todo, slots, trainer)
     try:
         tuner = tune.Tuner(
             tune.with_resources(driver.tune_trainable, {"CPU": driver.TRIAL_CPUS}),
@@ -152,7 +180,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
                 "storage_path": storage,
                 "log_dir": str((out_dir / driver.LOGS_DIR).resolve()),
                 "trainer": trainer,
-                "warm_pool": pool_name,
+                "warm_pool": pool.name if pool is not None else None,
             },
             # A measure trial per configuration at most, and a learning trial per configuration.
             tune_config=tune_config(concurrent, PlanSearcher(plan, recorder), num_samples=2 * len(todo)),
@@ -170,8 +198,8 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     except Exception as err:  # noqa: BLE001
         raise InfrastructureError(f"Ray Tune failed: {type(err).__name__}: {err}") from err
     finally:
-        if pool is not None:
-            ray.kill(pool)  # and with it its workers (it owns them): their GPUs are free again
+        if own_pool and pool is not None:
+            pool.close()  # their GPUs are free again (a caller's pool: the caller closes it)
     missing = plan.unwritten()
     ran = len(todo) - len(missing)
     if stop.reason is not None:

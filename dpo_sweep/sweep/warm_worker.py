@@ -6,8 +6,9 @@ step of a trial whose steps take 4 s (issue 14). Here a trial runs in one of the
 :class:`TrialWorker` actors, each holding one trial's GPU (or its CPUs); a worker imports the
 trainer once, when it is created, and runs trial after trial:
 
-0. The sweep's driver starts a :class:`WorkerPool` (:func:`start_pool`) before Tune: its workers
-   import while Tune starts, and the pool owns them, so they outlive any one Tune trial process.
+0. The sweep's driver starts its workers and a :class:`WorkerPool` that hands them out
+   (:func:`start_pool`) as soon as Ray is up, before Tune: the workers import while the preflight
+   ends and Tune starts, and they outlive any one Tune trial process.
 1. :func:`run_in_warm_worker` (in the Tune trial process) takes a free one and hands it the validated
    ``TrialConfig``; the actor runs :func:`~dpo_sweep.sweep.driver.run_and_report` in a thread and
    streams each report back (a Ray streaming generator), which the trial process forwards with
@@ -34,7 +35,8 @@ import contextlib
 import queue
 import threading
 import time
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
 import ray
 
@@ -128,20 +130,20 @@ def _device_of(cfg: TrialConfig) -> Any:
 
 
 class WorkerPool:
-    """The sweep's warm workers, one per concurrent trial, created when the sweep starts (so that
-    their process start and imports overlap Ray Tune's own start) and owned by this actor (so
-    that they outlive any one Tune trial process). A Ray actor (:func:`start_pool`)."""
+    """The sweep's warm workers, one per concurrent trial, handed to this actor when the sweep
+    starts; the Tune trial processes take them from it by its name. A Ray actor
+    (:func:`start_pool`); the workers it creates itself (replacements) it owns, so they end with it."""
 
-    def __init__(self, count: int, options: dict[str, Any], trainer: str, models: list[Any]):
+    def __init__(self, workers: list[Any], options: dict[str, Any], trainer: str, models: list[Any]):
         import asyncio
 
         self._options, self._trainer, self._models = options, trainer, models
         self._free: asyncio.Queue = asyncio.Queue()
-        for _ in range(count):
-            self._free.put_nowait(self._new_worker())
+        for worker in workers:
+            self._free.put_nowait(worker)
 
     def _new_worker(self) -> Any:
-        return ray.remote(TrialWorker).options(**self._options, max_restarts=0).remote(self._trainer, self._models)
+        return new_worker(self._options, self._trainer, self._models)
 
     async def acquire(self) -> Any:
         """A free worker (waits for one: the sweep runs at most as many trials as it has)."""
@@ -156,14 +158,39 @@ class WorkerPool:
         self._free.put_nowait(worker)
 
 
-def start_pool(name: str, count: int, trials: list[TrialConfig], use_gpu: bool, trainer: str) -> Any:
-    """The sweep's :class:`WorkerPool` named ``name`` (its trials find it by that name), with
-    ``count`` workers that start importing the trainer and ``trials``' model classes now."""
+def new_worker(options: dict[str, Any], trainer: str, models: list[Any]) -> Any:
+    """A :class:`TrialWorker` actor; it starts importing the trainer and ``models``' code at once."""
+    return ray.remote(TrialWorker).options(**options, max_restarts=0).remote(trainer, models)
+
+
+@dataclass
+class WarmPool:
+    """The driver's handle on the sweep's pool: its name (the trials find it by that), the actor,
+    and the first workers, which the driver created (:func:`start_pool`) and so owns."""
+
+    name: str
+    actor: Any
+    workers: list[Any]
+
+    def close(self) -> None:
+        """End the pool and every worker (the pool's own replacements end with it): their GPUs
+        are free again. Ending an actor twice is harmless."""
+        for actor in (self.actor, *self.workers):
+            ray.kill(actor, no_restart=True)
+
+
+def start_pool(name: str, count: int, trials: Sequence[TrialConfig], use_gpu: bool, trainer: str) -> WarmPool:
+    """The sweep's :class:`WorkerPool` named ``name`` with ``count`` workers that start importing
+    the trainer and ``trials``' model classes now. The driver creates the workers itself, at the
+    same time as the pool: a worker's process start and imports are the first trial's wait, and
+    they need not wait for the pool's own process to start."""
     first = trials[0].resources
     options = {"num_cpus": first.cpus_per_worker, "num_gpus": 1 if use_gpu else 0}
     models = list({t.model.model_dump_json(): t.model for t in trials}.values())
-    return ray.remote(WorkerPool).options(name=name, num_cpus=0, max_concurrency=max(4, 2 * count)).remote(
-        count, options, trainer, models)
+    workers = [new_worker(options, trainer, models) for _ in range(count)]
+    actor = ray.remote(WorkerPool).options(name=name, num_cpus=0, max_concurrency=max(4, 2 * count)).remote(
+        workers, options, trainer, models)
+    return WarmPool(name, actor, workers)
 
 
 def run_in_warm_worker(loop_config: dict[str, Any], pool_name: str) -> dict[str, Any]:

@@ -84,3 +84,12 @@ def test_training_share_sums_every_step_of_every_trial_against_the_wall():
     share = sweep_overhead.training_share(steps, wall_s=8.0)
     assert share["train_s"] == pytest.approx(4.0) and share["share"] == pytest.approx(0.5)
     assert share["ray_trials_with_steps"] == 3 and share["steps"] == 4
+
+
+def test_first_row_is_the_first_progress_line():
+    console = [(1.0, "Ray dashboard: off"), (2.0, "planner: 2 configuration(s) share 2 measurement(s)"),
+               (11.5, progress_line(1, 2, _result("t000_a", 8.0, 0.5), elapsed_s=9.0, left_s=9.0)),
+               (20.0, progress_line(2, 2, _result("t001_b", 0.1, 0.5), elapsed_s=18.0, left_s=0.0))]
+    assert sweep_overhead.first_row_s(console) == 11.5
+    assert math.isnan(sweep_overhead.first_row_s(console[:2]))
+    assert sweep_overhead.training_share([], wall_s=30.0, first_row=11.5)["first_row_s"] == 11.5

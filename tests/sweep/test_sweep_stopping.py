@@ -101,11 +101,38 @@ def test_recorder_asks_for_the_stop_after_two_alike_failures_and_writes_no_row_f
     assert "[2/3] t001" in capsys.readouterr().out
 
 
-def test_eta_is_the_remaining_trials_times_the_median_wall():
-    assert recorder.eta_s(4, [10.0, 30.0, 12.0], concurrent=1) == 48.0
-    assert recorder.eta_s(3, [10.0], concurrent=2) == 20.0  # two rounds of two at a time
-    assert recorder.eta_s(0, [], concurrent=1) == 0.0 and math.isnan(recorder.eta_s(2, [], 1))
+def test_eta_weights_what_is_left_by_its_tokens_at_the_pace_so_far():
+    # Finished trials took 10 s per 1,000 tokens (the median: the first one also waited for its
+    # worker); left: two of 4,000 tokens (grad_acc 4): 80 s, not the 20 s of counting trials.
+    pace = [0.010, 0.010, 0.050]
+    assert recorder.eta_s(pace, left_tokens=8000, concurrent=1) == pytest.approx(80.0)
+    assert recorder.eta_s(pace, left_tokens=8000, concurrent=2) == pytest.approx(40.0)
+    # Rows sharing one measurement: the trials ran half the tokens of the rows they wrote.
+    assert recorder.eta_s(pace, left_tokens=8000, concurrent=1, run_share=0.5) == pytest.approx(40.0)
+    assert recorder.eta_s(pace, left_tokens=0, concurrent=1) == 0.0
+    assert math.isnan(recorder.eta_s([], left_tokens=1000, concurrent=1))
+    assert recorder.trial_tokens(make_cfg(grad_acc=4, micro_batch=2, steps=3)) == 3 * 4 * 2 * 64  # max_length 64
     assert [recorder.duration(s) for s in (42.4, 185, 3720, math.nan)] == ["42 s", "3 min 05 s", "1 h 02 min", "?"]
+
+
+def test_progress_line_left_counts_longer_trials_longer(tmp_path, capsys, monkeypatch):
+    """A sweep whose last two trials accumulate 4 micro-steps where the first two took 1: after the
+    second row, 2 x 4 x one trial's 10 s are left."""
+    from dpo_sweep.plan.schedule import SweepPlan
+
+    trials = [make_cfg(trial_id=f"t{i}", grad_acc=ga, beta=0.1 + i / 10) for i, ga in enumerate((1, 1, 4, 4))]
+    plan = SweepPlan(trials, full_grid=True)
+    clock = [0.0]
+    monkeypatch.setattr(recorder.time, "monotonic", lambda: clock[0])
+    rec = recorder.SweepRecorder(tmp_path, plan, total=4, already_done=0, trials=trials)
+    for tune_id in ("a", "b"):
+        job = plan.next_job()
+        trial = _trial(tune_id, job.cfg.trial_id)
+        rec.on_trial_start(0, [], trial)
+        clock[0] += 10.0
+        rec.on_trial_result(0, [], trial, {driver.SUMMARY_KEY: json.dumps({"status": "error", "error": "x"})})
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert "[2/4] t1" in lines[1] and "20 s elapsed, ~1 min 20 s left" in lines[1], lines
 
 
 def test_progress_line_has_elapsed_and_what_is_left():

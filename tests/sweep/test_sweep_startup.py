@@ -1,0 +1,183 @@
+"""``dpo-sweep run``'s start-up (dpo_sweep/sweep/startup.py): the preflight runs beside Ray's start
+and the warm workers', not before them, and a refusal of the input still exits 2 with nothing
+written and nothing left running.
+
+The command runs for real up to Ray: the space file, the preflight (slowed down, or made to
+refuse), the results folder. Ray's connection, the warm workers and the sweep itself are stood in
+and record when they were called."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from dpo_sweep import preflight
+from dpo_sweep.cli import main
+from dpo_sweep.errors import DataError
+from dpo_sweep.records import TrialResult, write_results
+from dpo_sweep import space as space_mod
+from dpo_sweep.sweep import command, startup
+from dpo_sweep.sweep.ray_cluster import InfrastructureError, RayConnection
+from dpo_sweep.sweep.tuner import SweepSummary
+
+SPACE = """name: startup
+model: {preset: tiny-llama}
+data: {synthetic: {pairs: 16, prompt_tokens: 12, response_tokens: 10}}
+train: {steps: 2, warmup_steps: 0, max_length: 64, precision: fp32}
+resources: {use_gpu: false}
+search: {micro_batch: [1, 2]}
+"""
+REAL_CHECK = preflight.check_inputs
+
+
+class Stand:
+    """The stand-ins' record: (event, time.monotonic()) in the order they happened."""
+
+    def __init__(self, monkeypatch, *, preflight_s: float = 0.0, ray_s: float = 0.0,
+                 refusal: str | None = None, ray_error: str | None = None) -> None:
+        self.events: list[tuple[str, float]] = []
+        def slow_check(trials, out_dir=None):
+            self.mark("preflight start")
+            time.sleep(preflight_s)
+            try:
+                if refusal is not None:
+                    raise DataError(refusal)
+                return REAL_CHECK(trials, out_dir)
+            finally:
+                self.mark("preflight end")
+
+        def connect(address, dashboard):
+            self.mark("ray start")
+            time.sleep(ray_s)
+            if ray_error is not None:
+                raise InfrastructureError(ray_error)
+            self.mark("ray up")
+            return RayConnection(None, False, started_here=True)
+
+        def pool(trials, slots, trainer=None):
+            self.mark("pool start")
+            return SimpleNamespace(name="pool", close=lambda: self.mark("pool closed"))
+
+        def sweep(sp, out_dir, **kw):
+            self.mark("sweep")
+            self.sweep_kw = kw
+            return SweepSummary(out_dir, ran=len(sp.trials), skipped=0, finished=len(sp.trials), ray_trials=2)
+
+        monkeypatch.setattr(preflight, "check_inputs", slow_check)
+        monkeypatch.setattr(command, "connect_ray", connect)
+        monkeypatch.setattr(command, "start_warm_workers", pool)
+        monkeypatch.setattr(command, "run_sweep", sweep)
+        monkeypatch.setattr(command, "_analyse", lambda *a, **k: None)
+        monkeypatch.setattr(command, "ray", SimpleNamespace(cluster_resources=lambda: {"CPU": 4.0},
+                                                            shutdown=lambda: self.mark("ray shutdown")))
+
+    def mark(self, event: str) -> None:
+        self.events.append((event, time.monotonic()))
+
+    def names(self) -> list[str]:
+        return [e for e, _ in self.events]
+
+    def at(self, event: str) -> float:
+        return next(t for e, t in self.events if e == event)
+
+
+def _run(tmp_path, *extra: str) -> tuple[int, object]:
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    return main(["run", str(space), "--output", str(tmp_path / "out"), "--no-dashboard", *extra])
+
+
+def test_ray_and_the_warm_workers_start_while_the_preflight_runs(tmp_path, monkeypatch, capsys):
+    # The real checks' own imports and the memory model's first build are left out of the timing.
+    warm = tmp_path / "warm.yaml"
+    warm.write_text(SPACE)
+    startup.check_inputs(space_mod.load(warm).trials, tmp_path / "unused", space_mod.load(warm).trials)
+    stand = Stand(monkeypatch, preflight_s=1.0, ray_s=0.5)
+    started = time.monotonic()
+    assert _run(tmp_path) == 0
+    # Ray's start and the workers' began before the preflight had its answer ...
+    assert stand.at("ray start") < stand.at("preflight end")
+    assert stand.at("pool start") < stand.at("preflight end")
+    # ... so the start-up took the longer of the two, not their sum (1.5 s), to the sweep.
+    assert stand.at("sweep") - started < 1.35, stand.events
+    assert stand.sweep_kw["pool"].name == "pool"  # the sweep runs in the workers started early
+    assert stand.names()[-3:] == ["sweep", "pool closed", "ray shutdown"]
+    # What the user sees keeps its order: the data line, then Ray's.
+    out = capsys.readouterr().out
+    assert out.index("data synthetic: 16 pair(s)") < out.index("Ray dashboard: off")
+    assert (tmp_path / "out" / "space.yaml").exists()
+
+
+def test_a_refusal_after_ray_started_exits_2_and_ends_what_started(tmp_path, monkeypatch, capsys):
+    stand = Stand(monkeypatch, preflight_s=0.6, ray_s=0.1, refusal="d.jsonl: line 2: 'chosen' is int (3)")
+    assert _run(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "d.jsonl: line 2: 'chosen' is int (3)" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # nothing written
+    assert "ray start" in stand.names() and "sweep" not in stand.names()
+    assert stand.names()[-2:] == ["pool closed", "ray shutdown"]
+
+
+def test_a_quick_refusal_never_starts_ray(tmp_path, monkeypatch, capsys):
+    stand = Stand(monkeypatch, refusal="d.jsonl: the file holds no pairs")
+    assert _run(tmp_path) == 2
+    assert "the file holds no pairs" in capsys.readouterr().err
+    assert stand.names() == ["preflight start", "preflight end"]  # within the head start: no Ray
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_inputs_refusal_comes_before_a_ray_failure(tmp_path, monkeypatch, capsys):
+    """Ray failing while the preflight runs: the input's refusal (exit 2) is what the user gets,
+    as when the preflight ran before Ray; without one, the Ray failure (exit 1)."""
+    Stand(monkeypatch, preflight_s=0.5, ray_error="no raylet", refusal="data.path: missing.jsonl: no such file")
+    assert _run(tmp_path) == 2
+    assert "missing.jsonl: no such file" in capsys.readouterr().err
+    Stand(monkeypatch, preflight_s=0.5, ray_error="no raylet")
+    assert _run(tmp_path) == 1
+    assert "no raylet" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_resumed_sweep_with_every_row_starts_no_ray(tmp_path, monkeypatch, capsys):
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    trials = space_mod.load(space).trials
+    write_results(tmp_path / "out", [TrialResult(trial_id=t.trial_id, status="ok", **t.knobs()) for t in trials])
+    stand = Stand(monkeypatch, preflight_s=0.5)
+    assert main(["run", str(space), "--output", str(tmp_path / "out"), "--resume"]) == 0
+    assert "nothing to run" in capsys.readouterr().out
+    assert "ray start" not in stand.names()
+
+
+def test_the_memory_model_is_built_with_the_preflight(monkeypatch):
+    """The planner's first suggestion, inside Tune's start, finds the model's shape built."""
+    from dpo_sweep.plan.memory import model_shape, predict_peak_gb
+    from testkit import make_cfg
+
+    cfg = make_cfg()
+    model_shape.cache_clear()
+    startup.warm_memory_model([cfg, make_cfg(micro_batch=2)])  # one model: built once
+    assert model_shape.cache_info().currsize == 1
+    hits = model_shape.cache_info().hits
+    predict_peak_gb(cfg, device="cpu")
+    assert model_shape.cache_info().hits == hits + 1
+
+    def broken(spec):
+        raise OSError("no config.json")
+
+    monkeypatch.setattr("dpo_sweep.plan.memory.model_shape", broken)
+    startup.warm_memory_model([cfg])  # left to the planner, where it is handled
+
+
+@pytest.mark.parametrize("answer_s", [0.0, 0.6])
+def test_background_preflight_raises_in_the_caller(tmp_path, monkeypatch, answer_s):
+    def refuse(trials, out_dir=None):
+        time.sleep(answer_s)
+        raise DataError("data.path: bad")
+
+    monkeypatch.setattr(preflight, "check_inputs", refuse)
+    with startup.BackgroundPreflight((), tmp_path) as pending:
+        assert pending.answered_within(startup.PREFLIGHT_HEAD_START_S) is (answer_s == 0.0)
+        with pytest.raises(DataError, match="data.path: bad"):
+            pending.result()
