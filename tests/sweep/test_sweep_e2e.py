@@ -139,10 +139,12 @@ def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(c
 
 
 def test_killed_sweep_resumes_without_repeating_a_trial(cluster, tmp_path):
+    # learning_steps 3: each trial is its own learning trial, so its row is written when it ends
+    # (with the default 16 every row waits for one learning trial: nothing to kill between rows)
     space = write_space(tmp_path / "resume.yaml", "resume", """\
         micro_batch: [2]
         checkpoint_level: [none, L1, L2]
-        """)
+        """, train_extra=", learning_steps: 3")
     out = tmp_path / "out"
     args = [str(space), "--address", cluster.address, "--output", str(out), "--max-concurrent", "1"]
     proc = start_sweep(args, cluster.env, tmp_path / "first.log")
