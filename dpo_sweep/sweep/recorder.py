@@ -78,6 +78,18 @@ def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float 
     return line
 
 
+def trial_line(job_id: str, kind: str, grad_acc: int, result: TrialResult, elapsed_s: float) -> str:
+    """``  trial t000 (measure, grad_acc 2) ok  peak 17.71 GB  step 380 ms | 25 s elapsed``: a Ray
+    trial that ended without a results row of its own yet."""
+    def num(x: float, fmt: str) -> str:
+        return format(x, fmt) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
+
+    line = (f"  trial {job_id} ({kind}, grad_acc {grad_acc}) {result.status}  "
+            f"peak {num(result.peak_mem_gb, '.2f')} GB  step {num(result.step_time_ms, '.0f')} ms  "
+            f"| {duration(elapsed_s)} elapsed")
+    return line + (f"  | {result.error[:120]}" if result.error else "")
+
+
 def end_running_trials(trials: Iterable[Any]) -> None:
     """Kill the process of every running trial, now. Tune's own stop asks the trial to stop and
     then gives it 10 s (a constant of its controller) before it kills it, while our trial sits in
@@ -123,7 +135,8 @@ class SweepRecorder(tune.Callback):
     def _cfg(self, trial: Any) -> TrialConfig:
         return self.plan.job(trial.config["trial"]["trial_id"]).cfg
 
-    def flush(self) -> None:
+    def flush(self) -> list[TrialResult]:
+        """Write what the plan has ready and say it; the rows written."""
         for note in self.plan.take_notes():  # e.g. a learning trial that falls back to the space's precision
             say(note)
         steps, rows = self.plan.take_output()
@@ -134,17 +147,19 @@ class SweepRecorder(tune.Callback):
             say(widened_line(self.out_dir / "results.csv", added))  # --resume into an older results.csv
         if replaced := self.plan.take_replaced():  # rows a runoff timed in full after they were written
             replace_results(self.out_dir, replaced)
-        # What is left as each row is counted: the configurations still without a row, and this
-        # flush's rows after it.
-        left_tokens = sum(self.tokens.get(t, 1) for t in [*self.plan.unwritten(), *(r.trial_id for r in rows)])
+        # What is left: the configurations still without a row. Counted once per flush: the rows
+        # of one flush are all done, and a burst of them (rows that waited for one learning trial)
+        # read as if most of the sweep were still to run when counted one by one.
         for row in rows:
-            self.finished += 1
-            left_tokens -= self.tokens.get(row.trial_id, 1)
             if row.status != "pruned":  # a pruned configuration took no trial time
                 self.done_tokens += self.tokens.get(row.trial_id, 1)
-            share = self.run_tokens / self.done_tokens if self.done_tokens and self.run_tokens else 1.0
-            left = eta_s(self.trial_s_per_token, left_tokens, self.concurrent, share)
+        left_tokens = sum(self.tokens.get(t, 1) for t in self.plan.unwritten())
+        share = self.run_tokens / self.done_tokens if self.done_tokens and self.run_tokens else 1.0
+        left = eta_s(self.trial_s_per_token, left_tokens, self.concurrent, share)
+        for row in rows:
+            self.finished += 1
             say(progress_line(self.finished, self.total, row, time.monotonic() - self.started_at, left))
+        return rows
 
     def _end(self, done: driver.CollectedTrial) -> None:
         job_id = done.result.trial_id
@@ -164,8 +179,12 @@ class SweepRecorder(tune.Callback):
             self.run_tokens += ran
         r = done.result
         self.endings.append(Ending(job_id, r.status, len(done.steps), r.error))
+        kind, grad_acc = self.plan.job(job_id).kind, self.plan.job(job_id).cfg.grad_acc
         self.plan.finish(job_id, r, done.steps)
-        self.flush()
+        if job_id not in {row.trial_id for row in self.flush()}:
+            # Its rows come later (they wait for their learning trial) or it has none (a learning or
+            # runoff trial): say it ended, so that minutes of measuring are not minutes of silence.
+            say(trial_line(job_id, kind, grad_acc, r, time.monotonic() - self.started_at))
         cause = same_early_failure(self.endings, self.total)
         if cause is not None and self.stop.reason is None:
             self.stop.reason = cause  # SweepStopper and the Searcher: nothing more is scheduled

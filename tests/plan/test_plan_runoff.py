@@ -94,7 +94,8 @@ def test_rows_written_before_their_runoff_ended_are_handed_back_rewritten():
     (again,) = plan.take_replaced()
     assert (again.trial_id, again.step_time_ms, again.step_time_source) == (written.trial_id, 999.0, "runoff")
     assert again.stability_from == written.stability_from  # the rest of the row is unchanged
-    assert any(n.startswith(f"runoff: {runoff.job_id} 999 ms per step in full") for n in plan.take_notes())
+    # the stand-in's extrapolation: t_opt 30 ms + 8 x 100 ms
+    assert f"runoff: {runoff.job_id} 999 ms per step in full (extrapolated 830 ms)" in plan.take_notes()
 
 
 def test_a_runoff_that_fails_leaves_the_extrapolated_time_and_says_so():

@@ -177,3 +177,34 @@ def test_interrupted_line_gives_a_resume_command_a_shell_can_run():
     line = stopping.interrupted_line(2, 6, stopping.resume_command("my spaces/q.yaml", "reports/q"))
     assert line == ("interrupted: 2 of 6 trials finished; continue with: "
                     "dpo-sweep run 'my spaces/q.yaml' --output reports/q --resume")
+
+
+def test_rows_that_arrive_together_share_one_estimate_of_what_is_left(tmp_path, capsys, monkeypatch):
+    """Rows that waited for one learning trial are written in one burst when it ends: every line of
+    the burst says what is left after it (here nothing), not a share of the sweep per row (the H200
+    1B sweep's burst began '~1 h 46 min left' with nothing left to run)."""
+    from dpo_sweep.plan.schedule import LEARN, SweepPlan
+    from tests.plan.test_plan_schedule import estimate
+
+    trials = [make_cfg(trial_id=f"t{i}", grad_acc=4, checkpoint_level=level) for i, level in enumerate(("none", "L1", "L2"))]
+    plan = SweepPlan(trials, estimate=estimate)
+    clock = [0.0]
+    monkeypatch.setattr(recorder.time, "monotonic", lambda: clock[0])
+    rec = recorder.SweepRecorder(tmp_path, plan, total=3, already_done=0, trials=trials)
+    kinds = []
+    while (job := plan.next_job()) is not None:
+        kinds.append(job.kind)
+        trial = _trial(job.job_id, job.cfg.trial_id)
+        rec.on_trial_start(0, [], trial)
+        clock[0] += 10.0
+        rec.on_trial_result(0, [], trial, {driver.SUMMARY_KEY: json.dumps({"status": "ok", "peak_mem_gb": 1.0})})
+    assert kinds[-1] == LEARN
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if line.startswith("[")]
+    assert len(lines) == 3 and all(line.endswith("elapsed, ~0 s left") for line in lines), lines
+    # Before the burst each Ray trial said it ended: 3 measurements at grad_acc 2, then the learning
+    # trial (at its grad_acc 4), whose end writes the rows.
+    ended = [line for line in out if line.startswith("  trial ")]
+    assert sorted(line.split()[1] for line in ended[:3]) == ["t0", "t1", "t2"] and len(ended) == 4
+    assert all("(measure, grad_acc 2) ok  peak 1.00 GB" in line for line in ended[:3])
+    assert ended[3].split()[1].endswith("-learning") and "(learn, grad_acc 4)" in ended[3]
