@@ -150,8 +150,8 @@ def _number_in(path: Path, pattern: str) -> float:
 def run_cost(out_dir: Path, df: pd.DataFrame, steps: pd.DataFrame | None) -> RunCost:
     own = (df.measured_by == df.trial_id) | ((df.measured_by == "") & (df.status != "pruned"))
     # Trials without a row of their own: the learning trials and the runoff (their rows' timed_by).
-    timed_by = df.timed_by.fillna("").astype(str) if "timed_by" in df else pd.Series(dtype=str)
-    learning = sorted({s for s in [*df.stability_from.fillna("").astype(str), *timed_by] if s and s not in set(df.trial_id)})
+    ids = [v for c in ("stability_from", "timed_by") if c in df for v in df[c] if isinstance(v, str) and v]
+    learning = sorted(set(ids) - set(df.trial_id))
     rows = df[own].set_index("trial_id")
     step_s = (steps.groupby("trial_id").step_time_ms.sum() / 1000.0) if steps is not None else pd.Series(dtype=float)
     total, untimed = 0.0, []
