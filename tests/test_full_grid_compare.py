@@ -189,3 +189,13 @@ def test_committed_examples_count_and_time_their_trials(name):
     own = df[(df.measured_by == df.trial_id) & df.startup_s.notna()]
     for r in own.itertuples():  # three 0.1 s roundings, and model build -> first step
         assert fgc.log_startup_s(out / "logs" / f"{r.trial_id}.log") == pytest.approx(r.startup_s, abs=0.2)
+
+
+def test_the_committed_h200_comparison(tmp_path):
+    """benchmarks/results/full_grid_h200/: the planned 1B sweep and its --full-grid; every Ray
+    trial of the planned run counted (its runoff is named only in rows' timed_by, read as text)."""
+    root = REPO / "benchmarks" / "results" / "full_grid_h200"
+    text, table, _ = run(tmp_path, root / "llama-3.2-1b-h200-betas-planned", root / "llama-3.2-1b-h200-betas-full-grid")
+    assert "- recommendation memory/time (micro_batch, checkpoint_level, grad_acc, seq_len, num_workers, model): same" in text
+    assert "| Ray trials | 27 (25 memory/time + 2 learning or runoff; console.log: 27) |" in text
+    assert "goal < 1/3: met" in text and "peak memory within 2%: 25 of 25" in text
