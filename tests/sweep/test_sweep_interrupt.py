@@ -30,10 +30,12 @@ def _session_processes(sid: int) -> list[str]:
 
 
 def test_ctrl_c_stops_at_once_keeps_finished_rows_and_exits_130(tmp_path):
+    # learning_steps 3 (the space's steps): each trial is its own learning trial and its row is
+    # written when it ends (the default 16 holds every row for one learning trial)
     space = write_space(tmp_path / "stop.yaml", "stop", """\
         micro_batch: [2]
         checkpoint_level: [none, L1, L2]
-        """)
+        """, train_extra=", learning_steps: 3")
     out = tmp_path / "out"
     log = tmp_path / "run.log"
     proc = start_sweep([str(space), "--output", str(out), "--no-dashboard"], auth_env("interrupt-test"),

@@ -28,7 +28,7 @@ from dpo_sweep.sweep.ray_cluster import RayConnection
 SPACE = """name: tailed
 model: {preset: llama-3.2-1b}
 data: {synthetic: {pairs: 64, prompt_tokens: 48, response_tokens: 32, lengths: lognormal, sigma: 0.8}}
-train: {steps: 2, warmup_steps: 0, max_length: 4096, precision: bf16-mixed}
+train: {steps: 2, warmup_steps: 0, max_length: 4096, precision: bf16-mixed, learning_steps: 2}  # no learning trials
 resources: {use_gpu: auto%s}
 search: {micro_batch: [8], checkpoint_level: [L1], padding_free: [false, true]}
 """

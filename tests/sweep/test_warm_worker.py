@@ -55,8 +55,9 @@ def test_a_trial_after_a_bigger_one_reports_a_fresh_process_peak():
     big, small = _child([BIGGER, SMALL])
     assert big["peak_mem_gb"] > 1.5 * fresh["peak_mem_gb"]  # the earlier trial did need much more memory
     # Process RSS on the CPU: without the release between trials this read ~2.3x (measured:
-    # 1.26 vs 0.56 GB), with it within 1% of the fresh process; 3% leaves room for the allocator.
-    assert small["peak_mem_gb"] == pytest.approx(fresh["peak_mem_gb"], rel=0.03)
+    # 1.26 vs 0.56 GB), with it within 1% of the fresh process alone, +3.7% once inside a full
+    # suite run (0.707 vs 0.682 GB); 5% leaves room for the allocator and still catches a leak.
+    assert small["peak_mem_gb"] == pytest.approx(fresh["peak_mem_gb"], rel=0.05)
 
 
 def test_start_up_split_the_trial_that_waited_for_the_import_pays_it_later_ones_do_not():
