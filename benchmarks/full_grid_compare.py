@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dpo_sweep import space as space_mod  # noqa: E402
-from dpo_sweep.analysis import noise, pareto  # noqa: E402
+from dpo_sweep import noise  # noqa: E402
+from dpo_sweep.analysis import pareto  # noqa: E402
 from dpo_sweep.analysis.results import load_results, load_steps  # noqa: E402
 from dpo_sweep.analysis.tables import fmt_float, fmt_sig, is_finite, to_markdown  # noqa: E402
 from dpo_sweep.errors import UserError  # noqa: E402
@@ -50,7 +51,7 @@ CONFIG_COLUMNS = ("micro_batch", "checkpoint_level", "grad_acc", "seq_len", "mod
 PEAK_TOL_PCT = 2.0
 #: Step times are "the same" within this: the median p10-p90 spread of one run's measured steps
 #: is 3-4% on the committed H200 sweeps (the output prints each run's); further apart but with
-#: overlapping p10-p90 intervals is "noise" (the analyser's tie rule, analysis/noise.py).
+#: overlapping p10-p90 intervals is "noise" (the analyser's tie rule, dpo_sweep/noise.py).
 TIME_TOL_PCT = 5.0
 GOAL_RATIO = 1 / 3
 MEMORY_TIME = pareto.objectives_from_spec({"memory": "min", "throughput": "max"})

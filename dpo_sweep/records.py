@@ -87,7 +87,7 @@ class TrialResult:
     # Beyond the contract's minimum: how the numbers were obtained.
     peak_mem_typical_gb: float = math.nan  # the highest peak of the typical measured steps (peak_mem_gb: worst case)
     padding_frac: float = math.nan  # mean share of padding in the typical measured steps
-    step_time_p10_ms: float = math.nan  # with step_time_p90_ms: the throughput noise (analysis/noise.py)
+    step_time_p10_ms: float = math.nan  # with step_time_p90_ms: the throughput noise (dpo_sweep/noise.py)
     mem_source: str = ""
     loss_type: str = ""
     precision: str = ""

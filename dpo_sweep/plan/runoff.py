@@ -19,6 +19,9 @@ import dataclasses
 import math
 from typing import Sequence
 
+import pandas as pd
+
+from dpo_sweep import noise
 from dpo_sweep.records import TrialResult
 
 #: At most this many finalists are timed in full (fastest first): each costs a trial at the real
@@ -31,32 +34,24 @@ RUNOFF_SUFFIX = "-runoff"
 RUNOFF_SAFETY_MARGIN = 0.05
 
 
-def throughput_interval(row: TrialResult) -> tuple[float, float]:
-    """tokens/s at the row's p90 and p10 step times (the median's when they are missing)."""
-    tps, ms = row.tokens_per_s, row.step_time_ms
-    p90 = row.step_time_p90_ms if math.isfinite(row.step_time_p90_ms) else ms
-    p10 = row.step_time_p10_ms if math.isfinite(row.step_time_p10_ms) else ms
-    return tps * ms / p90, tps * ms / p10
-
-
 def finalists(rows: Sequence[TrialResult], usable_gb: float | None,
               limit: int = RUNOFF_MAX) -> list[TrialResult]:
     """The extrapolated rows of ``rows`` to time in full, fastest first, one per configuration
     (rows that share a measurement and a grad_acc - e.g. betas - are one configuration): the ok
     rows peaking within ``usable_gb`` (None: any) whose throughput interval overlaps the fastest
-    such row's. Empty when every finalist was already measured at its grad_acc."""
-    fitting = [r for r in rows if r.status == "ok" and math.isfinite(r.tokens_per_s)
-               and (usable_gb is None or r.peak_mem_gb <= usable_gb)]
+    such row's (:mod:`dpo_sweep.noise`, the recommendation's tie rule). Empty when every
+    finalist was already measured at its grad_acc."""
+    fitting = sorted((r for r in rows if r.status == "ok" and math.isfinite(r.tokens_per_s)
+                      and (usable_gb is None or r.peak_mem_gb <= usable_gb)), key=lambda r: -r.tokens_per_s)
     if not fitting:
         return []
-    best = max(fitting, key=lambda r: r.tokens_per_s)
-    best_low, best_high = throughput_interval(best)
+    low, high = noise.throughput_interval(pd.DataFrame([dataclasses.asdict(r) for r in fitting]))
+    tied = noise.overlaps(low, high, low[0], high[0])  # fitting[0] is the fastest
     out: list[TrialResult] = []
     seen: set[tuple[str, int]] = set()
-    for r in sorted(fitting, key=lambda r: -r.tokens_per_s):
-        low, high = throughput_interval(r)
+    for r, is_tied in zip(fitting, tied):
         key = (r.measured_by, r.grad_acc)
-        if low <= best_high and best_low <= high and r.step_time_source == "extrapolated" and key not in seen:
+        if is_tied and r.step_time_source == "extrapolated" and key not in seen:
             seen.add(key)
             out.append(r)
     return out[:limit]

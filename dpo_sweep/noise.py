@@ -14,7 +14,9 @@ compare throughputs as intervals, built from the spread each trial measured:
   before they existed, or p10 == p90, as with one measured step): the interval is the single
   value ``[tokens_per_s, tokens_per_s]``, i.e. that row's throughput is compared exactly.
 
-Pure functions on DataFrames and numpy arrays; nothing here reads files.
+Pure functions on DataFrames and numpy arrays; nothing here reads files. Neutral ground, beside
+records.py and stability.py: the planner's runoff (plan/runoff.py) asks which rows the
+recommendation would find tied, the analyser (pareto.py, recommend.py) decides with the same rule.
 """
 from __future__ import annotations
 
