@@ -375,7 +375,7 @@ class SweepPlan:
             self._out.notes.append(f"runoff: {job.job_id} {result.status}; its rows keep the extrapolated step time")
             return
         grad_acc = job.cfg.grad_acc
-        before = self._time_row(job.cfg.model_copy(update={"trial_id": job.job_id.removesuffix(RUNOFF_SUFFIX)}), group)
+        before = self._time_row(self._cfgs[job.job_id.removesuffix(RUNOFF_SUFFIX)], group)
         self._runoff_times[(job.key, grad_acc)] = result
         self._out.notes.append(f"runoff: {job.job_id} {result.step_time_ms:.0f} ms per step in full "
                                f"(extrapolated {before.step_time_ms:.0f} ms)")

@@ -59,14 +59,18 @@ def duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
+def _num(x: float, fmt: str) -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
+
+
+def _peak_and_step(result: TrialResult) -> str:
+    return f"peak {_num(result.peak_mem_gb, '.2f')} GB  step {_num(result.step_time_ms, '.0f')} ms"
+
+
 def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float = math.nan,
                   left_s: float = math.nan) -> str:
-    def num(x: float, fmt: str) -> str:
-        return format(x, fmt) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
-
     line = (f"[{index}/{total}] {result.trial_id:<32} {result.status:<8} "
-            f"peak {num(result.peak_mem_gb, '.2f')} GB  step {num(result.step_time_ms, '.0f')} ms  "
-            f"startup {num(result.startup_s, '.1f')} s")
+            f"{_peak_and_step(result)}  startup {_num(result.startup_s, '.1f')} s")
     if result.measured_by and result.measured_by != result.trial_id:
         line += f"  (measured by {result.measured_by})"
     if result.step_time_source == "extrapolated":
@@ -81,11 +85,7 @@ def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float 
 def trial_line(job_id: str, kind: str, grad_acc: int, result: TrialResult, elapsed_s: float) -> str:
     """``  trial t000 (measure, grad_acc 2) ok  peak 17.71 GB  step 380 ms | 25 s elapsed``: a Ray
     trial that ended without a results row of its own yet."""
-    def num(x: float, fmt: str) -> str:
-        return format(x, fmt) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
-
-    line = (f"  trial {job_id} ({kind}, grad_acc {grad_acc}) {result.status}  "
-            f"peak {num(result.peak_mem_gb, '.2f')} GB  step {num(result.step_time_ms, '.0f')} ms  "
+    line = (f"  trial {job_id} ({kind}, grad_acc {grad_acc}) {result.status}  {_peak_and_step(result)}  "
             f"| {duration(elapsed_s)} elapsed")
     return line + (f"  | {result.error[:120]}" if result.error else "")
 
@@ -170,21 +170,21 @@ class SweepRecorder(tune.Callback):
             # The workers' machine, not the driver's: replaces the driver-side environment.json.
             save_environment(self.out_dir, say, done.environment)
             self.worker_environment_written = True
+        job = self.plan.job(job_id)
         started = self.trial_started.pop(job_id, None)
         if started is not None:
             # What it ran: its own grad_acc (a shorter one, measuring); 1 when the recorder was
             # given no configurations (rows count 1 each then).
-            ran = trial_tokens(self.plan.job(job_id).cfg) if self.tokens else 1
+            ran = trial_tokens(job.cfg) if self.tokens else 1
             self.trial_s_per_token.append((time.monotonic() - started) / ran)
             self.run_tokens += ran
         r = done.result
         self.endings.append(Ending(job_id, r.status, len(done.steps), r.error))
-        kind, grad_acc = self.plan.job(job_id).kind, self.plan.job(job_id).cfg.grad_acc
         self.plan.finish(job_id, r, done.steps)
         if job_id not in {row.trial_id for row in self.flush()}:
             # Its rows come later (they wait for their learning trial) or it has none (a learning or
             # runoff trial): say it ended, so that minutes of measuring are not minutes of silence.
-            say(trial_line(job_id, kind, grad_acc, r, time.monotonic() - self.started_at))
+            say(trial_line(job_id, job.kind, job.cfg.grad_acc, r, time.monotonic() - self.started_at))
         cause = same_early_failure(self.endings, self.total)
         if cause is not None and self.stop.reason is None:
             self.stop.reason = cause  # SweepStopper and the Searcher: nothing more is scheduled
