@@ -50,7 +50,8 @@ def _setting(row: pd.Series, columns: list[str]) -> str:
     return " ".join(f"{c} {fmt_sig(row[c], 4) if is_finite(row[c]) else row[c]}" for c in columns)
 
 
-def _listed(items: list[str]) -> str:
+def listed(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
@@ -77,16 +78,16 @@ def shared_measurement_sentence(winner: pd.Series, sharing: pd.DataFrame) -> str
     differ = [c for c in same_maths_columns(sets) if sets[c].astype(str).nunique() > 1]
     if len(differ) == 1:
         c = differ[0]
-        names = f"{c} " + _listed([fmt_sig(v, 4) if is_finite(v) else str(v) for v in sets[c]])
+        names = f"{c} " + listed([fmt_sig(v, 4) if is_finite(v) else str(v) for v in sets[c]])
     else:
-        names = _listed([_setting(r, differ) for _, r in sets.iterrows()])
+        names = listed([_setting(r, differ) for _, r in sets.iterrows()])
     how = learning_trials(sets)
     verdicts = [str(v) if v is not pd.NA else "" for v in sets.get("stability", pd.Series("", index=sets.index))]
     if len(set(verdicts)) == 1:
         were = f"were all `{verdicts[0]}`" if verdicts[0] else "have no stability verdict"
         named = "the first in the space is named"
     else:
-        were = "were " + _listed([f"`{v or 'no verdict'}` ({_setting(r, differ)})" for v, (_, r) in zip(verdicts, sets.iterrows())])
+        were = "were " + listed([f"`{v or 'no verdict'}` ({_setting(r, differ)})" for v, (_, r) in zip(verdicts, sets.iterrows())])
         named = f"the first with the best verdict (`{winner.get('stability') or 'none'}`) in the space is named"
     return (f" {names} share this measurement; their learning trials{f' ({how})' if how else ''} {were} and "
             f"are not ranked by loss std (one trial each), so {named}: choose {' and '.join(differ)} by your "

@@ -29,7 +29,7 @@ import pandas as pd
 
 from dpo_sweep import noise
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
-from dpo_sweep.analysis.reasons import (amount, exactness_sentence, failure_summary, interval,
+from dpo_sweep.analysis.reasons import (amount, exactness_sentence, failure_summary, interval, listed,
                                         shared_measurement_sentence, tie_sentence, tied_faster)
 from dpo_sweep.analysis.tables import is_finite
 from dpo_sweep.errors import UserError
@@ -210,7 +210,7 @@ def runner_up_cost(winner: pd.Series, other: pd.Series) -> str:
         parts.append(f"have loss std {_g(o_std, 3)} instead of {_g(w_std, 3)}")
     if not parts:
         return "have no comparable measurements"
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return listed(parts)
 
 
 def cheapest_row(df: pd.DataFrame) -> tuple[pd.Series | None, bool]:
