@@ -24,7 +24,12 @@ sweep's wall time the device spent in optimizer steps: ``train_s`` = the sum of 
 over every step of every Ray trial (steps.csv holds them all, learning trials' included),
 ``share`` = ``train_s`` / the command's wall time (Ray start, preflight and report included),
 ``first_row_s`` = the command's start -> its first progress line (the fixed start-up + the first trial).
-Writes ``<name>_share.md`` / ``.csv`` and the sweep's results.csv, steps.csv and console log.
+Writes ``<name>_share.md`` / ``.csv`` and the sweep's results.csv, steps.csv, console log and
+worker logs (``<name>_logs/``), and
+``<name>_timeline.csv``: every Ray trial's start and end in seconds since the command's start
+(Tune's own record of the trial, ``run_metadata.start_time`` and ``time_total_s`` in the
+experiment state it keeps under DIR/ray/), so the wall time splits into the start before the
+first trial, the trials, the gaps between them and the end after the last.
 """
 from __future__ import annotations
 
@@ -192,6 +197,44 @@ def training_share(steps: list[dict[str, str]], wall_s: float, first_row: float 
             "ray_trials_with_steps": trials, "steps": len(steps), "first_row_s": first_row}
 
 
+@dataclass
+class TrialSpan:
+    """One Ray trial of a ``--space`` run, in seconds since the command's start."""
+
+    trial_id: str
+    start_s: float
+    end_s: float
+    gap_s: float  # since the previous trial ended (the first: since the command started)
+
+
+def trial_spans(sweep_dir: Path, started_at: float) -> list[TrialSpan]:
+    """Every Ray trial's span from Tune's experiment state (see the module doc); ``started_at``:
+    the command's start, as ``time.time()``."""
+    spans: list[tuple[str, float, float]] = []
+    for state in sorted(Path(sweep_dir, "ray").glob("*/experiment_state-*.json")):
+        for trial_json, meta_json in json.loads(state.read_text())["trial_data"]:
+            trial, meta = json.loads(trial_json), json.loads(meta_json)
+            last = meta.get("last_result") or {}
+            if meta.get("start_time") is None or "time_total_s" not in last:
+                continue
+            tid = trial["config"]["trial"]["trial_id"]
+            spans.append((tid, meta["start_time"] - started_at, meta["start_time"] - started_at + last["time_total_s"]))
+    out, previous = [], 0.0
+    for tid, start, end in sorted(spans, key=lambda s: s[1]):
+        out.append(TrialSpan(tid, start, end, start - previous))
+        previous = end
+    return out
+
+
+def timeline_summary(spans: list[TrialSpan], wall_s: float) -> dict[str, float]:
+    """The wall time split: before the first trial, in trials, between them, after the last."""
+    if not spans:
+        return {}
+    in_trials = sum(s.end_s - s.start_s for s in spans)
+    return {"before_first_trial_s": spans[0].start_s, "in_trials_s": in_trials,
+            "between_trials_s": sum(s.gap_s for s in spans[1:]), "after_last_trial_s": wall_s - spans[-1].end_s}
+
+
 def run_space(space: Path, out: Path, dashboard: bool) -> int:
     """``--space``: one user sweep, timed; the share of its wall time spent training."""
     out.mkdir(parents=True, exist_ok=True)
@@ -199,11 +242,18 @@ def run_space(space: Path, out: Path, dashboard: bool) -> int:
     with tempfile.TemporaryDirectory(prefix="sweep-share-") as sweep_dir:
         cmd = [sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", sweep_dir,
                *([] if dashboard else ["--no-dashboard"])]
-        t0 = time.monotonic()
+        t0, started_at = time.monotonic(), time.time()
         lines = run_timed(cmd, out / f"{name}_console.log")
         wall_s = time.monotonic() - t0
         for file in ("results.csv", "steps.csv", "environment.json"):
             shutil.copy(Path(sweep_dir) / file, out / f"{name}_{file}")
+        shutil.copytree(Path(sweep_dir) / "logs", out / f"{name}_logs", dirs_exist_ok=True)  # the workers' lines
+        spans = trial_spans(Path(sweep_dir), started_at)
+    with (out / f"{name}_timeline.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=[f.name for f in fields(TrialSpan)])
+        w.writeheader()
+        w.writerows(asdict(s) for s in spans)
+    split = timeline_summary(spans, wall_s)
     share = training_share(read_csv_rows(out / f"{name}_steps.csv"), wall_s, first_row_s(lines))
     with (out / f"{name}_share.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(share))
@@ -217,6 +267,12 @@ def run_space(space: Path, out: Path, dashboard: bool) -> int:
           f"{share['ray_trials_with_steps']} | {share['steps']} | {share['first_row_s']:.1f} |\n\n"
           "first_row_s: the command's start -> its first progress line (the fixed start-up and the "
           "first trial).\n")
+    if split:
+        md += ("\nWhere the wall time went (Tune's trial spans, `" + f"{name}_timeline.csv`):\n\n"
+               "| " + " | ".join(split) + " |\n|" + " --- |" * len(split) + "\n| "
+               + " | ".join(f"{v:.1f}" for v in split.values()) + " |\n\n"
+               "| trial | start_s | end_s | gap_s |\n| --- | --- | --- | --- |\n"
+               + "".join(f"| {s.trial_id} | {s.start_s:.1f} | {s.end_s:.1f} | {s.gap_s:.1f} |\n" for s in spans))
     (out / f"{name}_share.md").write_text(md)
     print("\n" + md)
     return 0

@@ -1,3 +1,3 @@
-from dpo_sweep.cli import main
+from dpo_sweep.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -7,7 +7,10 @@ field, the value and what is allowed), 130 Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
+import threading
 
 from dpo_sweep.errors import UserError
 
@@ -114,5 +117,26 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
+def entry() -> None:
+    """The ``dpo-sweep`` command and ``python -m dpo_sweep``: :func:`main`, then the process ends
+    without the interpreter's teardown of every module it loaded. After a sweep (torch,
+    transformers, Ray, pandas, plotly) that teardown took 1.3 s on the 2-core machine, after the
+    report was written and nothing was left to do. What an exit does that matters still happens:
+    threads that are not daemons are waited for, the atexit handlers run (logging's flush, Ray's
+    shutdown when it is still up), the output is flushed. Tests call :func:`main` itself."""
+    rc = main()
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(rc if isinstance(rc, int) else 1)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

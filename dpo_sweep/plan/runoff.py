@@ -11,7 +11,15 @@ micro_batch 16: the same measurements, a different answer, decided by the width 
 The runoff takes the rows the recommendation would weigh - ok, fitting the budget, their
 throughput interval overlapping the fastest fitting row's - and, when any of them is
 extrapolated, times each such finalist in full at its real grad_acc (``<id>-runoff`` trials).
-Pure: the plan (schedule.py) asks which rows are finalists and runs them.
+
+The frontier has the same weakness: a row is off it when a leaner row's throughput interval
+reaches its own (analysis/pareto.py: a tie goes to less memory). On the H200 the planned sweep
+lost micro_batch 8 / full from the full grid's frontier that way: micro_batch 4 / full, its step
+time extrapolated to grad_acc 16 with an interval 8% wide (40,753-44,053 tokens/s), reached
+micro_batch 8's 43,936 where the full measurement gave 40,877 with a narrow one. So the rows
+whose place off the frontier rests on such a tie alone, and the leaner rows that tie them, are
+timed in full too when extrapolated (:func:`frontier_ties`).
+Pure: the plan (schedule.py) asks which rows to time and runs them.
 """
 from __future__ import annotations
 
@@ -55,6 +63,31 @@ def finalists(rows: Sequence[TrialResult], usable_gb: float | None,
             seen.add(key)
             out.append(r)
     return out[:limit]
+
+
+def frontier_ties(rows: Sequence[TrialResult], limit: int = RUNOFF_MAX) -> list[TrialResult]:
+    """The extrapolated rows of ``rows`` whose timing in full can change the memory/throughput
+    frontier, one per configuration, fastest first: for every ok row ``j`` that a leaner row
+    ``i`` dominates only through a throughput tie (``i`` peaks lower and their intervals overlap;
+    no row at most as lean is faster beyond the noise), the extrapolated ones of ``j`` and those
+    ``i``. A row dominated beyond the noise stays off the frontier whatever its timing, and
+    loss std is left out: what the runoff narrows is throughput."""
+    ok = [r for r in rows if r.status == "ok" and math.isfinite(r.tokens_per_s) and math.isfinite(r.peak_mem_gb)]
+    if not ok:
+        return []
+    low, high = noise.throughput_interval(pd.DataFrame([dataclasses.asdict(r) for r in ok]))
+    picked: dict[tuple[str, int], TrialResult] = {}
+    for j, rj in enumerate(ok):
+        lean = [i for i, ri in enumerate(ok) if i != j and ri.peak_mem_gb <= rj.peak_mem_gb]
+        if any(low[i] > high[j] for i in lean):
+            continue  # dominated beyond the noise
+        tied = [i for i in lean if ok[i].peak_mem_gb < rj.peak_mem_gb and noise.overlaps(low[i], high[i], low[j], high[j])]
+        if not tied:
+            continue  # on the memory/throughput frontier: nothing to settle
+        for r in [rj, *(ok[i] for i in tied)]:
+            if r.step_time_source == "extrapolated":
+                picked.setdefault((r.measured_by, r.grad_acc), r)
+    return sorted(picked.values(), key=lambda r: -r.tokens_per_s)[:limit]
 
 
 def timed_row(row: TrialResult, runoff: TrialResult) -> TrialResult:

@@ -25,8 +25,10 @@ The story of a sweep:
 5. The **runoff** (:mod:`~dpo_sweep.plan.runoff`): once every group is measured, the rows the
    recommendation would weigh - fitting the budget, their throughput tied within its p10-p90
    noise with the fastest's - whose step time was extrapolated are timed in full at their own
-   grad_acc as ``<trial_id>-runoff`` (at most ``RUNOFF_MAX``); their rows take that time
-   (``step_time_source: runoff``, ``timed_by``), rewritten in results.csv if already written.
+   grad_acc as ``<trial_id>-runoff`` (at most ``RUNOFF_MAX``); so are the extrapolated rows of a
+   frontier decided by such a tie (a leaner row's interval reaching a row's own: at most
+   ``RUNOFF_MAX`` more). Their rows take that time (``step_time_source: runoff``,
+   ``timed_by``), rewritten in results.csv if already written.
 
 ``full_grid``: every configuration is its own measure trial at its real grad_acc with its own
 steps and precision, in the space's order; nothing is pruned, shared or extrapolated.
@@ -41,7 +43,7 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
 from dpo_sweep.plan.memory import MemoryEstimate, planning_device, predict_peak_gb
 from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, shared_row, with_stability
-from dpo_sweep.plan.runoff import RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, timed_row
+from dpo_sweep.plan.runoff import RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, frontier_ties, timed_row
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
                                   measurement_key, pick_learning_trial, prune_after_oom, prune_over_budget,
                                   short_grad_acc)
@@ -345,22 +347,28 @@ class SweepPlan:
         if self._runoff_queue is None:
             if any(g.state in ("pending", "running") for g in self._groups.values()):
                 return None  # the fastest is known once every group is measured
-            self._runoff_queue = [self._runoff_job(r) for r in finalists(self._fitting_rows(), usable_gb=None)]
-            if self._runoff_queue:
-                names = ", ".join(j.job_id.removesuffix(RUNOFF_SUFFIX) for j in self._runoff_queue)
-                self._out.notes.append(f"runoff: {names} tied within the step-time noise on extrapolated "
-                                       "step times; timing each in full at its grad_acc")
+            leaders = finalists(self._fitting_rows(), usable_gb=None)
+            taken = {(r.measured_by, r.grad_acc) for r in leaders}
+            edges = [r for r in frontier_ties(self._fitting_rows(margin=None)) if (r.measured_by, r.grad_acc) not in taken]
+            self._runoff_queue = [self._runoff_job(r) for r in leaders + edges]
+            for rows, why in ((leaders, "tied with the fastest within the step-time noise"),
+                              (edges, "tie on the memory/throughput frontier")):
+                if rows:
+                    names = ", ".join(r.trial_id for r in rows)
+                    self._out.notes.append(f"runoff: {names} {why} on extrapolated step times; "
+                                           "timing each in full at its grad_acc")
         return self._runoff_queue.pop(0) if self._runoff_queue else None
 
-    def _fitting_rows(self) -> list[TrialResult]:
-        """Every measured ok row that fits its budget less the recommendation's default margin."""
+    def _fitting_rows(self, margin: float | None = RUNOFF_SAFETY_MARGIN) -> list[TrialResult]:
+        """Every measured ok row that fits its budget less ``margin`` (the recommendation's default
+        margin; None: every ok row, as the frontier takes them)."""
         rows = []
         for group in self._groups.values():
             if group.state != "done" or group.result.status != "ok":
                 continue
             for m in group.members:
                 budget = self.budget_of(m)
-                if budget is None or group.result.peak_mem_gb <= budget * (1 - RUNOFF_SAFETY_MARGIN):
+                if budget is None or margin is None or group.result.peak_mem_gb <= budget * (1 - margin):
                     rows.append(self._time_row(m, group))
         return rows
 

@@ -76,6 +76,7 @@ class TrialWorker:
         """Run one trial, yielding its reports as they happen, then at most one failure item."""
         entered = time.time()
         trial_start = float(loop_config["trial_start"])
+        first = self._import_window is not None
         began, ready = self._import_window or (entered, entered)
         self._import_window = None
         ray_end = min(max(began, trial_start), entered)
@@ -102,6 +103,8 @@ class TrialWorker:
         with contextlib.ExitStack() as stack:
             if log_dir:  # everything the trial prints goes to its log file, as a Train worker's does
                 stack.enter_context(driver.output_to_file(driver.worker_log_path(log_dir, cfg.trial_id, 0)))
+            if first:  # where this worker's own start went, beside the trial's start-up split
+                print(import_window_line(cfg.trial_id, began, ready, trial_start), flush=True)
             try:
                 thread = threading.Thread(target=work, name=f"trial-{cfg.trial_id}", daemon=True)
                 thread.start()
@@ -113,6 +116,13 @@ class TrialWorker:
                 self._release(_device_of(cfg))
         if failure:
             yield {_FAILURE: failure, _REPLACE: failure["status"] != "oom"}
+
+
+def import_window_line(trial_id: str, began: float, ready: float, trial_start: float) -> str:
+    """The first trial's log line on its warm worker's imports, in seconds from the trial's start
+    (negative: before it)."""
+    return (f"[{trial_id}] warm worker: imports took {ready - began:.1f} s, "
+            f"from {began - trial_start:+.1f} s to {ready - trial_start:+.1f} s of the trial's start")
 
 
 def _device_of(cfg: TrialConfig) -> Any:

@@ -5,6 +5,7 @@ the same functions that print them in a sweep, so a change of their format fails
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -93,3 +94,19 @@ def test_first_row_is_the_first_progress_line():
     assert sweep_overhead.first_row_s(console) == 11.5
     assert math.isnan(sweep_overhead.first_row_s(console[:2]))
     assert sweep_overhead.training_share([], wall_s=30.0, first_row=11.5)["first_row_s"] == 11.5
+
+
+def test_trial_spans_come_from_tunes_experiment_state_in_start_order(tmp_path):
+    # Tune's experiment state as Ray 2.60 writes it: trial_data holds [trial JSON, run_metadata JSON].
+    def trial(tid, start, total):
+        return [json.dumps({"config": {"trial": {"trial_id": tid}}}),
+                json.dumps({"start_time": start, "last_result": {"time_total_s": total}})]
+
+    state = tmp_path / "ray" / "exp-1" / "experiment_state-2026-12-01_16-00-00.json"
+    state.parent.mkdir(parents=True)
+    pending = [json.dumps({"config": {"trial": {"trial_id": "never"}}}), json.dumps({"start_time": None})]
+    state.write_text(json.dumps({"trial_data": [trial("b", 1012.0, 3.0), trial("a", 1005.0, 6.5), pending]}))
+    spans = sweep_overhead.trial_spans(tmp_path, started_at=1000.0)
+    assert [(s.trial_id, s.start_s, s.end_s, s.gap_s) for s in spans] == [("a", 5.0, 11.5, 5.0), ("b", 12.0, 15.0, 0.5)]
+    split = sweep_overhead.timeline_summary(spans, wall_s=17.0)
+    assert split == {"before_first_trial_s": 5.0, "in_trials_s": 9.5, "between_trials_s": 0.5, "after_last_trial_s": 2.0}

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from dpo_sweep.noise import throughput_interval
-from dpo_sweep.plan.runoff import finalists
+from dpo_sweep.plan.runoff import finalists, frontier_ties
 from dpo_sweep.records import TrialResult
 
 
@@ -54,6 +54,44 @@ def test_failed_rows_do_not_count_and_the_number_is_capped():
     assert finalists([oom], usable_gb=None) == [] and finalists(rows + [oom], None)[0].trial_id == "t0"
 
 
+def _frontier(rows):
+    """The analyser's memory/throughput frontier (analysis/pareto.py) of ``rows``: trial ids on it."""
+    from dpo_sweep.analysis.pareto import analyse_frontier, objectives_from_spec
+
+    frame = pd.DataFrame([dataclasses.asdict(r) for r in rows])
+    out = analyse_frontier(frame, objectives_from_spec({"memory": "min", "throughput": "max"}))
+    return set(out.loc[out["on_frontier"], "trial_id"])
+
+
+def test_a_frontier_point_lost_to_an_extrapolated_tie_is_timed_back():
+    # The planned 1B sweep on the H200: mb 4 / full at grad_acc 16 extrapolated to 40,753-44,053
+    # tokens/s (16.64 GB) reached mb 8 / full's 43,936-44,441 (17.27 GB), so mb 8 / full was off the
+    # frontier; timed in full, mb 4 / full ran 40,877 tokens/s and mb 8 / full is back on it.
+    mb4 = row("t014", 4, 42335.0, spread=0.039, peak=16.64)
+    mb8 = row("t019", 8, 44188.0, spread=0.0057, peak=17.27)
+    mb16 = row("t024", 16, 44651.0, spread=0.003, peak=19.43, source="measured", grad_acc=4)
+    slow = row("t013", 4, 30000.0, spread=0.05, peak=18.78)  # dominated beyond the noise: left alone
+    rows = [mb4, mb8, mb16, slow]
+    assert _frontier(rows) == {"t014", "t024"}
+    assert finalists(rows, usable_gb=None) == []  # mb 16 leads, measured: the recommendation is settled
+    assert [r.trial_id for r in frontier_ties(rows)] == ["t019", "t014"]
+    timed = dataclasses.replace(mb4, tokens_per_s=40877.0, step_time_p10_ms=995.0, step_time_p90_ms=1005.0,
+                                step_time_source="runoff")
+    assert _frontier([timed, mb8, mb16, slow]) == {"t014", "t019", "t024"}  # the full grid's frontier
+    assert frontier_ties([timed, mb8, mb16, slow]) == []  # nothing left to settle
+
+
+def test_frontier_ties_time_only_extrapolated_rows_once_per_configuration():
+    lean = row("a", 4, 1000.0, spread=0.05, peak=10.0, source="measured")
+    tied = row("b", 8, 1010.0, spread=0.01, peak=12.0)
+    twin = row("b-beta2", 8, 1010.0, spread=0.01, peak=12.0, measured_by="b")
+    assert [r.trial_id for r in frontier_ties([lean, tied, twin])] == ["b"]  # a was measured in full
+    same_peak = row("c", 8, 1010.0, spread=0.01, peak=10.0)  # equal peaks: neither dominates
+    assert frontier_ties([lean, same_peak]) == []
+    ties = [row(f"t{i}", 8, 1000.0 + i, spread=0.05, peak=10.0 + i) for i in range(6)]
+    assert len(frontier_ties(ties)) == 3 and len(frontier_ties(ties, limit=6)) == 6
+
+
 # --- the runoff in the plan (no Ray): stand-in trials of tests/plan/test_plan_schedule.py ---------
 
 from dpo_sweep.plan.schedule import LEARN, MEASURE, RUNOFF, SweepPlan  # noqa: E402
@@ -77,11 +115,19 @@ def test_tied_extrapolated_configurations_are_timed_in_full_after_every_measurem
 
 
 def test_a_finalist_must_fit_the_budget_less_the_recommendation_margin():
-    # Peaks 15 GB (none) and 14 GB (L1): a 15.5 GB budget leaves 14.7 GB after 5 %: only L1 runs off.
+    # Peaks 15 GB (none) and 14 GB (L1): a 15.5 GB budget leaves 14.7 GB after 5 %: only L1 is a
+    # finalist of the recommendation. none is timed after it, for the frontier: the stand-in times
+    # the two alike, so leaner L1's interval reaches none's and keeps it off the frontier by a tie.
     trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
-    jobs, rows = drive(SweepPlan(trials, estimate=estimate, budget_gb=15.5, margin=0.5))
-    assert [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF] == ["L1"]
-    assert {r.checkpoint_level: r.step_time_source for r in rows.values()} == {"none": "extrapolated", "L1": "runoff"}
+    plan = SweepPlan(trials, estimate=estimate, budget_gb=15.5, margin=0.5)
+    jobs, rows = drive(plan)
+    assert [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF] == ["L1", "none"]
+    assert {r.checkpoint_level: r.step_time_source for r in rows.values()} == {"none": "runoff", "L1": "runoff"}
+    l1, none = (next(t.trial_id for t in trials if t.checkpoint_level == c) for c in ("L1", "none"))
+    notes = plan.take_notes()
+    assert f"runoff: {l1} tied with the fastest within the step-time noise on extrapolated step times; " \
+           "timing each in full at its grad_acc" in notes
+    assert any(n.startswith(f"runoff: {none} tie on the memory/throughput frontier") for n in notes)
 
 
 def test_rows_written_before_their_runoff_ended_are_handed_back_rewritten():

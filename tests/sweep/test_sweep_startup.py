@@ -181,3 +181,20 @@ def test_background_preflight_raises_in_the_caller(tmp_path, monkeypatch, answer
         assert pending.answered_within(startup.PREFLIGHT_HEAD_START_S) is (answer_s == 0.0)
         with pytest.raises(DataError, match="data.path: bad"):
             pending.result()
+
+
+def test_the_analysis_runs_beside_rays_shutdown_and_the_command_waits_for_it(tmp_path, monkeypatch):
+    stand = Stand(monkeypatch)
+
+    def slow_shutdown():
+        stand.mark("ray shutdown")
+        time.sleep(0.5)
+        stand.mark("ray down")
+
+    monkeypatch.setattr(command, "ray", SimpleNamespace(cluster_resources=lambda: {"CPU": 4.0}, shutdown=slow_shutdown))
+    monkeypatch.setattr(command, "_analyse", lambda *a, **k: stand.mark("analysis"))
+    assert _run(tmp_path) == 0
+    stand.mark("returned")
+    # the analysis did not wait for Ray to go down; the command did
+    assert stand.at("analysis") < stand.at("ray down"), stand.events
+    assert stand.names()[-2:] == ["ray down", "returned"]

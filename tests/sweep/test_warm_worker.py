@@ -72,6 +72,22 @@ def test_start_up_split_the_trial_that_waited_for_the_import_pays_it_later_ones_
         assert sum(split) <= row.startup_s + 1e-6
 
 
+def test_the_first_trials_log_says_when_its_workers_imports_ran(capsys):
+    # What the trial prints goes to its log file in a worker process (driver.output_to_file, fd 1);
+    # under pytest it is captured here.
+    started = time.time()
+    worker = TrialWorker()
+    said = []
+    for cfg in (_cfg(2, 64, trial_id="first"), _cfg(2, 64, trial_id="second")):
+        capsys.readouterr()
+        list(worker.run({"trial": cfg, "trial_start": started, "log_dir": None}))
+        said.append(capsys.readouterr().out)
+    assert said[0].startswith("[first] warm worker: imports took ") and "s of the trial's start" in said[0]
+    assert "warm worker:" not in said[1]  # later trials did not wait for it
+    assert warm_worker.import_window_line("t", 100.0, 104.5, 102.0) == \
+        "[t] warm worker: imports took 4.5 s, from -2.0 s to +2.5 s of the trial's start"
+
+
 def test_oom_is_a_status_and_the_worker_runs_the_next_trial():
     worker = TrialWorker()
     steps, outcome, failure = _run(worker, _cfg(2, 64, fail_at_step=2, fail_kind="oom"))
