@@ -10,8 +10,11 @@ found by every trial's worker, after Ray has started (one traceback per trial), 
   as a worker will, and every trial's micro_batch x workers can be filled from what is left;
 * output: the folder is, or can be created as, a writable directory.
 
-``validate`` and ``run`` check all three before Ray starts (``validate`` writes nothing, so it
-has no output folder). ``trial`` checks the output folder and the models before it trains; its
+``validate`` checks all three (it writes nothing, so it has no output folder). ``run`` makes the
+checks that only read files (:func:`check_files`: the output folder, the checkpoint folders' files,
+the data files' rows) before Ray starts, so such a mistake never starts it, and the rest (the
+tokenizers, the tokenised data) right after Ray is up, while the trial workers import
+(dpo_sweep/sweep/startup.py). ``trial`` checks the output folder and the models before it trains; its
 data is read once, by the trial itself, whose data errors come before the first step.
 A failed check is a :class:`UserError`: exit 2, the file, line or field named, and the fix.
 """
@@ -24,7 +27,7 @@ from typing import Any, Iterable
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.errors import DataError, UserError
-from dpo_sweep.train.data import PairDataset, load_pairs  # standard library only: cheap to import
+from dpo_sweep.train.data import PairDataset, load_pairs, read_file  # standard library only: cheap to import
 from dpo_sweep.train.lengths import LengthProfile, data_shape
 
 #: Files that ``trial`` and ``run`` write into the output folder.
@@ -201,6 +204,22 @@ def lengths_by_trial(trials: Iterable[TrialConfig], data: Iterable[DataSummary])
 
 
 # --- the commands' checks ---------------------------------------------------------------------
+
+
+def check_files(trials: Iterable[TrialConfig], out_dir: Path | None = None) -> None:
+    """The checks that only read files and import no tokenizer or torch (milliseconds): the
+    output folder, each local checkpoint folder's files, each local data file's rows."""
+    from dpo_sweep.train import pretrained
+
+    trials = tuple(trials)
+    if out_dir is not None:
+        check_output_dir(out_dir)
+    for spec in {t.model.model_dump_json(): t.model for t in trials}.values():
+        if spec.preset is None:
+            pretrained.require_files(pretrained.locate(spec.name_or_path or ""), (pretrained.CONFIG_FILE,),
+                                     pretrained.TOKENIZER_FILES, pretrained.WEIGHT_FILES)
+    for path in dict.fromkeys(t.data.path for t in trials if t.data.path is not None):
+        read_file(path)
 
 
 def check_inputs(trials: tuple[TrialConfig, ...], out_dir: Path | None = None) -> tuple[DataSummary, ...]:

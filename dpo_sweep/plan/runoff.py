@@ -18,7 +18,11 @@ lost micro_batch 8 / full from the full grid's frontier that way: micro_batch 4 
 time extrapolated to grad_acc 16 with an interval 8% wide (40,753-44,053 tokens/s), reached
 micro_batch 8's 43,936 where the full measurement gave 40,877 with a narrow one. So the rows
 whose place off the frontier rests on such a tie alone, and the leaner rows that tie them, are
-timed in full too when extrapolated (:func:`frontier_ties`).
+timed in full too when extrapolated (:func:`frontier_ties`). A row timed in full has a narrower
+interval, which can settle a tie or uncover another (micro_batch 2 without checkpointing kept an
+interval 17% wide from its short run, and so reached past micro_batch 8 / L1 once that was timed),
+so the plan asks again after each round, until nothing is left to settle or
+:func:`runoff_cap` runoffs have run.
 Pure: the plan (schedule.py) asks which rows to time and runs them.
 """
 from __future__ import annotations
@@ -37,6 +41,16 @@ from dpo_sweep.records import TrialResult
 #: their extrapolated times.
 RUNOFF_MAX = 3
 RUNOFF_SUFFIX = "-runoff"
+#: At most one runoff per this many memory/time measurements, in all rounds together (and at
+#: least RUNOFF_MAX): a runoff costs what a full-grid trial does.
+RUNOFF_PER_MEASUREMENTS = 2
+
+
+def runoff_cap(measurements: int) -> int:
+    """How many runoffs a sweep of ``measurements`` memory/time measurements may run in all."""
+    return max(RUNOFF_MAX, measurements // RUNOFF_PER_MEASUREMENTS)
+
+
 #: A finalist must fit the budget less this share: the recommendation's default safety margin
 #: (``--safety-margin``), so the runoff times what the default recommendation can choose.
 RUNOFF_SAFETY_MARGIN = 0.05

@@ -26,8 +26,9 @@ The story of a sweep:
    recommendation would weigh - fitting the budget, their throughput tied within its p10-p90
    noise with the fastest's - whose step time was extrapolated are timed in full at their own
    grad_acc as ``<trial_id>-runoff`` (at most ``RUNOFF_MAX``); so are the extrapolated rows of a
-   frontier decided by such a tie (a leaner row's interval reaching a row's own: at most
-   ``RUNOFF_MAX`` more). Their rows take that time (``step_time_source: runoff``,
+   frontier decided by such a tie (a leaner row's interval reaching a row's own). Round after
+   round, each reading the times the last one brought, until nothing is left to settle or
+   ``runoff_cap`` runoffs have run. Their rows take that time (``step_time_source: runoff``,
    ``timed_by``), rewritten in results.csv if already written.
 
 ``full_grid``: every configuration is its own measure trial at its real grad_acc with its own
@@ -43,7 +44,8 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
 from dpo_sweep.plan.memory import MemoryEstimate, planning_device, predict_peak_gb
 from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, shared_row, with_stability
-from dpo_sweep.plan.runoff import RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, frontier_ties, timed_row
+from dpo_sweep.plan.runoff import (RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, frontier_ties,
+                                   runoff_cap, timed_row)
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
                                   measurement_key, pick_learning_trial, prune_after_oom, prune_over_budget,
                                   short_grad_acc)
@@ -131,7 +133,8 @@ class SweepPlan:
         self._learned: dict[str, LearningSource | None] = {}
         self._learning_oom: dict[str, str] = {}  # learning_key -> why its learning precision did not fit
         self._running: dict[str, Job] = {}
-        self._runoff_queue: list[Job] | None = None  # None: not decided yet (groups still measuring)
+        self._runoff_queue: list[Job] = []  # this round's runoffs still to start
+        self._runoff_tried: set[tuple[str, int]] = set()  # (measurement_key, grad_acc) given a runoff
         self._runoff_times: dict[tuple[str, int], TrialResult] = {}  # (measurement_key, grad_acc) -> ok runoff
         self._measurements: list[Measurement] = []
         self._calibration: Calibration = calibrate([])
@@ -344,20 +347,33 @@ class SweepPlan:
     def _next_runoff(self) -> Job | None:
         if self.full_grid:
             return None
-        if self._runoff_queue is None:
+        if not self._runoff_queue:
             if any(g.state in ("pending", "running") for g in self._groups.values()):
                 return None  # the fastest is known once every group is measured
-            leaders = finalists(self._fitting_rows(), usable_gb=None)
-            taken = {(r.measured_by, r.grad_acc) for r in leaders}
-            edges = [r for r in frontier_ties(self._fitting_rows(margin=None)) if (r.measured_by, r.grad_acc) not in taken]
-            self._runoff_queue = [self._runoff_job(r) for r in leaders + edges]
-            for rows, why in ((leaders, "tied with the fastest within the step-time noise"),
-                              (edges, "tie on the memory/throughput frontier")):
-                if rows:
-                    names = ", ".join(r.trial_id for r in rows)
-                    self._out.notes.append(f"runoff: {names} {why} on extrapolated step times; "
-                                           "timing each in full at its grad_acc")
+            if any(j.kind == RUNOFF for j in self._running.values()):
+                return None  # the next round reads the times this one brings
+            self._runoff_queue = self._runoff_round()
         return self._runoff_queue.pop(0) if self._runoff_queue else None
+
+    def _runoff_round(self) -> list[Job]:
+        """The next round of runoffs (see plan/runoff.py): the recommendation's finalists, then
+        the frontier's ties, none timed in full before, within what is left of the cap."""
+        left = runoff_cap(len(self._groups)) - len(self._runoff_tried)
+        def new(rows: list[TrialResult]) -> list[TrialResult]:
+            return [r for r in rows if (self._group_of[r.trial_id], r.grad_acc) not in self._runoff_tried]
+
+        leaders = new(finalists(self._fitting_rows(), usable_gb=None, limit=len(self._cfgs)))[:max(0, min(left, RUNOFF_MAX))]
+        taken = {(r.measured_by, r.grad_acc) for r in leaders}
+        edges = [r for r in new(frontier_ties(self._fitting_rows(margin=None), limit=len(self._cfgs)))
+                 if (r.measured_by, r.grad_acc) not in taken][:max(0, left - len(leaders))]
+        for rows, why in ((leaders, "tied with the fastest within the step-time noise"),
+                          (edges, "tie on the memory/throughput frontier")):
+            if rows:
+                self._out.notes.append(f"runoff: {', '.join(r.trial_id for r in rows)} {why} on extrapolated "
+                                       "step times; timing each in full at its grad_acc")
+        jobs = [self._runoff_job(r) for r in leaders + edges]
+        self._runoff_tried.update((j.key, j.cfg.grad_acc) for j in jobs)
+        return jobs
 
     def _fitting_rows(self, margin: float | None = RUNOFF_SAFETY_MARGIN) -> list[TrialResult]:
         """Every measured ok row that fits its budget less ``margin`` (the recommendation's default

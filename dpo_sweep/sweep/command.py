@@ -1,10 +1,11 @@
 """``dpo-sweep run``: the whole sweep on a Ray cluster, through the planner (fewer Tune trials
 than configurations; ``--full-grid``: one per configuration).
 
-The story: validate the space (exit 2 on a bad file) -> check the data and models
-(:mod:`~dpo_sweep.preflight`, exit 2) while Ray and the warm workers start beside it
-(:mod:`~dpo_sweep.sweep.startup`; :mod:`~dpo_sweep.sweep.ray_cluster`: a new local cluster with
-its dashboard, or ``--address`` / ``RAY_ADDRESS``) -> prepare the results directory
+The story: validate the space (exit 2 on a bad file) -> check the files it names (exit 2) -> start
+Ray and the warm workers (:mod:`~dpo_sweep.sweep.ray_cluster`: a new local cluster with its
+dashboard, or ``--address`` / ``RAY_ADDRESS``) -> check the tokenizers and the tokenised data
+(:mod:`~dpo_sweep.preflight`, exit 2) while the workers import (:mod:`~dpo_sweep.sweep.startup`)
+-> prepare the results directory
 (:mod:`~dpo_sweep.sweep.output_dir`: copy the space file, keep or set aside earlier results) ->
 print where the dashboard is and how to log in -> run the
 trials not yet in ``results.csv`` (:mod:`~dpo_sweep.sweep.tuner`), each trial's rows appended as it
@@ -39,7 +40,7 @@ from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finish
 from dpo_sweep.sweep.ray_cluster import InfrastructureError, RayConnection, connect_ray, print_dashboard
 from dpo_sweep.sweep.driver import LOGS_DIR
 from dpo_sweep.sweep.recorder import say
-from dpo_sweep.sweep.startup import PREFLIGHT_HEAD_START_S, BackgroundPreflight
+from dpo_sweep.sweep.startup import check_inputs
 from dpo_sweep.sweep.stopping import INTERRUPTED, interrupted_line, resume_command
 from dpo_sweep.sweep.tuner import SweepSummary, absolute_paths, run_sweep, start_warm_workers, trial_slots
 from dpo_sweep.sweep.warm_worker import WarmPool
@@ -144,23 +145,23 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
     conn: RayConnection | None = None
     pool: WarmPool | None = None
     try:
-        # The preflight (exit 2 on bad input, before anything is written) in a thread, Ray and
-        # the warm workers starting beside it (startup.py).
-        with BackgroundPreflight(sp.trials, out_dir, planned) as pending:
-            if not nothing_to_run and not pending.answered_within(PREFLIGHT_HEAD_START_S):
-                try:
-                    conn = connect_ray(args.address, dashboard=not args.no_dashboard)
-                    pool = start_warm_workers(planned, trial_slots(sp, ray.cluster_resources(), args.max_concurrent))
-                except Exception:
-                    pending.result()  # a refusal of the input comes first, as when it ran before Ray
-                    raise
-            checked = pending.result()
+        # startup.py: the file checks (exit 2, nothing started), Ray and the warm workers, then
+        # the rest of the preflight (exit 2, before anything is written) while the workers import.
+        preflight.check_files(sp.trials, out_dir)
+        if not nothing_to_run:
+            try:
+                conn = connect_ray(args.address, dashboard=not args.no_dashboard)
+                pool = start_warm_workers(planned, trial_slots(sp, ray.cluster_resources(), args.max_concurrent))
+            except Exception:
+                check_inputs(sp.trials, out_dir, planned)  # a refusal of the input comes first
+                raise
+        checked = check_inputs(sp.trials, out_dir, planned)
         done_ids = _prepare(args, out_dir, checked.data)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
             _analyse(out_dir, args, say, sp.spec)
             return 0
-        if conn is None:  # the preflight answered within its head start
+        if conn is None:  # a resume that looked finished but was not (prepare_output decided)
             conn = connect_ray(args.address, dashboard=not args.no_dashboard)
         print_dashboard(conn, say)
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,

@@ -1,21 +1,24 @@
-"""``dpo-sweep run``'s start-up, overlapped: the preflight runs in a thread while the command's
-main thread starts Ray and the warm workers.
+"""``dpo-sweep run``'s start-up, in the order that makes its slowest part start first.
 
-The two halves have little in common: the preflight (:mod:`dpo_sweep.preflight`: importing torch
-and transformers, reading and tokenising the data, then the first build of the planner's memory
-model) is Python work in this process; starting Ray and the pool mostly waits on other processes
-(Ray's GCS and raylet, the workers' own imports). Side by side, the sweep's start costs the longer
-of the two instead of their sum (issue 14: 6.7 s + 5.4 s on the H200).
+The slowest part is a trial worker's start: Ray up, then the worker process's imports (torch,
+transformers, the model's classes, CUDA; ~11 s on the H200). So:
 
-What the user sees does not change: the preflight's lines, the results directory, then the
-dashboard line, in that order; a refusal of the input still exits 2 with nothing written, and the
-Ray it started for nothing is shut down (the command's ``finally``). A preflight that answers
-within :data:`PREFLIGHT_HEAD_START_S` - a missing file, a bad first row, or any answer in a
-process that has imported torch already - never starts Ray at all.
+1. the checks that only read files (:func:`dpo_sweep.preflight.check_files`: milliseconds, no
+   tokenizer): a missing data file, a bad row or an unwritable output folder is refused (exit 2)
+   before anything starts;
+2. Ray and the warm workers start (the workers import in their own processes from then on);
+3. the rest of the preflight - the tokenizers, the data tokenised as the workers will, the
+   planner's memory model (:func:`check_inputs`) - in this process while the workers import.
+   A refusal here (exit 2) shuts down the Ray started for it.
+
+The preflight used to run in a thread beside Ray's start. In one process the two share the GIL:
+the preflight's imports held it while ``ray.init`` needed it in short turns, and on the H200 Ray
+was up 12-14 s after the command started, where alone it takes 5.4 s; the workers' imports
+started that much later and the first trial waited for them
+(benchmarks/results/sweep_overhead_h200/).
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -23,11 +26,6 @@ from typing import Sequence
 from dpo_sweep import preflight
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.train.lengths import LengthProfile
-
-#: How long the preflight runs alone before Ray starts beside it: a quick refusal (or a test
-#: process's, whose imports are done) answers well within it and so never starts Ray; a fresh
-#: process spends seconds in its imports, which is the time Ray's start hides in.
-PREFLIGHT_HEAD_START_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -62,27 +60,3 @@ def check_inputs(trials: Sequence[TrialConfig], out_dir: Path,
     lengths = preflight.lengths_by_trial(trials, data)
     warm_memory_model(planned)
     return CheckedInputs(data, lengths)
-
-
-class BackgroundPreflight:
-    """:func:`check_inputs` in a thread from the ``with`` block's start; :meth:`result` takes its
-    answer (its error raised in the caller's thread). Leaving the block waits for the thread: the
-    preflight never outlives the command's decision on it."""
-
-    def __init__(self, trials: Sequence[TrialConfig], out_dir: Path, planned: Sequence[TrialConfig] = ()):
-        self._args = (tuple(trials), out_dir, tuple(planned))
-
-    def __enter__(self) -> BackgroundPreflight:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight")
-        self._future = self._executor.submit(check_inputs, *self._args)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._executor.shutdown(wait=True)
-
-    def answered_within(self, timeout_s: float) -> bool:
-        """Whether the preflight has its answer (either way) within ``timeout_s``."""
-        return bool(wait([self._future], timeout=timeout_s).done)
-
-    def result(self) -> CheckedInputs:
-        return self._future.result()

@@ -130,6 +130,56 @@ def test_a_finalist_must_fit_the_budget_less_the_recommendation_margin():
     assert any(n.startswith(f"runoff: {none} tie on the memory/throughput frontier") for n in notes)
 
 
+def _timed(job, tps, spread):
+    """The stand-in trainer's result for ``job`` with its rows' throughput set to ``tps`` and
+    its step times' p10/p90 at -/+ ``spread``: a measure trial (2 of grad_acc 8 micro-steps) gets
+    the short-run numbers that extrapolate to it, a runoff the numbers themselves."""
+    result, steps = run(job)
+    work, ratio = (8 / job.cfg.grad_acc, 830.0 / result.step_time_ms) if job.kind == MEASURE else (1.0, 1.0)
+    ms = result.step_time_ms
+    return dataclasses.replace(result, tokens_per_s=tps * ratio / work, step_time_p10_ms=ms * (1 - spread),
+                               step_time_p90_ms=ms * (1 + spread)), steps
+
+
+def test_runoff_rounds_go_on_until_the_frontier_has_no_tie_left():
+    # Peaks: L2 13 GB < L1 14 GB < none 15 GB (stand-in model), all extrapolated from 2 of 8 micro-steps.
+    # Round 1: none (the fastest) and L1 tie within the noise -> both timed in full. L1 turns out
+    # slower, 940 tokens/s, inside L2's wide short-run interval (818-941), which it did not reach before: a new tie that
+    # round 2 settles by timing L2, found at 850.
+    trials = space(checkpoint_level=["none", "L1", "L2"], grad_acc=[8])
+    short = {"none": (965.0, 0.005), "L1": (960.0, 0.005), "L2": (875.0, 0.07)}
+    full = {"none": 965.0, "L1": 940.0, "L2": 850.0}
+
+    def outcome(job):
+        level = job.cfg.checkpoint_level
+        return _timed(job, *short[level]) if job.kind == MEASURE else _timed(job, full[level], 0.001)
+
+    plan = SweepPlan(trials, estimate=estimate)
+    jobs, rows = drive(plan, outcome)
+    runoffs = [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF]
+    assert runoffs == ["none", "L1", "L2"]
+    assert {r.checkpoint_level: round(r.tokens_per_s) for r in rows.values()} == full
+    assert all(r.step_time_source == "runoff" for r in rows.values())
+    assert _frontier(list(rows.values())) == {r.trial_id for r in rows.values()}  # each leaner, each slower
+    notes = [n for n in plan.take_notes() if n.startswith("runoff:") and "timing each" in n]
+    assert len(notes) == 2 and "tie on the memory/throughput frontier" in notes[-1] and "L2" in notes[-1]
+
+
+def test_runoffs_stop_at_the_cap(monkeypatch):
+    from dpo_sweep.plan import schedule
+
+    monkeypatch.setattr(schedule, "runoff_cap", lambda measurements: 2)  # the same sweep, capped at 2
+    trials = space(checkpoint_level=["none", "L1", "L2"], grad_acc=[8])
+    short = {"none": (965.0, 0.005), "L1": (960.0, 0.005), "L2": (875.0, 0.07)}
+    full = {"none": 965.0, "L1": 940.0, "L2": 850.0}
+    jobs, rows = drive(SweepPlan(trials, estimate=estimate), lambda j: _timed(
+        j, *short[j.cfg.checkpoint_level]) if j.kind == MEASURE else _timed(j, full[j.cfg.checkpoint_level], 0.001))
+    assert [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF] == ["none", "L1"]
+    assert rows[next(t.trial_id for t in trials if t.checkpoint_level == "L2")].step_time_source == "extrapolated"
+    from dpo_sweep.plan.runoff import runoff_cap
+    assert runoff_cap(25) == 12 and runoff_cap(5) == 3  # one per two measurements, at least 3
+
+
 def test_rows_written_before_their_runoff_ended_are_handed_back_rewritten():
     trials = space(grad_acc=[8])
     plan = SweepPlan(trials, estimate=estimate)

@@ -1,0 +1,47 @@
+"""preflight.check_files: what ``run`` refuses before Ray starts - the output folder, a checkpoint
+folder's files, a data file's rows - without importing a tokenizer or torch."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpo_sweep import preflight
+from dpo_sweep.errors import UserError
+from testkit import make_cfg
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_each_kind_of_file_mistake_is_refused(tmp_path):
+    out_file = tmp_path / "taken"
+    out_file.write_text("")
+    with pytest.raises(UserError, match="taken"):
+        preflight.check_files([make_cfg()], out_file)
+    half = tmp_path / "ckpt"
+    half.mkdir()
+    (half / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="the folder lacks"):
+        preflight.check_files([make_cfg(model={"name_or_path": str(half)})])
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text(json.dumps({"prompt": "p", "chosen": "c", "rejected": "r"}) + "\n{not json\n")
+    with pytest.raises(UserError, match="line 2"):
+        preflight.check_files([make_cfg(data={"path": str(bad)})])
+
+
+def test_it_imports_no_tokenizer_and_no_torch(tmp_path):
+    # As ``run`` does it: the space loaded, its trials' files checked, in a fresh process.
+    good = tmp_path / "pairs.jsonl"
+    good.write_text(json.dumps({"prompt": "p", "chosen": "c", "rejected": "r"}) + "\n")
+    space = tmp_path / "space.yaml"
+    space.write_text(f"name: files\nmodel: {{preset: tiny-llama}}\ndata: {{path: {good}}}\n"
+                     "search: {micro_batch: [1, 2]}\n")
+    script = ("import sys\nfrom dpo_sweep import preflight, space\n"
+              f"preflight.check_files(space.load({str(space)!r}).trials, None)\n"
+              "print(sorted(m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
