@@ -3,9 +3,9 @@ than configurations; ``--full-grid``: one per configuration).
 
 The story: validate the space (exit 2 on a bad file) -> check the files it names (exit 2) -> start
 Ray and the warm workers (:mod:`~dpo_sweep.sweep.ray_cluster`: a new local cluster with its
-dashboard, or ``--address`` / ``RAY_ADDRESS``) -> check the tokenizers and the tokenised data
-(:mod:`~dpo_sweep.preflight`, exit 2) while the workers import (:mod:`~dpo_sweep.sweep.startup`)
--> prepare the results directory
+dashboard, or ``--address`` / ``RAY_ADDRESS``) while the tokenizers and the tokenised data are
+checked beside it (:mod:`~dpo_sweep.preflight`, exit 2; :mod:`~dpo_sweep.sweep.startup`) ->
+prepare the results directory
 (:mod:`~dpo_sweep.sweep.output_dir`: copy the space file, keep or set aside earlier results) ->
 print where the dashboard is and how to log in -> run the
 trials not yet in ``results.csv`` (:mod:`~dpo_sweep.sweep.tuner`), each trial's rows appended as it
@@ -40,10 +40,10 @@ from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finish
 from dpo_sweep.sweep.ray_cluster import InfrastructureError, RayConnection, connect_ray, print_dashboard
 from dpo_sweep.sweep.driver import LOGS_DIR
 from dpo_sweep.sweep.recorder import say
-from dpo_sweep.sweep.startup import check_inputs
+from dpo_sweep.sweep import warm_worker
+from dpo_sweep.sweep.startup import BackgroundPreflight
 from dpo_sweep.sweep.stopping import INTERRUPTED, interrupted_line, resume_command
 from dpo_sweep.sweep.tuner import SweepSummary, absolute_paths, run_sweep, start_warm_workers, trial_slots
-from dpo_sweep.sweep.warm_worker import WarmPool
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
@@ -107,7 +107,7 @@ class RayRelease:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
 
-    def start(self, pool: WarmPool | None, conn: RayConnection | None) -> None:
+    def start(self, pool: warm_worker.WarmPool | None, conn: RayConnection | None) -> None:
         def release() -> None:
             if pool is not None:
                 pool.close()  # the workers' GPUs are free again
@@ -143,26 +143,28 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
     nothing_to_run = bool(args.resume) and finished_trial_ids(out_dir) >= {t.trial_id for t in sp.trials}
     planned = [absolute_paths(t) for t in sp.trials]  # as the trials will see them
     conn: RayConnection | None = None
-    pool: WarmPool | None = None
+    pool: warm_worker.WarmPool | None = None
     try:
-        # startup.py: the file checks (exit 2, nothing started), Ray and the warm workers, then
-        # the rest of the preflight (exit 2, before anything is written) while the workers import.
+        # startup.py: the file checks (exit 2, nothing started), then the rest of the preflight
+        # (exit 2, before anything is written) in a thread while Ray and the warm workers start.
         preflight.check_files(sp.trials, out_dir)
-        if not nothing_to_run:
-            try:
-                conn = connect_ray(args.address, dashboard=not args.no_dashboard)
-                pool = start_warm_workers(planned, trial_slots(sp, ray.cluster_resources(), args.max_concurrent))
-            except Exception:
-                check_inputs(sp.trials, out_dir, planned)  # a refusal of the input comes first
-                raise
-        checked = check_inputs(sp.trials, out_dir, planned)
+        with BackgroundPreflight(sp.trials, out_dir, planned) as pending:
+            if not nothing_to_run:
+                try:
+                    conn = connect_ray(args.address, dashboard=not args.no_dashboard,
+                                       train=not warm_worker.wanted(sp.trials[0]))
+                    pool = start_warm_workers(planned, trial_slots(sp, ray.cluster_resources(), args.max_concurrent))
+                except Exception:
+                    pending.result()  # a refusal of the input comes first
+                    raise
+            checked = pending.result()
         done_ids = _prepare(args, out_dir, checked.data)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
             _analyse(out_dir, args, say, sp.spec)
             return 0
         if conn is None:  # a resume that looked finished but was not (prepare_output decided)
-            conn = connect_ray(args.address, dashboard=not args.no_dashboard)
+            conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=not warm_worker.wanted(sp.trials[0]))
         print_dashboard(conn, say)
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
                             cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)),

@@ -1,24 +1,23 @@
-"""``dpo-sweep run``'s start-up, in the order that makes its slowest part start first.
+"""``dpo-sweep run``'s start-up: the slowest part - Ray up, then each warm worker's imports in its
+own process (torch, transformers, the model's classes, CUDA: 11-16.5 s on the H200) - starts first.
 
-The slowest part is a trial worker's start: Ray up, then the worker process's imports (torch,
-transformers, the model's classes, CUDA; ~11 s on the H200). So:
-
-1. the checks that only read files (:func:`dpo_sweep.preflight.check_files`: milliseconds, no
+1. The checks that only read files (:func:`dpo_sweep.preflight.check_files`: milliseconds, no
    tokenizer): a missing data file, a bad row or an unwritable output folder is refused (exit 2)
-   before anything starts;
-2. Ray and the warm workers start (the workers import in their own processes from then on);
-3. the rest of the preflight - the tokenizers, the data tokenised as the workers will, the
-   planner's memory model (:func:`check_inputs`) - in this process while the workers import.
-   A refusal here (exit 2) shuts down the Ray started for it.
+   before anything starts.
+2. The rest of the preflight - the tokenizers, the data tokenised as the workers will, the
+   planner's memory model (:func:`check_inputs`) - in a thread (:class:`BackgroundPreflight`),
+   while the command's main thread starts Ray and the warm workers. A refusal there (exit 2)
+   shuts down the Ray started for it.
 
-The preflight used to run in a thread beside Ray's start. In one process the two share the GIL:
-the preflight's imports held it while ``ray.init`` needed it in short turns, and on the H200 Ray
-was up 12-14 s after the command started, where alone it takes 5.4 s; the workers' imports
-started that much later and the first trial waited for them
-(benchmarks/results/sweep_overhead_h200/).
+Measured on the H200 (benchmarks/results/sweep_overhead_h200/): that preflight imports what a
+worker does and took 14.5-19.4 s beside Ray's start; run after Ray was up instead (75aded7), it
+took 15.5 s on its own, and Tune's start waited for it until 28.5 s. Beside each other the two
+share this process's GIL, which costs Ray's start 1-2 s on the 2-core machine (ray.init 4.0-4.3 s
+alone, 4.9-6.3 s beside the imports), less than the preflight it hides.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -60,3 +59,23 @@ def check_inputs(trials: Sequence[TrialConfig], out_dir: Path,
     lengths = preflight.lengths_by_trial(trials, data)
     warm_memory_model(planned)
     return CheckedInputs(data, lengths)
+
+
+class BackgroundPreflight:
+    """:func:`check_inputs` in a thread from the ``with`` block's start; :meth:`result` takes its
+    answer (its error raised in the caller's thread). Leaving the block waits for the thread: the
+    preflight never outlives the command's decision on it."""
+
+    def __init__(self, trials: Sequence[TrialConfig], out_dir: Path, planned: Sequence[TrialConfig] = ()):
+        self._args = (tuple(trials), out_dir, tuple(planned))
+
+    def __enter__(self) -> BackgroundPreflight:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight")
+        self._future = self._executor.submit(check_inputs, *self._args)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._executor.shutdown(wait=True)
+
+    def result(self) -> CheckedInputs:
+        return self._future.result()

@@ -58,8 +58,7 @@ class TrialWorker:
     :class:`WorkerPool`; a plain object in tests."""
 
     def __init__(self, trainer: str = driver.DEFAULT_TRAINER, models: list[Any] = ()):
-        started = time.time()
-        driver._quiet_train_reports()
+        started = time.time()  # no Ray Train here: importing it cost 2.1 s on the H200
         self._run_trial = driver.import_trainer(trainer)
         from dpo_sweep.train import setup  # the trainer's own modules: imported with it
         from dpo_sweep.train.model import prepare_imports

@@ -7,6 +7,7 @@ import csv
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,17 @@ def test_recorder_looks_configs_up_instead_of_validating_them(tmp_path, capsys):
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert [(r["trial_id"], r["status"], r["micro_batch"]) for r in rows] == [("t006", "oom", str(cfg.micro_batch))]
     assert "[1/1] t006" in capsys.readouterr().out
+
+
+def test_the_jobs_runtime_env_holds_only_what_its_workers_lack(monkeypatch):
+    from dpo_sweep.sweep.ray_cluster import RAY_TRAIN_ENV, SETUP_HOOK, job_runtime_env
+
+    for name in RAY_TRAIN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    # A local cluster of warm workers: nothing (its processes inherit the exported variables).
+    assert job_runtime_env(joined=False, train=False) is None
+    assert all(os.environ[k] == v for k, v in RAY_TRAIN_ENV.items())
+    assert job_runtime_env(joined=False, train=True) == {"worker_process_setup_hook": SETUP_HOOK}
+    for name in RAY_TRAIN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert job_runtime_env(joined=True, train=False) == {"env_vars": RAY_TRAIN_ENV}

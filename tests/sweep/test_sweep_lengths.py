@@ -59,7 +59,7 @@ class FakeTuner:
 
 def _run(monkeypatch, path, out) -> dict[str, dict[str, str]]:
     FakeTuner.started = []
-    monkeypatch.setattr(command, "connect_ray", lambda address, dashboard: RayConnection(None, False, False))
+    monkeypatch.setattr(command, "connect_ray", lambda address, dashboard, train=True: RayConnection(None, False, False))
     monkeypatch.setattr(command, "print_dashboard", lambda conn, out: None)
     monkeypatch.setattr(command, "ray", SimpleNamespace(cluster_resources=lambda: {"CPU": 4.0}, shutdown=lambda: None))
     monkeypatch.setattr(command, "_analyse", lambda *a, **k: None)  # the analysis is not under test

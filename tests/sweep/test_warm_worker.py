@@ -134,3 +134,15 @@ def test_liger_patches_are_undone_after_the_trial(monkeypatch):
     assert modeling_llama.LlamaRMSNorm is stock_norm
     assert modeling_llama.apply_rotary_pos_emb is stock_rope
     assert not hasattr(modeling_llama, "_liger_marker")
+
+
+def test_a_warm_worker_never_imports_ray_train():
+    # Its trials report through the actor's stream, not Ray Train: importing it cost 2.1 s of the
+    # worker's start on the H200 (benchmarks/results/sweep_overhead_h200/).
+    script = ("import sys, time\nsys.path.insert(0, 'tests')\nfrom testkit import make_cfg\n"
+              "from dpo_sweep.sweep.warm_worker import TrialWorker\nw = TrialWorker()\n"
+              "list(w.run({'trial': make_cfg(steps=1), 'trial_start': time.time(), 'log_dir': None}))\n"
+              "print('ray.train' in sys.modules, 'ray.tune' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "False False"
