@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.errors import DataError, UserError
-from dpo_sweep.train.data import PairDataset, load_pairs, read_file  # standard library only: cheap to import
+from dpo_sweep.train.data import PairDataset, check_rows, load_pairs, read_file  # standard library only: cheap to import
 from dpo_sweep.train.lengths import LengthProfile, data_shape
 
 #: Files that ``trial`` and ``run`` write into the output folder.
@@ -208,7 +208,8 @@ def lengths_by_trial(trials: Iterable[TrialConfig], data: Iterable[DataSummary])
 
 def check_files(trials: Iterable[TrialConfig], out_dir: Path | None = None) -> None:
     """The checks that only read files and import no tokenizer or torch (milliseconds): the
-    output folder, each local checkpoint folder's files, each local data file's rows."""
+    output folder, each local checkpoint folder's files, each local data file's columns and the
+    types of its rows' values."""
     from dpo_sweep.train import pretrained
 
     trials = tuple(trials)
@@ -218,8 +219,8 @@ def check_files(trials: Iterable[TrialConfig], out_dir: Path | None = None) -> N
         if spec.preset is None:
             pretrained.require_files(pretrained.locate(spec.name_or_path or ""), (pretrained.CONFIG_FILE,),
                                      pretrained.TOKENIZER_FILES, pretrained.WEIGHT_FILES)
-    for path in dict.fromkeys(t.data.path for t in trials if t.data.path is not None):
-        read_file(path)
+    for spec in {t.data.model_dump_json(): t.data for t in trials if t.data.path is not None}.values():
+        check_rows(read_file(spec.path), spec)
 
 
 def check_inputs(trials: tuple[TrialConfig, ...], out_dir: Path | None = None) -> tuple[DataSummary, ...]:

@@ -199,3 +199,18 @@ def test_the_committed_h200_comparison(tmp_path):
     assert "- recommendation memory/time (micro_batch, checkpoint_level, grad_acc, seq_len, num_workers, model): same" in text
     assert "| Ray trials | 27 (25 memory/time + 2 learning or runoff; console.log: 27) |" in text
     assert "goal < 1/3: met" in text and "peak memory within 2%: 25 of 25" in text
+
+
+def test_the_committed_h200_comparison_with_runoff_rounds(tmp_path):
+    """The planned 1B sweep with the frontier's runoff rounds (75aded7) against the same full grid:
+    the full grid's frontier and recommendation; and the 3-beta space's 50 rows (551afb2, stopped
+    at its timeout) against three of that full grid."""
+    root = REPO / "benchmarks" / "results" / "full_grid_h200"
+    full = root / "llama-3.2-1b-h200-betas-full-grid"
+    text, _, _ = run(tmp_path, root / "llama-3.2-1b-h200-betas-planned-rounds", full)
+    assert "- frontier: same (9 configurations)" in text
+    assert "- recommendation memory/time (micro_batch, checkpoint_level, grad_acc, seq_len, num_workers, model): same" in text
+    assert "| Ray trials | 31 (25 memory/time + 6 learning or runoff; console.log: 31) |" in text
+    text, _, _ = run(tmp_path, root / "llama-3.2-1b-h200-betas-3beta-planned-partial", full, "--beta-multiplier", "3")
+    assert "- frontier: same (9 configurations)" in text and "goal < 1/3: met" in text
+    assert "- recommendation memory/time (micro_batch, checkpoint_level, grad_acc, seq_len, num_workers, model): same" in text

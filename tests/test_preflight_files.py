@@ -45,3 +45,22 @@ def test_it_imports_no_tokenizer_and_no_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_bad_row_or_column_is_refused_by_the_file_checks_as_by_the_full_read(tmp_path):
+    # The same message as when the rows are tokenised (train/data.py), found without a tokenizer.
+    from dpo_sweep.train.data import load_pairs
+    from dpo_sweep.train.tokenizer import load_tokenizer
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "p", "chosen": "c", "rejected": "r"}) + "\n"
+                    + json.dumps({"prompt": "p", "chosen": 3, "rejected": "r"}) + "\n")
+    cols = tmp_path / "cols.jsonl"
+    cols.write_text(json.dumps({"prompt": "p", "good": "c", "rejected": "r"}) + "\n")
+    for path, match in ((rows, "line 2: 'chosen' is int"), (cols, "column 'chosen' is missing")):
+        cfg = make_cfg(data={"path": str(path)})
+        with pytest.raises(UserError, match=match) as quick:
+            preflight.check_files([cfg])
+        with pytest.raises(UserError) as full:
+            load_pairs(cfg.data, load_tokenizer(cfg.model), cfg.train.max_length)
+        assert str(quick.value) == str(full.value)

@@ -221,8 +221,9 @@ def _shown(value: Any, limit: int = 40) -> str:
     return f"({text if len(text) <= limit else text[:limit] + '...'})"
 
 
-def normalise_row(row: dict[str, Any], tokenizer: Any, where: str) -> tuple[str, str, str, bool]:
-    """(prompt text, chosen text, rejected text, is_chat) of one row, columns already renamed."""
+def check_row_types(row: dict[str, Any], where: str) -> None:
+    """A row's chosen, rejected and prompt are text or message lists, chosen and rejected alike
+    (columns already renamed); what needs no tokenizer of :func:`normalise_row`'s checks."""
     for key in ("chosen", "rejected"):
         v = row.get(key)
         if not (isinstance(v, str) or _is_messages(v)):
@@ -236,6 +237,13 @@ def normalise_row(row: dict[str, Any], tokenizer: Any, where: str) -> tuple[str,
     chat = _is_messages(chosen)
     if chat != _is_messages(rejected):
         raise DataError(f"{where}: 'chosen' and 'rejected' must both be strings or both message lists")
+
+
+def normalise_row(row: dict[str, Any], tokenizer: Any, where: str) -> tuple[str, str, str, bool]:
+    """(prompt text, chosen text, rejected text, is_chat) of one row, columns already renamed."""
+    check_row_types(row, where)
+    chosen, rejected, prompt = row["chosen"], row["rejected"], row.get("prompt")
+    chat = _is_messages(chosen)
     if not chat:
         if prompt is None:
             prompt = _common_prefix_text(chosen, rejected)
@@ -308,9 +316,10 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def tokenize_rows(src: SourceRows, spec: DataSpec, tokenizer: Any, max_length: int) -> PairDataset:
-    """Normalise, tokenize and truncate rows into a :class:`PairDataset`."""
-    rows, source = src.rows, src.source
+def check_columns(src: SourceRows, spec: DataSpec) -> dict[str, str]:
+    """The first row has the columns ``data.columns`` maps and a chosen and a rejected one;
+    returns the renaming (file column -> field)."""
+    rows = src.rows
     rename = {v: k for k, v in spec.columns.items()}
     first = {rename.get(k, k) for k in rows[0]}
     found = ", ".join(sorted(map(str, rows[0]))) or "none"
@@ -324,6 +333,20 @@ def tokenize_rows(src: SourceRows, spec: DataSpec, tokenizer: Any, max_length: i
                 f"{src.where(0)}: column {need!r} is missing (columns found: {found}); rename yours with "
                 f"data.columns: {{{need}: <your column>}}"
             )
+    return rename
+
+
+def check_rows(src: SourceRows, spec: DataSpec) -> None:
+    """What :func:`tokenize_rows` checks of the rows before it needs the tokenizer."""
+    rename = check_columns(src, spec)
+    for n, raw in enumerate(src.rows):
+        check_row_types({rename.get(k, k): v for k, v in raw.items()}, src.where(n))
+
+
+def tokenize_rows(src: SourceRows, spec: DataSpec, tokenizer: Any, max_length: int) -> PairDataset:
+    """Normalise, tokenize and truncate rows into a :class:`PairDataset`."""
+    rows, source = src.rows, src.source
+    rename = check_columns(src, spec)
     bos = tokenizer.bos_token_id
     eos = tokenizer.eos_token_id
     pairs, dropped, truncated = [], 0, 0
