@@ -13,7 +13,7 @@ found by every trial's worker, after Ray has started (one traceback per trial), 
 ``validate`` checks all three (it writes nothing, so it has no output folder). ``run`` makes the
 checks that only read files (:func:`check_files`: the output folder, the checkpoint folders' files,
 the data files' rows) before Ray starts, so such a mistake never starts it, and the rest (the
-tokenizers, the tokenised data) right after Ray is up, while the trial workers import
+tokenizers, the tokenised data, from the rows those checks read) beside Ray's start
 (dpo_sweep/sweep/startup.py). ``trial`` checks the output folder and the models before it trains; its
 data is read once, by the trial itself, whose data errors come before the first step.
 A failed check is a :class:`UserError`: exit 2, the file, line or field named, and the fix.
@@ -27,7 +27,8 @@ from typing import Any, Iterable
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.errors import DataError, UserError
-from dpo_sweep.train.data import PairDataset, check_rows, load_pairs, read_file  # standard library only: cheap to import
+# standard library only: cheap to import
+from dpo_sweep.train.data import PairDataset, SourceRows, check_rows, load_pairs, read_file, tokenize_rows
 from dpo_sweep.train.lengths import LengthProfile, data_shape
 
 #: Files that ``trial`` and ``run`` write into the output folder.
@@ -111,6 +112,15 @@ class CheckedModels:
     vocab_sizes: dict[str, int | None]  # by ModelSpec.label(); None when the config has none
 
 
+def _require_checkpoint_files(spec: ModelSpec) -> None:
+    """``spec``'s checkpoint folder holds a config, tokenizer files and weights (a hub id: nothing
+    to check here)."""
+    from dpo_sweep.train import pretrained
+
+    pretrained.require_files(pretrained.locate(spec.name_or_path or ""), (pretrained.CONFIG_FILE,),
+                             pretrained.TOKENIZER_FILES, pretrained.WEIGHT_FILES)
+
+
 def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
     """Each distinct checkpoint's files, config and tokenizer (presets need nothing)."""
     from dpo_sweep.train import pretrained
@@ -123,9 +133,7 @@ def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
         if spec.preset is not None:
             vocab_sizes[spec.label()] = PRESETS[spec.preset]["vocab_size"]
         else:
-            ckpt = pretrained.locate(spec.name_or_path or "")
-            pretrained.require_files(ckpt, (pretrained.CONFIG_FILE,), pretrained.TOKENIZER_FILES,
-                                     pretrained.WEIGHT_FILES)
+            _require_checkpoint_files(spec)
             vocab_sizes[spec.label()] = getattr(pretrained.load_config(spec), "vocab_size", None)
         if _tokenizer_key(spec) not in tokenizers:
             tokenizers[_tokenizer_key(spec)] = load_tokenizer(spec)
@@ -135,8 +143,19 @@ def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
 # --- data -------------------------------------------------------------------------------------
 
 
-def _read_pairs(cfg: TrialConfig, tokenizer: Any) -> PairDataset:
+@dataclass(frozen=True)
+class CheckedFiles:
+    """What :func:`check_files` read: each local data file's rows, by ``DataSpec`` JSON."""
+
+    rows: dict[str, SourceRows]
+
+
+def _read_pairs(cfg: TrialConfig, tokenizer: Any, rows: SourceRows | None = None) -> PairDataset:
+    """``cfg``'s pairs, tokenised; ``rows``: its data file's rows when :func:`check_files` read
+    them already (the file is not read again)."""
     try:
+        if rows is not None:
+            return tokenize_rows(rows, cfg.data, tokenizer, cfg.train.max_length)
         return load_pairs(cfg.data, tokenizer, cfg.train.max_length)
     except UserError:
         raise
@@ -178,13 +197,16 @@ def data_key(cfg: TrialConfig) -> DataKey:
     return (cfg.data.model_dump_json(), _tokenizer_key(cfg.model), cfg.train.max_length)
 
 
-def check_data(trials: Iterable[TrialConfig], models: CheckedModels) -> tuple[DataSummary, ...]:
-    """Read and tokenise each distinct (data, tokenizer, max_length) once, as the workers will."""
+def check_data(trials: Iterable[TrialConfig], models: CheckedModels,
+               files: CheckedFiles | None = None) -> tuple[DataSummary, ...]:
+    """Read and tokenise each distinct (data, tokenizer, max_length) once, as the workers will;
+    ``files``: the data files' rows :func:`check_files` read."""
+    rows = files.rows if files is not None else {}
     summaries: dict[DataKey, DataSummary] = {}
     for cfg in trials:
         key = data_key(cfg)
         if key not in summaries:
-            ds = _read_pairs(cfg, models.tokenizers[key[1]])
+            ds = _read_pairs(cfg, models.tokenizers[key[1]], rows.get(cfg.data.model_dump_json()))
             lengths = LengthProfile.of(ds)
             summaries[key] = DataSummary(ds.source, cfg.model.label(), cfg.train.max_length, len(ds),
                                          ds.truncated, ds.dropped, _max_token_id(ds), key, lengths,
@@ -206,29 +228,30 @@ def lengths_by_trial(trials: Iterable[TrialConfig], data: Iterable[DataSummary])
 # --- the commands' checks ---------------------------------------------------------------------
 
 
-def check_files(trials: Iterable[TrialConfig], out_dir: Path | None = None) -> None:
+def check_files(trials: Iterable[TrialConfig], out_dir: Path | None = None) -> CheckedFiles:
     """The checks that only read files and import no tokenizer or torch (milliseconds): the
     output folder, each local checkpoint folder's files, each local data file's columns and the
-    types of its rows' values."""
-    from dpo_sweep.train import pretrained
-
+    types of its rows' values. The rows read are kept for :func:`check_data`."""
     trials = tuple(trials)
     if out_dir is not None:
         check_output_dir(out_dir)
     for spec in {t.model.model_dump_json(): t.model for t in trials}.values():
         if spec.preset is None:
-            pretrained.require_files(pretrained.locate(spec.name_or_path or ""), (pretrained.CONFIG_FILE,),
-                                     pretrained.TOKENIZER_FILES, pretrained.WEIGHT_FILES)
-    for spec in {t.data.model_dump_json(): t.data for t in trials if t.data.path is not None}.values():
-        check_rows(read_file(spec.path), spec)
+            _require_checkpoint_files(spec)
+    rows: dict[str, SourceRows] = {}
+    for key, spec in {t.data.model_dump_json(): t.data for t in trials if t.data.path is not None}.items():
+        rows[key] = read_file(spec.path)
+        check_rows(rows[key], spec)
+    return CheckedFiles(rows)
 
 
-def check_inputs(trials: tuple[TrialConfig, ...], out_dir: Path | None = None) -> tuple[DataSummary, ...]:
-    """Everything ``validate`` and ``run`` check before Ray starts (the output folder first: it
-    is the cheapest). Returns what the data gave, for the command to print."""
-    if out_dir is not None:
-        check_output_dir(out_dir)
-    return check_data(trials, check_models(trials))
+def check_inputs(trials: tuple[TrialConfig, ...], out_dir: Path | None = None,
+                 files: CheckedFiles | None = None) -> tuple[DataSummary, ...]:
+    """Everything ``validate`` and ``run`` check before any trial (the file checks first: they are
+    the cheapest; ``files``: they were made already). Returns what the data gave, for the command
+    to print."""
+    files = check_files(trials, out_dir) if files is None else files
+    return check_data(trials, check_models(trials), files)
 
 
 def check_trial(cfg: TrialConfig, out_dir: Path) -> None:

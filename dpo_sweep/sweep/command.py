@@ -142,17 +142,17 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
     # A resumed sweep with every row written starts no Ray (a look only: prepare_output decides).
     nothing_to_run = bool(args.resume) and finished_trial_ids(out_dir) >= {t.trial_id for t in sp.trials}
     planned = [absolute_paths(t) for t in sp.trials]  # as the trials will see them
+    train = not warm_worker.wanted(sp.trials[0])  # its trials run in Ray Train workers
     conn: RayConnection | None = None
     pool: warm_worker.WarmPool | None = None
     try:
         # startup.py: the file checks (exit 2, nothing started), then the rest of the preflight
         # (exit 2, before anything is written) in a thread while Ray and the warm workers start.
-        preflight.check_files(sp.trials, out_dir)
-        with BackgroundPreflight(sp.trials, out_dir, planned) as pending:
+        files = preflight.check_files(sp.trials, out_dir)
+        with BackgroundPreflight(sp.trials, out_dir, planned, files) as pending:
             if not nothing_to_run:
                 try:
-                    conn = connect_ray(args.address, dashboard=not args.no_dashboard,
-                                       train=not warm_worker.wanted(sp.trials[0]))
+                    conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
                     pool = start_warm_workers(planned, trial_slots(sp, ray.cluster_resources(), args.max_concurrent))
                 except Exception:
                     pending.result()  # a refusal of the input comes first
@@ -164,7 +164,7 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
             _analyse(out_dir, args, say, sp.spec)
             return 0
         if conn is None:  # a resume that looked finished but was not (prepare_output decided)
-            conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=not warm_worker.wanted(sp.trials[0]))
+            conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
         print_dashboard(conn, say)
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
                             cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)),

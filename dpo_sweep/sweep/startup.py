@@ -50,12 +50,12 @@ def warm_memory_model(trials: Sequence[TrialConfig]) -> None:
             return
 
 
-def check_inputs(trials: Sequence[TrialConfig], out_dir: Path,
-                 planned: Sequence[TrialConfig] = ()) -> CheckedInputs:
-    """The preflight of ``trials`` (:func:`dpo_sweep.preflight.check_inputs`; a
-    :class:`~dpo_sweep.errors.UserError` on bad input), then, when it passed, the memory model of
-    ``planned``: the configs as the plan will see them."""
-    data = preflight.check_inputs(tuple(trials), out_dir)
+def check_inputs(trials: Sequence[TrialConfig], out_dir: Path, planned: Sequence[TrialConfig] = (),
+                 files: preflight.CheckedFiles | None = None) -> CheckedInputs:
+    """The preflight of ``trials`` (:func:`dpo_sweep.preflight.check_inputs`, after the file checks
+    that gave ``files``; a :class:`~dpo_sweep.errors.UserError` on bad input), then, when it
+    passed, the memory model of ``planned``: the configs as the plan will see them."""
+    data = preflight.check_inputs(tuple(trials), out_dir, files)
     lengths = preflight.lengths_by_trial(trials, data)
     warm_memory_model(planned)
     return CheckedInputs(data, lengths)
@@ -66,8 +66,9 @@ class BackgroundPreflight:
     answer (its error raised in the caller's thread). Leaving the block waits for the thread: the
     preflight never outlives the command's decision on it."""
 
-    def __init__(self, trials: Sequence[TrialConfig], out_dir: Path, planned: Sequence[TrialConfig] = ()):
-        self._args = (tuple(trials), out_dir, tuple(planned))
+    def __init__(self, trials: Sequence[TrialConfig], out_dir: Path, planned: Sequence[TrialConfig] = (),
+                 files: preflight.CheckedFiles | None = None):
+        self._args = (tuple(trials), out_dir, tuple(planned), files)
 
     def __enter__(self) -> BackgroundPreflight:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight")

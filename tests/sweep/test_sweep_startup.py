@@ -37,13 +37,13 @@ class Stand:
     def __init__(self, monkeypatch, *, preflight_s: float = 0.0, ray_s: float = 0.0,
                  refusal: str | None = None, ray_error: str | None = None) -> None:
         self.events: list[tuple[str, float]] = []
-        def slow_check(trials, out_dir=None):
+        def slow_check(trials, out_dir=None, files=None):
             self.mark("preflight start")
             time.sleep(preflight_s)
             try:
                 if refusal is not None:
                     raise DataError(refusal)
-                return REAL_CHECK(trials, out_dir)
+                return REAL_CHECK(trials, out_dir, files)
             finally:
                 self.mark("preflight end")
 
