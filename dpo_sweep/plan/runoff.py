@@ -57,12 +57,12 @@ RUNOFF_SAFETY_MARGIN = 0.05
 
 
 def finalists(rows: Sequence[TrialResult], usable_gb: float | None,
-              limit: int = RUNOFF_MAX) -> list[TrialResult]:
+              limit: int | None = RUNOFF_MAX) -> list[TrialResult]:
     """The extrapolated rows of ``rows`` to time in full, fastest first, one per configuration
     (rows that share a measurement and a grad_acc - e.g. betas - are one configuration): the ok
     rows peaking within ``usable_gb`` (None: any) whose throughput interval overlaps the fastest
-    such row's (:mod:`dpo_sweep.noise`, the recommendation's tie rule). Empty when every
-    finalist was already measured at its grad_acc."""
+    such row's (:mod:`dpo_sweep.noise`, the recommendation's tie rule); at most ``limit`` (None:
+    all). Empty when every finalist was already measured at its grad_acc."""
     fitting = sorted((r for r in rows if r.status == "ok" and math.isfinite(r.tokens_per_s)
                       and (usable_gb is None or r.peak_mem_gb <= usable_gb)), key=lambda r: -r.tokens_per_s)
     if not fitting:
@@ -79,13 +79,15 @@ def finalists(rows: Sequence[TrialResult], usable_gb: float | None,
     return out[:limit]
 
 
-def frontier_ties(rows: Sequence[TrialResult], limit: int = RUNOFF_MAX) -> list[TrialResult]:
+def frontier_ties(rows: Sequence[TrialResult], limit: int | None = RUNOFF_MAX) -> list[TrialResult]:
     """The extrapolated rows of ``rows`` whose timing in full can change the memory/throughput
     frontier, one per configuration, fastest first: for every ok row ``j`` that a leaner row
     ``i`` dominates only through a throughput tie (``i`` peaks lower and their intervals overlap;
     no row at most as lean is faster beyond the noise), the extrapolated ones of ``j`` and those
-    ``i``. A row dominated beyond the noise stays off the frontier whatever its timing, and
-    loss std is left out: what the runoff narrows is throughput."""
+    ``i``; at most ``limit`` (None: all). The dominance is analysis/pareto.py's, on memory and
+    throughput only (the plan may not import the analyser): a row dominated beyond the noise stays
+    off the frontier whatever its timing, and loss std is left out: what the runoff narrows is
+    throughput."""
     ok = [r for r in rows if r.status == "ok" and math.isfinite(r.tokens_per_s) and math.isfinite(r.peak_mem_gb)]
     if not ok:
         return []

@@ -359,21 +359,20 @@ class SweepPlan:
         """The next round of runoffs (see plan/runoff.py): the recommendation's finalists, then
         the frontier's ties, none timed in full before, within what is left of the cap."""
         left = runoff_cap(len(self._groups)) - len(self._runoff_tried)
-        def new(rows: list[TrialResult]) -> list[TrialResult]:
-            return [r for r in rows if (self._group_of[r.trial_id], r.grad_acc) not in self._runoff_tried]
 
-        leaders = new(finalists(self._fitting_rows(), usable_gb=None, limit=len(self._cfgs)))[:max(0, min(left, RUNOFF_MAX))]
-        taken = {(r.measured_by, r.grad_acc) for r in leaders}
-        edges = [r for r in new(frontier_ties(self._fitting_rows(margin=None), limit=len(self._cfgs)))
-                 if (r.measured_by, r.grad_acc) not in taken][:max(0, left - len(leaders))]
+        def untried(rows: list[TrialResult], limit: int) -> list[TrialResult]:
+            picked = [r for r in rows if (self._group_of[r.trial_id], r.grad_acc) not in self._runoff_tried][:limit]
+            self._runoff_tried.update((self._group_of[r.trial_id], r.grad_acc) for r in picked)
+            return picked
+
+        leaders = untried(finalists(self._fitting_rows(), usable_gb=None, limit=None), min(left, RUNOFF_MAX))
+        edges = untried(frontier_ties(self._fitting_rows(margin=None), limit=None), left - len(leaders))
         for rows, why in ((leaders, "tied with the fastest within the step-time noise"),
                           (edges, "tie on the memory/throughput frontier")):
             if rows:
                 self._out.notes.append(f"runoff: {', '.join(r.trial_id for r in rows)} {why} on extrapolated "
                                        "step times; timing each in full at its grad_acc")
-        jobs = [self._runoff_job(r) for r in leaders + edges]
-        self._runoff_tried.update((j.key, j.cfg.grad_acc) for j in jobs)
-        return jobs
+        return [self._runoff_job(r) for r in leaders + edges]
 
     def _fitting_rows(self, margin: float | None = RUNOFF_SAFETY_MARGIN) -> list[TrialResult]:
         """Every measured ok row that fits its budget less ``margin`` (the recommendation's default
