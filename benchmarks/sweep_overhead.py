@@ -52,6 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout, no install needed
     sys.path.insert(0, str(REPO_ROOT))
 
+from dpo_sweep.analysis.tables import to_markdown  # noqa: E402  (no torch import either)
 from dpo_sweep.records import read_csv_rows  # noqa: E402  (no torch import)
 
 #: model -> (space lines that make its trials, a short description). The GPU case is the 1B
@@ -268,11 +269,10 @@ def run_space(space: Path, out: Path, dashboard: bool) -> int:
           "first_row_s: the command's start -> its first progress line (the fixed start-up and the "
           "first trial).\n")
     if split:
-        md += ("\nWhere the wall time went (Tune's trial spans, `" + f"{name}_timeline.csv`):\n\n"
-               "| " + " | ".join(split) + " |\n|" + " --- |" * len(split) + "\n| "
-               + " | ".join(f"{v:.1f}" for v in split.values()) + " |\n\n"
-               "| trial | start_s | end_s | gap_s |\n| --- | --- | --- | --- |\n"
-               + "".join(f"| {s.trial_id} | {s.start_s:.1f} | {s.end_s:.1f} | {s.gap_s:.1f} |\n" for s in spans))
+        md += (f"\nWhere the wall time went (Tune's trial spans, `{name}_timeline.csv`):\n\n"
+               + to_markdown(list(split), [[f"{v:.1f}" for v in split.values()]]) + "\n"
+               + to_markdown(["trial", "start_s", "end_s", "gap_s"],
+                             [[s.trial_id, *(f"{v:.1f}" for v in (s.start_s, s.end_s, s.gap_s))] for s in spans]))
     (out / f"{name}_share.md").write_text(md)
     print("\n" + md)
     return 0
