@@ -247,6 +247,12 @@ class TrainSpec(_Strict):
         "micro-batch the run can meet): its peak is peak_mem_gb; it is left out of step times, "
         "tokens/s and the loss statistics.",
     )
+    evaluate: bool = Field(
+        True,
+        description="After the steps, the final weights' DPO loss on a held batch (eval_loss). The "
+        "planner turns it off in the trials that only time or measure a configuration, whose rows "
+        "take eval_loss from their learning trial.",
+    )
     learning_steps: int | None = Field(
         None, ge=1,
         description="Optimizer steps of the planner's learning trials (<trial_id>-learning), which give "

@@ -30,6 +30,7 @@ train.weight_decay, adam_betas,          no    the same fused AdamW kernel
 adam_eps
 train.max_grad_norm                      no    the norm is computed either way (inf: no clip)
 train.steps                              no    the measurement's own step count decides
+train.evaluate                           no    the held batch runs after the steps, untimed
 train.learning_steps, learning_precision no    only the learning trials' (``learning_config``),
                                                whose configurations carry the resolved values
 train.seed (fixed synthetic lengths)     no    weights' values and the order of equal lengths
@@ -51,7 +52,7 @@ NOT_MEMORY_FIELDS: tuple[tuple[str, ...], ...] = (
     ("trial_id",), ("space_name",), ("beta",), ("grad_acc",),  # grad_acc enters as short_grad_acc
     ("train", "loss"), ("train", "label_smoothing"), ("train", "lr"), ("train", "lr_warmup_steps"),
     ("train", "lr_schedule"), ("train", "weight_decay"), ("train", "adam_betas"), ("train", "adam_eps"),
-    ("train", "max_grad_norm"), ("train", "steps"),
+    ("train", "max_grad_norm"), ("train", "steps"), ("train", "evaluate"),
     ("train", "learning_steps"), ("train", "learning_precision"),  # a learning trial's cfg carries its own
 )
 #: Fields that set what the loss trajectory is (point 5 of issue 15), besides the effective batch.

@@ -177,7 +177,7 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
     if setup.ema is not None:
         setup.ema.copy_to_params()  # the EMA weights are the trial's final weights
     records = [out.record for out in steps if not out.record.worst_case]  # the learning signals: typical steps
-    eval_loss = math.nan if status != "ok" else evaluation.held_batch_loss(
+    eval_loss = math.nan if status != "ok" or not cfg.train.evaluate else evaluation.held_batch_loss(
         lambda model, held: precompute_reference(model, held, cfg, device, setup.data.pad_token_id),
         setup.policy, setup.reference, setup.ref_table, setup.data.pairs, cfg.effective_batch(),
         records[-1].beta, cfg.train)

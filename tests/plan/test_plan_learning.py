@@ -68,6 +68,9 @@ def test_a_short_bf16_space_learns_for_sixteen_steps_in_bf16_mixed():
     assert len(learn) == 4  # two effective batches x two betas
     assert {(j.cfg.train.steps, j.cfg.train.warmup_steps, j.cfg.train.precision) for j in learn} == {(16, 2, "bf16-mixed")}
     assert all(j.cfg.train.steps == 5 and j.cfg.train.precision == "bf16" for j in jobs if j.kind == MEASURE)
+    # Only the learning trials' held-batch loss reaches a row: the measurements skip it (train.evaluate).
+    assert [j.cfg.train.evaluate for j in jobs if j.kind == MEASURE] == [False, False]
+    assert all(j.cfg.train.evaluate for j in learn)
     for r in rows.values():
         assert r.stability_from.endswith("-learning") and r.stability_from != r.trial_id
         assert (r.stability_steps, r.stability_precision, r.stability_note) == (16, "bf16-mixed", "")
@@ -78,6 +81,7 @@ def test_a_configuration_that_ran_in_full_with_the_learning_steps_and_precision_
     trials = [t.model_copy(update={"train": t.train.model_copy(update={"learning_steps": 2})}) for t in trials]
     jobs, rows = drive(SweepPlan(trials, estimate=estimate))
     assert learn_jobs(jobs) == []
+    assert all(j.cfg.train.evaluate for j in jobs)  # each is its rows' learning trial: eval_loss is theirs
     for t in trials:
         r = rows[t.trial_id]
         assert (r.stability_from, r.stability_steps, r.stability_precision) == (t.trial_id, 2, "fp32")

@@ -108,6 +108,7 @@ def test_tied_extrapolated_configurations_are_timed_in_full_after_every_measurem
     runoff = [j for j in jobs if j.kind == RUNOFF]
     assert [(j.cfg.grad_acc, j.cfg.checkpoint_level) for j in runoff] == [(8, "none"), (8, "L1")]
     assert all(j.job_id.endswith("-runoff") for j in runoff)
+    assert not any(j.cfg.train.evaluate for j in runoff)  # a time, no held-batch loss
     for r in rows.values():  # both betas of each level take their level's runoff
         level = next(j for j in runoff if j.cfg.checkpoint_level == r.checkpoint_level)
         assert (r.step_time_source, r.timed_by, r.measured_by) == ("runoff", level.job_id, r.measured_by)

@@ -146,3 +146,46 @@ def test_a_warm_worker_never_imports_ray_train():
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[-1] == "False False"
+
+
+def test_a_warm_worker_imports_with_scikit_learn_hidden_and_freezes_what_it_imported(tmp_path):
+    # transformers 5.17 imports scikit-learn with its generation code when it is installed: 1.9 s
+    # of a warm worker's imports on the H200 that no trial uses. A stand-in scikit-learn and a
+    # stand-in trainer that notes, when imported, whether it can see it.
+    (tmp_path / "sklearn").mkdir()
+    (tmp_path / "sklearn" / "__init__.py").write_text("IMPORTED = True\n")
+    (tmp_path / "peeking_trainer.py").write_text(
+        "import importlib.util\nSAW_SKLEARN = importlib.util.find_spec('sklearn') is not None\n"
+        "def run_trial(*a, **k):\n    raise AssertionError('not run')\n")
+    script = ("import gc, sys\nsys.path[:0] = [sys.argv[1]]\n"
+              "from dpo_sweep.sweep.warm_worker import TrialWorker\n"
+              "frozen = gc.get_freeze_count()\nw = TrialWorker(trainer='peeking_trainer:run_trial')\n"
+              "import peeking_trainer, sklearn\n"
+              "print(peeking_trainer.SAW_SKLEARN, sklearn.IMPORTED, gc.get_freeze_count() > frozen)")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # hidden while the trainer imported; importable as usual afterwards; the imports frozen
+    assert done.stdout.splitlines()[-1] == "False True True"
+
+
+def test_unused_packages_look_uninstalled_only_within_the_block(tmp_path, monkeypatch):
+    import importlib
+    import importlib.util
+
+    from dpo_sweep.sweep.worker_setup import unused_packages_hidden
+
+    (tmp_path / "sklearn").mkdir()
+    (tmp_path / "sklearn" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "sklearn", raising=False)
+    with unused_packages_hidden():
+        assert importlib.util.find_spec("sklearn") is None
+        with pytest.raises(ImportError):
+            importlib.import_module("sklearn")
+    assert "sklearn" not in sys.modules
+    assert importlib.util.find_spec("sklearn") is not None
+    imported = importlib.import_module("sklearn")
+    with unused_packages_hidden():  # one already imported stays
+        assert sys.modules["sklearn"] is imported
+    monkeypatch.delitem(sys.modules, "sklearn")

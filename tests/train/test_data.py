@@ -205,3 +205,25 @@ def test_truncation_keeps_the_bos_token(tok):
     assert p.prompt_ids[0] == tok.bos_token_id and len(p.prompt_ids) + len(p.chosen_ids) == 30
     full = load_pairs(spec, tok, max_length=200).pairs[0]
     assert p.prompt_ids[1:] == full.prompt_ids[-(len(p.prompt_ids) - 1):]  # the prompt's end is kept
+
+
+def test_a_process_tokenises_the_same_data_once_and_a_changed_file_again(tmp_path):
+    # A warm worker's trials share the sweep's data: tokenising it again cost 0.2-0.4 s a trial
+    # on the H200. What makes the pairs decides: another max_length, or the file rewritten.
+    import os
+
+    from dpo_sweep.train.setup import tokenized_pairs
+    from testkit import make_cfg
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"p{i}", "chosen": "c", "rejected": "r"}) + "\n" for i in range(8)))
+    cfg = make_cfg(data={"path": str(path)})
+    tok, first = tokenized_pairs(cfg)
+    # another trial of the sweep: other knobs, other precision, the same data
+    assert tokenized_pairs(make_cfg(data={"path": str(path)}, micro_batch=2, precision="bf16-mixed"))[1] is first
+    assert tokenized_pairs(make_cfg(data={"path": str(path)}, max_length=32))[1] is not first
+    again = tokenized_pairs(cfg)[1]
+    assert again is not first and again == first  # one data set at a time
+    path.write_text(path.read_text() + json.dumps({"prompt": "p8", "chosen": "c", "rejected": "r"}) + "\n")
+    os.utime(path, ns=(1, 1))
+    assert len(tokenized_pairs(cfg)[1]) == 9

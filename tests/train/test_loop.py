@@ -168,3 +168,15 @@ def test_count_params_counts_a_tied_head_once_and_never_as_body():
     assert body == total - head - model.model.embed_tokens.weight.numel()
     model.lm_head.weight = model.model.embed_tokens.weight  # tie
     assert count_params(model) == (total - head, body)
+
+
+def test_without_evaluate_the_trial_skips_the_held_batch(cfg_factory, monkeypatch):
+    from dpo_sweep.train import evaluation
+
+    calls = []
+    real = evaluation.held_batch_loss
+    monkeypatch.setattr(evaluation, "held_batch_loss", lambda *a, **k: calls.append(1) or real(*a, **k))
+    on = run_trial(cfg_factory(micro_batch=2, steps=2), log=None).result
+    off = run_trial(cfg_factory(micro_batch=2, steps=2, evaluate=False), log=None).result
+    assert len(calls) == 1 and math.isfinite(on.eval_loss) and math.isnan(off.eval_loss)
+    assert (off.status, off.loss_mean) == ("ok", on.loss_mean)  # the steps themselves are the same
