@@ -10,6 +10,7 @@ tokens/s, s.
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -199,6 +200,20 @@ def read_csv_rows(path: str | Path) -> list[dict[str, str]]:
         return []
     with path.open(newline="") as fh:
         return list(csv.DictReader(fh))
+
+
+#: A results directory's record of the machine (``telemetry.environment_info``'s dict).
+ENVIRONMENT_FILE = "environment.json"
+
+
+def write_environment_json(out_dir: str | Path, info: dict[str, Any]) -> Path:
+    """Write ``info`` as ``out_dir``/environment.json (no torch here: the sweep's driver writes the
+    one its preflight's process collected)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / ENVIRONMENT_FILE
+    path.write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
+    return path
 
 
 def write_results(out_dir: str | Path, results: Iterable[TrialResult], append: bool = False) -> list[str]:

@@ -3,9 +3,10 @@ than configurations; ``--full-grid``: one per configuration).
 
 The story: validate the space (exit 2 on a bad file) -> check the files it names (exit 2) -> start
 Ray and the warm workers (:mod:`~dpo_sweep.sweep.ray_cluster`: a new local cluster with its
-dashboard, or ``--address`` / ``RAY_ADDRESS``) while the tokenizers and the tokenised data are
-checked beside it (:mod:`~dpo_sweep.preflight`, exit 2; :mod:`~dpo_sweep.sweep.startup`) ->
-prepare the results directory
+dashboard, or ``--address`` / ``RAY_ADDRESS``), then import Tune, while the tokenizers, the
+tokenised data and the memory model's shapes are checked in a process of their own
+(:mod:`~dpo_sweep.preflight`, exit 2; :mod:`~dpo_sweep.sweep.startup`: this process never imports
+torch or transformers) -> prepare the results directory
 (:mod:`~dpo_sweep.sweep.output_dir`: copy the space file, keep or set aside earlier results) ->
 print where the dashboard is and how to log in -> run the
 trials not yet in ``results.csv`` (:mod:`~dpo_sweep.sweep.tuner`), each trial's rows appended as it
@@ -27,7 +28,7 @@ import argparse
 import sys
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import ray
 
@@ -35,17 +36,39 @@ from dpo_sweep import preflight
 from dpo_sweep.train.lengths import write_data_json
 from dpo_sweep import space as space_mod
 from dpo_sweep.errors import UserError
+from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finished_trial_ids, prepare_output,
                                          save_environment)
 from dpo_sweep.sweep.ray_cluster import InfrastructureError, RayConnection, connect_ray, print_dashboard
 from dpo_sweep.sweep.driver import LOGS_DIR
-from dpo_sweep.sweep.recorder import say
 from dpo_sweep.sweep import warm_worker
-from dpo_sweep.sweep.startup import BackgroundPreflight
-from dpo_sweep.sweep.stopping import INTERRUPTED, interrupted_line, resume_command
-from dpo_sweep.sweep.tuner import SweepSummary, absolute_paths, run_sweep, start_warm_workers, trial_slots
+from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
+from dpo_sweep.plan.memory import remember_shapes
+from dpo_sweep.sweep.startup import BackgroundPreflight, CheckedInputs
+
+if TYPE_CHECKING:
+    from dpo_sweep.sweep.tuner import SweepSummary
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+
+
+def import_tune() -> None:
+    """Tune and the sweep's Tune side (:mod:`~dpo_sweep.sweep.tuner`; 0.9 s on the H200), imported
+    once Ray is up and the warm workers import: not before ``ray.init``, which waited for them."""
+    import dpo_sweep.sweep.tuner  # noqa: F401
+
+
+def run_sweep(*args: Any, **kwargs: Any) -> SweepSummary:
+    """:func:`dpo_sweep.sweep.tuner.run_sweep` (see :func:`import_tune`)."""
+    from dpo_sweep.sweep.tuner import run_sweep as run
+
+    return run(*args, **kwargs)
+
+
+def _stopping() -> Any:
+    from dpo_sweep.sweep import stopping  # imports Tune: only when a sweep stops, or Ctrl-C
+
+    return stopping
 
 
 def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None],
@@ -78,8 +101,9 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
 def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Path, total: int) -> int:
     """The exit of a sweep that ``stopping`` ended: its one line, and no analysis (what did not run
     is not a result; ``dpo-sweep report DIR`` analyses the rows there are)."""
-    if summary.stopped == INTERRUPTED:
-        say(interrupted_line(summary.finished, total, resume_command(args.space, str(out_dir))))
+    stopping = _stopping()
+    if summary.stopped == stopping.INTERRUPTED:
+        say(stopping.interrupted_line(summary.finished, total, stopping.resume_command(args.space, str(out_dir))))
         return EXIT_INTERRUPTED
     print(f"error: the first {summary.ran} trial(s) all failed "
           f"before their first step with the same cause; the sweep stopped, "
@@ -88,13 +112,13 @@ def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Pat
     return 1
 
 
-def _prepare(args: argparse.Namespace, out_dir: Path, data: tuple[preflight.DataSummary, ...]) -> set[str]:
+def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs) -> set[str]:
     """After the preflight: its lines, the results directory (earlier results kept or set aside),
-    environment.json and data.json; the trial ids to skip."""
-    say("\n".join(s.line() for s in data))
+    environment.json (the preflight's look at this machine) and data.json; the trial ids to skip."""
+    say("\n".join(s.line() for s in checked.data))
     done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume))
-    save_environment(out_dir, say)
-    write_data_json(out_dir, [s.shape for s in data if s.shape is not None])  # the report's data shape
+    save_environment(out_dir, say, checked.environment)
+    write_data_json(out_dir, [s.shape for s in checked.data if s.shape is not None])  # the report's data shape
     return done_ids
 
 
@@ -147,7 +171,8 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
     pool: warm_worker.WarmPool | None = None
     try:
         # startup.py: the file checks (exit 2, nothing started), then the rest of the preflight
-        # (exit 2, before anything is written) in a thread while Ray and the warm workers start.
+        # (exit 2, before anything is written) in its own process while Ray and the warm workers
+        # start, and then Tune is imported.
         files = preflight.check_files(sp.trials, out_dir)
         with BackgroundPreflight(sp.trials, out_dir, planned, files) as pending:
             if not nothing_to_run:
@@ -157,8 +182,10 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
                 except Exception:
                     pending.result()  # a refusal of the input comes first
                     raise
+            import_tune()
             checked = pending.result()
-        done_ids = _prepare(args, out_dir, checked.data)
+        remember_shapes(checked.shapes)  # the plan's memory model: built there, not here
+        done_ids = _prepare(args, out_dir, checked)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
             _analyse(out_dir, args, say, sp.spec)
@@ -173,8 +200,9 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # before the trials start, or a second Ctrl-C: rows on disk are kept
-        say(interrupted_line(len(finished_trial_ids(out_dir)), total,
-                             resume_command(args.space, str(out_dir))))
+        stopping = _stopping()
+        say(stopping.interrupted_line(len(finished_trial_ids(out_dir)), total,
+                                      stopping.resume_command(args.space, str(out_dir))))
         return EXIT_INTERRUPTED
     finally:
         release.start(pool, conn)  # also ends the trials still running when the sweep stopped early

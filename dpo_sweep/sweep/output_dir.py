@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from dpo_sweep.records import STEPS_COLUMNS, read_csv_rows, rewrite_csv
+from dpo_sweep.records import STEPS_COLUMNS, read_csv_rows, rewrite_csv, write_environment_json
 
 RESULTS_FILE = "results.csv"
 STEPS_FILE = "steps.csv"
@@ -65,14 +65,13 @@ def prepare_output(space_path: Path, out_dir: Path, resume: bool) -> set[str]:
 
 def save_environment(out_dir: Path, out: Callable[[str], None],
                      info: dict[str, Any] | None = None) -> None:
-    """Write DIR/environment.json (``info``: the workers' machine; None: this process's). A
-    failure is a note, never the sweep's end."""
+    """Write DIR/environment.json (``info``: a machine's, collected elsewhere; None: this
+    process's, which imports torch). A failure is a note, never the sweep's end."""
     try:
-        from dpo_sweep.telemetry import write_environment
-    except ImportError as err:
-        out(f"note: environment.json not written ({err})")
-        return
-    try:
-        write_environment(out_dir, info)
+        if info is None:
+            from dpo_sweep.telemetry import environment_info
+
+            info = environment_info()
+        write_environment_json(out_dir, info)
     except Exception as err:  # noqa: BLE001 - a missing GPU library must not stop the sweep
         out(f"note: environment.json not written ({type(err).__name__}: {err})")

@@ -12,7 +12,7 @@ from typing import Callable
 
 import ray
 
-from dpo_sweep.sweep.recorder import say
+from dpo_sweep.sweep.console import say
 
 
 class InfrastructureError(RuntimeError):

@@ -18,13 +18,9 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import TrialResult, replace_results, widened_line, write_results, write_steps
 from dpo_sweep.sweep import driver
+from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.output_dir import save_environment
 from dpo_sweep.sweep.stopping import Ending, StopRequest, same_early_failure
-
-
-def say(line: str) -> None:
-    """Progress output of the sweep (flushed: the sweep's output is often piped to a log)."""
-    print(line, flush=True)
 
 
 def trial_tokens(cfg: TrialConfig) -> int:

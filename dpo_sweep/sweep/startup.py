@@ -4,79 +4,159 @@ own process (torch, transformers, the model's classes, CUDA: 11-16.5 s on the H2
 1. The checks that only read files (:func:`dpo_sweep.preflight.check_files`: milliseconds, no
    tokenizer): a missing data file, a bad row or an unwritable output folder is refused (exit 2)
    before anything starts.
-2. The rest of the preflight - the tokenizers, the data tokenised as the workers will, the
-   planner's memory model (:func:`check_inputs`) - in a thread (:class:`BackgroundPreflight`),
-   while the command's main thread starts Ray and the warm workers. A refusal there (exit 2)
-   shuts down the Ray started for it.
+2. The rest of the preflight (:func:`check_inputs`: the tokenizers, the data tokenised as the
+   workers will, the planner's memory model, this machine's environment.json) in a process of its
+   own (:class:`BackgroundPreflight`), started first, while the command's main thread starts Ray
+   and the warm workers and then imports Tune. A refusal there (exit 2) shuts down the Ray
+   started for it.
 
-Measured on the H200 (benchmarks/results/sweep_overhead_h200/): that preflight imports what a
-worker does and took 14.5-19.4 s beside Ray's start; run after Ray was up instead (75aded7), it
-took 15.5 s on its own, and Tune's start waited for it until 28.5 s. Beside each other the two
-share this process's GIL, which costs Ray's start 1-2 s on the 2-core machine (ray.init 4.0-4.3 s
-alone, 4.9-6.3 s beside the imports), less than the preflight it hides.
+The preflight's process is the only one on the driver's side that imports torch and
+transformers; the driver takes the model shapes and the environment it found, and never does.
+As a thread of the driver (until 1afeadc) the preflight's imports shared the GIL with
+``ray.init``: on the H200, Ray is up 3.1-4.8 s sooner with the preflight in its own process
+(benchmarks/results/sweep_overhead_h200/preflight-process-ab/). Its niceness is raised
+(:data:`PREFLIGHT_NICENESS`): where cores are few, Ray's start and the warm workers' imports,
+which the first trial waits for, go first (the CPU quickstart on 2 cores: first row at 3 s
+against 4 s without it).
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import sys
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from dpo_sweep import preflight
-from dpo_sweep.config import TrialConfig
+from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.errors import UserError
 from dpo_sweep.train.lengths import LengthProfile
+
+#: Added to the preflight process's niceness (see the module doc).
+PREFLIGHT_NICENESS = 10
 
 
 @dataclass(frozen=True)
 class CheckedInputs:
-    """What the preflight gave: the data summaries (printed, data.json) and each trial's lengths
-    (the plan's memory model), by trial id."""
+    """What the preflight gave: the data summaries (printed, data.json), each trial's lengths (the
+    plan's memory model) by trial id, each model's shape for the memory model
+    (:func:`dpo_sweep.plan.memory.remember_shapes`), and this machine's environment.json."""
 
     data: tuple[preflight.DataSummary, ...]
     lengths: dict[str, LengthProfile | None]
+    shapes: dict[ModelSpec, Any]  # plan.memory.ModelShape
+    environment: dict[str, Any] | None
 
 
-def warm_memory_model(trials: Sequence[TrialConfig]) -> None:
-    """Build each model's shape for the planner's memory model now (``plan.memory.model_shape``
-    caches it for this process): the build imports transformers' modelling code, ~3 s here, which
-    the planner's first suggestion would otherwise spend inside Tune's start. A failure is left
-    to the planner, which meets it again where it is handled."""
+def model_shapes(trials: Sequence[TrialConfig]) -> dict[ModelSpec, Any]:
+    """Each model's shape for the planner's memory model (``plan.memory.model_shape``: the meta
+    build imports transformers' modelling code, ~3 s here). A model whose shape cannot be built
+    is left out: the planner meets it again where that is handled."""
     from dpo_sweep.plan.memory import model_shape
 
+    shapes = {}
     for spec in {t.model.model_dump_json(): t.model for t in trials}.values():
         try:
-            model_shape(spec)
+            shapes[spec] = model_shape(spec)
         except Exception:  # noqa: BLE001 - see the doc
-            return
+            continue
+    return shapes
 
 
 def check_inputs(trials: Sequence[TrialConfig], out_dir: Path, planned: Sequence[TrialConfig] = (),
                  files: preflight.CheckedFiles | None = None) -> CheckedInputs:
     """The preflight of ``trials`` (:func:`dpo_sweep.preflight.check_inputs`, after the file checks
     that gave ``files``; a :class:`~dpo_sweep.errors.UserError` on bad input), then, when it
-    passed, the memory model of ``planned``: the configs as the plan will see them."""
+    passed, the memory model's shapes of ``planned`` (the configs as the plan will see them) and
+    the environment."""
+    from dpo_sweep.telemetry import environment_info
+
     data = preflight.check_inputs(tuple(trials), out_dir, files)
     lengths = preflight.lengths_by_trial(trials, data)
-    warm_memory_model(planned)
-    return CheckedInputs(data, lengths)
+    return CheckedInputs(data, lengths, model_shapes(planned), environment_info())
+
+
+def _preflight_process(conn: Any, args: tuple) -> None:
+    """The preflight's process: :func:`check_inputs`, its answer sent back as ``(kind, value)``:
+    ``ok`` and the result, ``refused`` and the UserError, or ``failed`` and a traceback's text."""
+    from dpo_sweep.sweep.worker_setup import unused_packages_hidden
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the command's to handle: it ends this
+    try:
+        os.nice(PREFLIGHT_NICENESS)
+    except OSError:
+        pass
+    try:
+        with unused_packages_hidden():
+            answer: tuple[str, Any] = ("ok", check_inputs(*args))
+    except UserError as err:
+        answer = ("refused", err)
+    except BaseException:  # noqa: BLE001 - the command raises it, as it would its own
+        answer = ("failed", traceback.format_exc())
+    conn.send(answer)
+    conn.close()
+    # Without Python's teardown of torch and transformers (1.4 s on the H200), which the command
+    # would wait for: the answer is sent and nothing of this process is left to flush but its output.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class BackgroundPreflight:
-    """:func:`check_inputs` in a thread from the ``with`` block's start; :meth:`result` takes its
-    answer (its error raised in the caller's thread). Leaving the block waits for the thread: the
-    preflight never outlives the command's decision on it."""
+    """:func:`check_inputs` in a process of its own (spawned: the command's process has threads)
+    from the ``with`` block's start; :meth:`result` waits for its answer and raises its
+    UserError in the caller. Leaving the block ends the process if it still runs (Ray failed, or
+    Ctrl-C): the preflight never outlives the command's decision on it.
+
+    ``in_process``: run it in a thread of this process instead (tests whose stand-ins patch
+    this process's preflight)."""
+
+    in_process = False
 
     def __init__(self, trials: Sequence[TrialConfig], out_dir: Path, planned: Sequence[TrialConfig] = (),
                  files: preflight.CheckedFiles | None = None):
         self._args = (tuple(trials), out_dir, tuple(planned), files)
+        self._answer: tuple[str, Any] | None = None
 
     def __enter__(self) -> BackgroundPreflight:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight")
-        self._future = self._executor.submit(check_inputs, *self._args)
+        if self.in_process:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight")
+            self._future = self._executor.submit(check_inputs, *self._args)
+            return self
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_end = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(target=_preflight_process, args=(child_end, self._args),
+                                    name="dpo-sweep-preflight")
+        self._process.start()
+        child_end.close()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._executor.shutdown(wait=True)
+        if self.in_process:
+            self._executor.shutdown(wait=True)
+            return
+        if self._process.is_alive() and self._answer is None:
+            self._process.terminate()
+        self._process.join()
+        self._conn.close()
 
     def result(self) -> CheckedInputs:
-        return self._future.result()
+        if self.in_process:
+            return self._future.result()
+        if self._answer is None:
+            try:
+                self._answer = self._conn.recv()
+            except EOFError:
+                self._process.join()
+                raise RuntimeError(f"the preflight's process ended without an answer (exit code "
+                                   f"{self._process.exitcode})") from None
+        kind, value = self._answer
+        if kind == "ok":
+            return value
+        if kind == "refused":
+            raise value
+        raise RuntimeError(f"the preflight failed:\n{value}")

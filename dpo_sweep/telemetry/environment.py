@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as _dt
 import importlib.metadata
 import importlib.util
-import json
 import os
 import platform
 import socket
@@ -20,10 +19,11 @@ from typing import Any
 
 import torch
 
+from dpo_sweep.records import write_environment_json
+
 from .nvml import _as_str
 from .sampler import BYTES_PER_GB
 
-ENVIRONMENT_FILE = "environment.json"
 
 
 
@@ -133,7 +133,7 @@ def environment_info() -> dict[str, Any]:
         "cuda_driver_version": nvml.get("cuda_driver_version"),  # newest CUDA the driver supports
         "cuda_version": torch.version.cuda,  # the CUDA runtime torch was built with
         "cudnn_version": _cudnn_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a plain str: TorchVersion would need torch to unpickle
         "transformers": _package_version("transformers"),
         "ray": _package_version("ray"),
         "flash_attn": _importable_version("flash_attn", "flash-attn", "flash_attn"),
@@ -150,9 +150,4 @@ def environment_info() -> dict[str, Any]:
 
 def write_environment(out_dir: str | os.PathLike, info: dict[str, Any] | None = None) -> Path:
     """Write ``environment.json`` (``info`` or a fresh ``environment_info()``) into ``out_dir``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ENVIRONMENT_FILE
-    payload = environment_info() if info is None else info
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    return path
+    return write_environment_json(out_dir, environment_info() if info is None else info)

@@ -17,7 +17,7 @@ from ray.train import WorkerGroupError
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import StepRecord, TrialResult, write_results, write_steps
 from dpo_sweep.errors import UserError
-from dpo_sweep.sweep import driver, output_dir, recorder, tuner
+from dpo_sweep.sweep import driver, output_dir, recorder, slots
 from testkit import make_cfg
 
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -151,15 +151,15 @@ def test_scaling_config_fractional_cpus_and_gpu():
 
 
 def test_resources_arithmetic():
-    assert tuner.resolve_use_gpu("auto", 0) is False
-    assert tuner.resolve_use_gpu("auto", 8) is True
+    assert slots.resolve_use_gpu("auto", 0) is False
+    assert slots.resolve_use_gpu("auto", 8) is True
     with pytest.raises(UserError, match="resources.use_gpu"):
-        tuner.resolve_use_gpu(True, 0)
-    assert tuner.default_max_concurrent(False, 0, 1) == 1
-    assert tuner.default_max_concurrent(True, 8, 2) == 4
-    assert tuner.default_max_concurrent(True, 1, 2) == 1
+        slots.resolve_use_gpu(True, 0)
+    assert slots.default_max_concurrent(False, 0, 1) == 1
+    assert slots.default_max_concurrent(True, 8, 2) == 4
+    assert slots.default_max_concurrent(True, 1, 2) == 1
     with pytest.raises(UserError, match="resources.cpus_per_worker"):
-        tuner.check_fits(make_cfg(resources={"workers_per_trial": 4, "cpus_per_worker": 1.0}), 2.0)
+        slots.check_fits(make_cfg(resources={"workers_per_trial": 4, "cpus_per_worker": 1.0}), 2.0)
 
 
 def _space_and_one_finished_trial(tmp_path):

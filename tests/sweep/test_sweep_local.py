@@ -1,9 +1,12 @@
 """`dpo-sweep run` with no --address: it starts (and stops) its own local Ray cluster."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from sweep_cluster import auth_env, read_csv, run_sweep, write_space
+from sweep_cluster import REPO, auth_env, read_csv, run_sweep, write_space
 
 pytestmark = pytest.mark.slow
 
@@ -15,8 +18,16 @@ def test_local_cluster_without_dashboard_then_resume_with_nothing_left(tmp_path)
         """)
     out = tmp_path / "out"
     env = auth_env("local-test-token")  # RAY_ADDRESS removed: a new local cluster
-    done = run_sweep([str(space), "--output", str(out), "--no-dashboard"], env, timeout_s=240)
+    # The command as `dpo-sweep run` runs it, saying at its end what its own process imported.
+    driver = ("import sys\nfrom dpo_sweep.cli import main\nrc = main(sys.argv[1:])\n"
+              "print('driver imported:', [m for m in ('torch', 'transformers') if m in sys.modules])\n"
+              "sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", driver, "run", str(space), "--output", str(out), "--no-dashboard"],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # torch and transformers are the preflight's process's and the workers' (sweep/startup.py):
+    # the driver's Ray start and Tune never wait for them.
+    assert done.stdout.splitlines()[-1] == "driver imported: []"
     assert "Ray dashboard: off" in done.stdout
     assert "[1/1]" in done.stdout
     # No dashboard, no state API: Ray Train's placement-group cleaner would say so every second.

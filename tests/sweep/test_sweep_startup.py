@@ -7,6 +7,7 @@ refuse), the results folder. Ray's connection, the warm workers and the sweep it
 and record when they were called."""
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -64,6 +65,7 @@ class Stand:
             self.sweep_kw = kw
             return SweepSummary(out_dir, ran=len(sp.trials), skipped=0, finished=len(sp.trials), ray_trials=2)
 
+        monkeypatch.setattr(startup.BackgroundPreflight, "in_process", True)  # the stand-in is this process's
         monkeypatch.setattr(preflight, "check_inputs", slow_check)
         monkeypatch.setattr(command, "connect_ray", connect)
         monkeypatch.setattr(command, "start_warm_workers", pool)
@@ -153,24 +155,65 @@ def test_a_resumed_sweep_with_every_row_starts_no_ray(tmp_path, monkeypatch, cap
     assert "ray start" not in stand.names()
 
 
-def test_the_memory_model_is_built_with_the_preflight(monkeypatch):
-    """The planner's first suggestion, inside Tune's start, finds the model's shape built."""
-    from dpo_sweep.plan.memory import model_shape, predict_peak_gb
+def test_the_memory_model_is_built_with_the_preflight_and_the_driver_takes_it(monkeypatch):
+    """The planner's first suggestion, inside Tune's start, finds the model's shape built, in the
+    driver that never built one (the preflight's process did)."""
+    from dpo_sweep.plan import memory
     from testkit import make_cfg
 
     cfg = make_cfg()
-    model_shape.cache_clear()
-    startup.warm_memory_model([cfg, make_cfg(micro_batch=2)])  # one model: built once
-    assert model_shape.cache_info().currsize == 1
-    hits = model_shape.cache_info().hits
-    predict_peak_gb(cfg, device="cpu")
-    assert model_shape.cache_info().hits == hits + 1
+    monkeypatch.setattr(memory, "_KNOWN_SHAPES", {})  # none remembered from an earlier test's command
+    memory.built_shape.cache_clear()
+    shapes = startup.model_shapes([cfg, make_cfg(micro_batch=2)])  # one model: built once
+    assert list(shapes) == [cfg.model] and memory.built_shape.cache_info().currsize == 1
+    memory.built_shape.cache_clear()
+    memory.remember_shapes(shapes)
+    memory.predict_peak_gb(cfg, device="cpu")
+    assert memory.built_shape.cache_info().currsize == 0  # nothing built here
 
     def broken(spec):
         raise OSError("no config.json")
 
-    monkeypatch.setattr("dpo_sweep.plan.memory.model_shape", broken)
-    startup.warm_memory_model([cfg])  # left to the planner, where it is handled
+    monkeypatch.setattr(memory, "model_shape", broken)
+    assert startup.model_shapes([cfg]) == {}  # left to the planner, where it is handled
+
+
+def _real_preflight(tmp_path, space_text: str):
+    space = tmp_path / "space.yaml"
+    space.write_text(space_text)
+    trials = space_mod.load(space).trials
+    return startup.BackgroundPreflight(trials, tmp_path / "out", trials, preflight.check_files(trials, tmp_path / "out"))
+
+
+def test_the_preflight_s_own_process_answers_with_the_inputs_shapes_and_environment(tmp_path):
+    background = _real_preflight(tmp_path, SPACE)
+    assert background.in_process is False  # what dpo-sweep run uses
+    with background as pending:
+        checked = pending.result()
+        assert pending.result() is checked  # asked twice, answered once
+    assert [s.pairs for s in checked.data] == [16]
+    assert set(checked.lengths) == {"t000_mb1_none_ga1_b0.1", "t001_mb2_none_ga1_b0.1"}
+    assert [spec.preset for spec in checked.shapes] == ["tiny-llama"] and checked.environment["cpu_count"]
+    assert not background._process.is_alive() and background._process.exitcode == 0
+
+
+def test_a_refusal_in_the_preflight_s_process_is_the_user_error_here(tmp_path):
+    # Only the tokenised read finds it: every pair is cut below min_response_tokens.
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "p" * 50, "chosen": "c" * 50, "rejected": "r" * 50}) + "\n")
+    text = SPACE.replace("data: {synthetic: {pairs: 16, prompt_tokens: 12, response_tokens: 10}}",
+                         f"data: {{path: {long}}}").replace("max_length: 64", "max_length: 20")
+    with _real_preflight(tmp_path, text) as pending:
+        with pytest.raises(DataError, match="no pair left after truncation to max_length=20"):
+            pending.result()
+
+
+def test_leaving_early_ends_the_preflight_s_process(tmp_path):
+    background = _real_preflight(tmp_path, SPACE)
+    with pytest.raises(InfrastructureError):
+        with background:
+            raise InfrastructureError("no raylet")  # Ray failed while the preflight ran
+    assert not background._process.is_alive()
 
 
 def test_the_analysis_runs_beside_rays_shutdown_and_the_command_waits_for_it(tmp_path, monkeypatch):

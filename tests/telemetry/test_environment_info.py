@@ -79,3 +79,13 @@ def test_find_spec_errors_are_absent_packages(monkeypatch, error):
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     assert environment_module._importable_version("flash_attn", "flash-attn") is None
+
+
+def test_the_environment_is_plain_data_that_unpickles_without_torch():
+    # The sweep's driver takes it from its preflight's process: torch's TorchVersion (a str
+    # subclass) made the driver import torch to unpickle it.
+    import json
+
+    info = environment_info()
+    assert type(info["torch"]) is str
+    assert json.loads(json.dumps(info)) == info
