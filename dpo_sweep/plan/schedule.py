@@ -466,6 +466,6 @@ def plan_labels(trials: Sequence[TrialConfig], budget_gb: float | None = None,
 
 def _without_eval(cfg: TrialConfig) -> TrialConfig:
     """``cfg`` for a trial that only measures or times it: no held-batch evaluation after its
-    steps (``train.evaluate``; 0.2-0.3 s of a 1B trial on the H200), whose ``eval_loss`` no row
+    steps (``train.evaluate``; 0.17-0.35 s of a 1B trial on the H200), whose ``eval_loss`` no row
     would take."""
     return cfg.model_copy(update={"train": cfg.train.model_copy(update={"evaluate": False})})
