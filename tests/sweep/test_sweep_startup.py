@@ -174,7 +174,7 @@ def test_the_memory_model_is_built_with_the_preflight_and_the_driver_takes_it(mo
     def broken(spec):
         raise OSError("no config.json")
 
-    monkeypatch.setattr(memory, "model_shape", broken)
+    monkeypatch.setattr(startup, "model_shape", broken)
     assert startup.model_shapes([cfg]) == {}  # left to the planner, where it is handled
 
 
