@@ -109,8 +109,9 @@ def _preflight_process(conn: Any, args: tuple) -> None:
 class BackgroundPreflight:
     """:func:`check_inputs` in a process of its own (spawned: the command's process has threads)
     from the ``with`` block's start; :meth:`result` waits for its answer and raises its
-    UserError in the caller. Leaving the block ends the process if it still runs (Ray failed, or
-    Ctrl-C): the preflight never outlives the command's decision on it.
+    UserError in the caller (a process that died without one: InfrastructureError, exit 1).
+    Leaving the block ends the process if it still runs (Ray failed, or Ctrl-C): the preflight
+    never outlives the command's decision on it.
 
     ``in_process``: run it in a thread of this process instead (tests whose stand-ins patch
     this process's preflight)."""
@@ -151,9 +152,11 @@ class BackgroundPreflight:
             try:
                 self._answer = self._conn.recv()
             except EOFError:
+                from dpo_sweep.sweep.ray_cluster import InfrastructureError  # Ray: not in that process
+
                 self._process.join()
-                raise RuntimeError(f"the preflight's process ended without an answer (exit code "
-                                   f"{self._process.exitcode})") from None
+                raise InfrastructureError(f"the preflight's process ended without an answer (exit code "
+                                          f"{self._process.exitcode})") from None
         kind, value = self._answer
         if kind == "ok":
             return value

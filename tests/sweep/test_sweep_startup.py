@@ -231,3 +231,10 @@ def test_the_analysis_runs_beside_rays_shutdown_and_the_command_waits_for_it(tmp
     # the analysis did not wait for Ray to go down; the command did
     assert stand.at("analysis") < stand.at("ray down"), stand.events
     assert stand.names()[-2:] == ["ray down", "returned"]
+
+
+def test_a_preflight_process_that_dies_is_an_infrastructure_failure(tmp_path):
+    with _real_preflight(tmp_path, SPACE) as pending:
+        pending._process.kill()  # killed by the OOM killer, say, before its answer
+        with pytest.raises(InfrastructureError, match=r"the preflight's process ended without an answer \(exit code -9\)"):
+            pending.result()
