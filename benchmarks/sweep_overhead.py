@@ -29,7 +29,10 @@ worker logs (``<name>_logs/``), and
 ``<name>_timeline.csv``: every Ray trial's start and end in seconds since the command's start
 (Tune's own record of the trial, ``run_metadata.start_time`` and ``time_total_s`` in the
 experiment state it keeps under DIR/ray/), so the wall time splits into the start before the
-first trial, the trials, the gaps between them and the end after the last.
+first trial, the trials, the gaps between them and the end after the last. ``--trace`` also
+traces every process of the command (benchmarks/process_trace/): ``<name>_trace.csv``, and the
+start-up's milestones (Ray up, the preflight done, the first warm worker's imports, the first
+trial and step, Ray's shutdown) as a table in ``<name>_share.md``.
 """
 from __future__ import annotations
 
@@ -54,6 +57,9 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout, no instal
 
 from dpo_sweep.analysis.tables import to_markdown  # noqa: E402  (no torch import either)
 from dpo_sweep.records import read_csv_rows  # noqa: E402  (no torch import)
+from process_trace import merge as process_trace  # noqa: E402  (benchmarks/: this script's folder)
+
+TRACE_DIR = Path(__file__).resolve().parent / "process_trace"
 
 #: model -> (space lines that make its trials, a short description). The GPU case is the 1B
 #: shape at the seed's sequence length; the CPU case the quickstart's tiny model.
@@ -104,11 +110,11 @@ def write_space(path: Path, model: str, trials: int, steps: int) -> None:
                     + "objectives: {memory: min, throughput: max, loss_std: min}\n")
 
 
-def run_timed(cmd: list[str], log: Path) -> list[tuple[float, str]]:
+def run_timed(cmd: list[str], log: Path, env_extra: dict[str, str] | None = None) -> list[tuple[float, str]]:
     """Run ``cmd`` with stdout+stderr merged; every line with seconds since the start."""
     lines: list[tuple[float, str]] = []
     t0 = time.monotonic()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           cwd=REPO_ROOT, env=env) as proc, log.open("w") as fh:
         assert proc.stdout is not None
@@ -236,20 +242,37 @@ def timeline_summary(spans: list[TrialSpan], wall_s: float) -> dict[str, float]:
             "between_trials_s": sum(s.gap_s for s in spans[1:]), "after_last_trial_s": wall_s - spans[-1].end_s}
 
 
-def run_space(space: Path, out: Path, dashboard: bool) -> int:
+def trace_env(trace_dir: Path) -> dict[str, str]:
+    """The environment that traces every process of the command into ``trace_dir``
+    (benchmarks/process_trace/sitecustomize.py first on the path)."""
+    path = [str(TRACE_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"DPO_TRACE_DIR": str(trace_dir), "PYTHONPATH": os.pathsep.join(path)}
+
+
+def startup_table(marks: dict[str, float]) -> str:
+    """``--trace``'s start-up milestones as a markdown table (seconds from the command's start)."""
+    return to_markdown(list(marks), [[f"{v:.1f}" if math.isfinite(v) else "-" for v in marks.values()]])
+
+
+def run_space(space: Path, out: Path, dashboard: bool, trace: bool = False) -> int:
     """``--space``: one user sweep, timed; the share of its wall time spent training."""
     out.mkdir(parents=True, exist_ok=True)
     name = space.stem
     with tempfile.TemporaryDirectory(prefix="sweep-share-") as sweep_dir:
         cmd = [sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", sweep_dir,
                *([] if dashboard else ["--no-dashboard"])]
+        trace_dir = Path(sweep_dir) / "trace"
         t0, started_at = time.monotonic(), time.time()
-        lines = run_timed(cmd, out / f"{name}_console.log")
+        lines = run_timed(cmd, out / f"{name}_console.log", trace_env(trace_dir) if trace else None)
         wall_s = time.monotonic() - t0
         for file in ("results.csv", "steps.csv", "environment.json"):
             shutil.copy(Path(sweep_dir) / file, out / f"{name}_{file}")
         shutil.copytree(Path(sweep_dir) / "logs", out / f"{name}_logs", dirs_exist_ok=True)  # the workers' lines
         spans = trial_spans(Path(sweep_dir), started_at)
+        if trace:
+            events = process_trace.read_events(trace_dir)
+            marks = process_trace.startup_marks(events)
+            process_trace.write_csv(events, out / f"{name}_trace.csv")
     with (out / f"{name}_timeline.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=[f.name for f in fields(TrialSpan)])
         w.writeheader()
@@ -273,6 +296,9 @@ def run_space(space: Path, out: Path, dashboard: bool) -> int:
                + to_markdown(list(split), [[f"{v:.1f}" for v in split.values()]]) + "\n"
                + to_markdown(["trial", "start_s", "end_s", "gap_s"],
                              [[s.trial_id, *(f"{v:.1f}" for v in (s.start_s, s.end_s, s.gap_s))] for s in spans]))
+    if trace:
+        md += (f"\nStart-up milestones (`--trace`: every process's events in `{name}_trace.csv`, "
+               "benchmarks/process_trace/), seconds from the command's start:\n\n" + startup_table(marks) + "\n")
     (out / f"{name}_share.md").write_text(md)
     print("\n" + md)
     return 0
@@ -287,9 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dashboard", action="store_true", help="start Ray with its dashboard")
     parser.add_argument("--space", type=Path, help="run this space instead (planner on) and report the "
                         "share of the sweep's wall time spent in optimizer steps")
+    parser.add_argument("--trace", action="store_true", help="with --space: trace every process of the "
+                        "command (benchmarks/process_trace/): <name>_trace.csv and the start-up milestones")
     args = parser.parse_args(argv)
+    if args.trace and args.space is None:
+        parser.error("--trace needs --space")
     if args.space is not None:
-        return run_space(args.space, args.out, args.dashboard)
+        return run_space(args.space, args.out, args.dashboard, args.trace)
     if args.trials < 1 or args.steps < 2:
         parser.error("--trials must be at least 1 and --steps at least 2 (one warm-up step)")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 from pathlib import Path
 
 
@@ -18,10 +19,41 @@ def read_events(trace_dir: Path) -> list[tuple[float, str, str, str]]:
     return sorted(events, key=lambda e: e[0])  # stable: a process's own order where times tie (1 ms)
 
 
+def write_csv(events: list[tuple[float, str, str, str]], path: Path) -> None:
+    """The timeline as CSV: t_s (from the command's start), pid, thread, event."""
+    t0 = command_start(events)
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["t_s", "pid", "thread", "event"])
+        w.writerows((round(t - t0, 3), pid, thread, event) for t, pid, thread, event in events)
+
+
 def command_start(events: list[tuple[float, str, str, str]]) -> float:
     """The first ``start`` of a process that runs ``dpo_sweep`` (else the first event)."""
     starts = [t for t, _, _, e in events if e.startswith("start") and ("dpo_sweep" in e or "dpo-sweep" in e or " run " in e)]
     return min(starts) if starts else (events[0][0] if events else 0.0)
+
+
+#: What ``startup_marks`` reads: its key, and the first event that starts with this text.
+MARKS = {
+    "ray_up_s": "< ray._private.worker.init ",
+    "preflight_done_s": "< dpo_sweep.sweep.startup.check_inputs ",
+    "worker_imports_start_s": "> dpo_sweep.sweep.warm_worker.TrialWorker.__init__",
+    "worker_imports_end_s": "< dpo_sweep.sweep.warm_worker.TrialWorker.__init__ ",
+    "first_trial_s": "> dpo_sweep.sweep.driver.tune_trainable",
+    "first_step_s": "> dpo_sweep.train.loop.train_step",
+}
+
+
+def startup_marks(events: list[tuple[float, str, str, str]]) -> dict[str, float]:
+    """When the start-up's milestones happened, in seconds from the command's start (NaN: not in
+    the trace), and how long Ray's shutdown took (``ray_shutdown_s``)."""
+    t0 = command_start(events)
+    marks = {key: next((t - t0 for t, _, _, e in events if e.startswith(prefix)), math.nan)
+             for key, prefix in MARKS.items()}
+    shutdown = [float(e.split()[-1]) for _, _, _, e in events if e.startswith("< ray._private.worker.shutdown ")]
+    marks["ray_shutdown_s"] = shutdown[0] if shutdown else math.nan
+    return marks
 
 
 def main() -> None:
@@ -37,10 +69,7 @@ def main() -> None:
         if args.all or not (event.startswith("start") and "default_worker" in event):
             print(f"{t:8.3f} {pid:>7} {thread[:12]:12} {event}")
     if args.csv:
-        with args.csv.open("w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["t_s", "pid", "thread", "event"])
-            w.writerows(rows)
+        write_csv(events, args.csv)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,12 @@ processes, the warm workers, the Tune trial processes) appends ``<time> <pid> <t
 lines to DPO_TRACE_DIR/<pid>.log: the start of the process, the imports in MODS and the calls of
 the functions in FUNCS, each with its duration. ``merge.py DIR`` makes one timeline of them.
 
-    DPO_TRACE_DIR=/tmp/trace PYTHONPATH=benchmarks/process_trace:$PYTHONPATH \
-        python benchmarks/sweep_overhead.py --space search_spaces/llama-3.2-1b-40gb-quick.yaml --out OUT
-    python benchmarks/process_trace/merge.py /tmp/trace --csv OUT/trace.csv
+    python benchmarks/sweep_overhead.py --space search_spaces/llama-3.2-1b-40gb-quick.yaml --out OUT --trace
+
+does it for one sweep (``OUT/<name>_trace.csv`` and a table of the start-up's milestones); by hand:
+
+    DPO_TRACE_DIR=/tmp/trace PYTHONPATH=benchmarks/process_trace:$PYTHONPATH dpo-sweep run SPACE
+    python benchmarks/process_trace/merge.py /tmp/trace --csv trace.csv
 
 Without DPO_TRACE_DIR it does nothing but hand over to the next sitecustomize on the path. A
 function named in FUNCS that a version of the code lacks is logged as ``! no <name>``."""
@@ -20,7 +23,7 @@ if _DIR:
         if _f is None:
             os.makedirs(_DIR, exist_ok=True)
             _f = open(os.path.join(_DIR, f"{os.getpid()}.log"), "a", buffering=1)
-        _f.write(f"{time.time():.3f} {os.getpid()} {threading.current_thread().name} {what}\n")
+        _f.write(f"{time.time():.3f} {os.getpid()} {threading.current_thread().name.replace(' ', '_')} {what}\n")
     mark("start " + " ".join(sys.argv)[:160])
     FUNCS = {
         "ray._private.worker": ["init", "shutdown"],

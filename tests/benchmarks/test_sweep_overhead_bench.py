@@ -110,3 +110,16 @@ def test_trial_spans_come_from_tunes_experiment_state_in_start_order(tmp_path):
     assert [(s.trial_id, s.start_s, s.end_s, s.gap_s) for s in spans] == [("a", 5.0, 11.5, 5.0), ("b", 12.0, 15.0, 0.5)]
     split = sweep_overhead.timeline_summary(spans, wall_s=17.0)
     assert split == {"before_first_trial_s": 5.0, "in_trials_s": 9.5, "between_trials_s": 0.5, "after_last_trial_s": 2.0}
+
+
+def test_trace_puts_the_tracer_first_on_the_path_and_needs_a_space(monkeypatch, tmp_path):
+    import os
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = sweep_overhead.trace_env(tmp_path / "trace")
+    assert env["DPO_TRACE_DIR"] == str(tmp_path / "trace")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO / "benchmarks" / "process_trace"), "/elsewhere"]
+    assert (REPO / "benchmarks" / "process_trace" / "sitecustomize.py").is_file()
+    with pytest.raises(SystemExit):
+        sweep_overhead.main(["--trace"])
+    assert sweep_overhead.startup_table({"ray_up_s": 4.54, "first_step_s": math.nan}).splitlines()[-1] == "| 4.5 | - |"
