@@ -28,17 +28,12 @@ from typing import Any, Iterable
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.errors import DataError, UserError
 # standard library only: cheap to import
-from dpo_sweep.train.data import PairDataset, SourceRows, check_rows, load_pairs, read_file, tokenize_rows
+from dpo_sweep.train.data import (DataKey, PairDataset, SourceRows, TokenizerKey, check_rows, data_key, load_pairs,
+                                  read_file, tokenize_rows, tokenizer_key)
 from dpo_sweep.train.lengths import LengthProfile, data_shape
 
 #: Files that ``trial`` and ``run`` write into the output folder.
 RESULT_FILES = ("results.csv", "steps.csv")
-
-#: (name_or_path, trust_remote_code); name_or_path None: the byte tokenizer every preset shares.
-TokenizerKey = tuple[str | None, bool]
-#: What one data read depends on: the data spec (as JSON), the tokenizer, max_length.
-DataKey = tuple[str, TokenizerKey, int]
-
 
 @dataclass(frozen=True)
 class DataSummary:
@@ -99,11 +94,6 @@ def check_output_dir(out_dir: Path, flag: str = "--output") -> None:
 # --- models -----------------------------------------------------------------------------------
 
 
-def _tokenizer_key(model: ModelSpec) -> TokenizerKey:
-    # Every preset shares the built-in byte tokenizer: one key for all of them.
-    return (model.name_or_path, model.trust_remote_code)
-
-
 @dataclass(frozen=True)
 class CheckedModels:
     """What the model check loaded, for the data check."""
@@ -135,8 +125,8 @@ def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
         else:
             _require_checkpoint_files(spec)
             vocab_sizes[spec.label()] = getattr(pretrained.load_config(spec), "vocab_size", None)
-        if _tokenizer_key(spec) not in tokenizers:
-            tokenizers[_tokenizer_key(spec)] = load_tokenizer(spec)
+        if tokenizer_key(spec) not in tokenizers:
+            tokenizers[tokenizer_key(spec)] = load_tokenizer(spec)
     return CheckedModels(tokenizers, vocab_sizes)
 
 
@@ -190,11 +180,6 @@ def check_vocab(cfg: TrialConfig, summary: DataSummary, vocab_size: int | None) 
 def _max_token_id(ds: PairDataset) -> int:
     return max((max(ids) for p in ds.pairs for ids in (p.prompt_ids, p.chosen_ids, p.rejected_ids) if ids),
                default=-1)
-
-
-def data_key(cfg: TrialConfig) -> DataKey:
-    """Which data read a trial's pairs come from (trials of one key share one :class:`DataSummary`)."""
-    return (cfg.data.model_dump_json(), _tokenizer_key(cfg.model), cfg.train.max_length)
 
 
 def check_data(trials: Iterable[TrialConfig], models: CheckedModels,

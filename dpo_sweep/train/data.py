@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpo_sweep.config import DataSpec, SyntheticData
+from dpo_sweep.config import DataSpec, ModelSpec, SyntheticData, TrialConfig
 from dpo_sweep.errors import DataError
 
 FIELDS = ("prompt", "chosen", "rejected")
@@ -51,6 +51,23 @@ class PairDataset:
 
     def __len__(self) -> int:
         return len(self.pairs)
+
+
+#: (name_or_path, trust_remote_code); name_or_path None: the byte tokenizer every preset shares.
+TokenizerKey = tuple[str | None, bool]
+#: What one data read depends on: the data spec (as JSON), the tokenizer, max_length.
+DataKey = tuple[str, TokenizerKey, int]
+
+
+def tokenizer_key(model: ModelSpec) -> TokenizerKey:
+    """Which tokenizer ``model`` uses (every preset shares the built-in byte tokenizer: one key)."""
+    return (model.name_or_path, model.trust_remote_code)
+
+
+def data_key(cfg: TrialConfig) -> DataKey:
+    """Which data read a trial's pairs come from: trials of one key get the same pairs (the
+    preflight's one :class:`~dpo_sweep.preflight.DataSummary` each, a warm worker's kept pairs)."""
+    return (cfg.data.model_dump_json(), tokenizer_key(cfg.model), cfg.train.max_length)
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from dpo_sweep.telemetry import DecoderShape
 from dpo_sweep.train import knobs
 from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs, worst_case_batches
 from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
-from dpo_sweep.train.data import PairDataset, load_pairs
+from dpo_sweep.train.data import PairDataset, data_key, load_pairs
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference, undo_liger
@@ -139,8 +139,9 @@ def tokenized_pairs(cfg: TrialConfig) -> tuple[Any, PairDataset]:
 
 
 def _data_key(cfg: TrialConfig) -> tuple:
-    """What the tokenised pairs are made from: the data spec, the tokenizer's source, max_length,
-    and a data file's size and modification time (a file rewritten since is read again)."""
+    """What the tokenised pairs are made from (:func:`~dpo_sweep.train.data.data_key`: the data
+    spec, the tokenizer, max_length), and a data file's size and modification time (a file
+    rewritten since is read again)."""
     stamp = None
     if cfg.data.path is not None:
         try:
@@ -148,8 +149,7 @@ def _data_key(cfg: TrialConfig) -> tuple:
             stamp = (st.st_size, st.st_mtime_ns)
         except OSError:
             stamp = None  # load_pairs says what is wrong with it
-    m = cfg.model
-    return (cfg.data.model_dump_json(), m.preset, m.name_or_path, m.trust_remote_code, cfg.train.max_length, stamp)
+    return (data_key(cfg), stamp)
 
 
 def load_data(cfg: TrialConfig, world: int, say: Logger, since: float) -> TrialData:
