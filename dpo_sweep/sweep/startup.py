@@ -45,12 +45,14 @@ PREFLIGHT_NICENESS = 10
 class CheckedInputs:
     """What the preflight gave: the data summaries (printed, data.json), each trial's lengths (the
     plan's memory model) by trial id, each model's shape for the memory model
-    (:func:`dpo_sweep.plan.memory.remember_shapes`), and this machine's environment.json."""
+    (:func:`dpo_sweep.plan.memory.remember_shapes`), this machine's environment.json, and notes on
+    this machine for the console (:func:`dpo_sweep.telemetry.bytecode.bytecode_note`)."""
 
     data: tuple[preflight.DataSummary, ...]
     lengths: dict[str, LengthProfile | None]
     shapes: dict[ModelSpec, ModelShape]
     environment: dict[str, Any] | None
+    notes: tuple[str, ...] = ()
 
 
 def model_shapes(trials: Sequence[TrialConfig]) -> dict[ModelSpec, ModelShape]:
@@ -71,13 +73,15 @@ def check_inputs(trials: Sequence[TrialConfig], out_dir: Path, planned: Sequence
                  files: preflight.CheckedFiles | None = None) -> CheckedInputs:
     """The preflight of ``trials`` (:func:`dpo_sweep.preflight.check_inputs`, after the file checks
     that gave ``files``; a :class:`~dpo_sweep.errors.UserError` on bad input), then, when it
-    passed, the memory model's shapes of ``planned`` (the configs as the plan will see them) and
-    the environment."""
-    from dpo_sweep.telemetry import environment_info
+    passed, the memory model's shapes of ``planned`` (the configs as the plan will see them), the
+    environment, and - with the imports a worker makes done here too - whether they had bytecode."""
+    from dpo_sweep.telemetry import bytecode, environment_info
 
     data = preflight.check_inputs(tuple(trials), out_dir, files)
     lengths = preflight.lengths_by_trial(trials, data)
-    return CheckedInputs(data, lengths, model_shapes(planned), environment_info())
+    shapes = model_shapes(planned)
+    notes = tuple(filter(None, [bytecode.bytecode_note(bytecode.uncached_imports())]))
+    return CheckedInputs(data, lengths, shapes, environment_info(), notes)
 
 
 def _preflight_process(conn: Any, args: tuple) -> None:

@@ -238,3 +238,19 @@ def test_a_preflight_process_that_dies_is_an_infrastructure_failure(tmp_path):
         pending._process.kill()  # killed by the OOM killer, say, before its answer
         with pytest.raises(InfrastructureError, match=r"the preflight's process ended without an answer \(exit code -9\)"):
             pending.result()
+
+
+@pytest.mark.parametrize("uncached, noted", [({}, False), ({"torch": (3000, "/site/torch")}, True)])
+def test_imports_without_bytecode_are_noted_after_the_data_line(tmp_path, monkeypatch, capsys, uncached, noted):
+    from dpo_sweep.telemetry import bytecode
+
+    Stand(monkeypatch)
+    # what the preflight's imports (the workers' own: torch, transformers, the model's classes) found
+    monkeypatch.setattr(bytecode, "uncached_imports", lambda: uncached)
+    assert _run(tmp_path) == 0
+    out = capsys.readouterr().out
+    note = "note: 3,000 modules of torch have no bytecode"
+    assert (note in out) is noted
+    if noted:
+        assert out.index("data synthetic: 16 pair(s)") < out.index(note) < out.index("Ray dashboard: off")
+        assert "python -m compileall -q -j 0 /site/torch" in out

@@ -1,0 +1,73 @@
+"""Whether this machine's Python compiles the heavy packages from source in every process.
+
+Python keeps a module's compiled bytecode in ``__pycache__`` (or under ``PYTHONPYCACHEPREFIX``)
+and reads it on the next import. Where the install shipped without it (``pip install
+--no-compile``, some container images) and Python may not write it (``PYTHONDONTWRITEBYTECODE=1``
+or ``-B``; or a read-only install), every process compiles torch's and transformers' sources
+again: each warm worker of a sweep, as it starts. On the H200 machine we measured, whose Python
+runs with ``PYTHONDONTWRITEBYTECODE=1`` on a torch without most of its bytecode, a warm
+worker's imports took 14.3-14.5 s, and 7.4 s once ``python -m compileall`` had run on torch,
+transformers and sympy (benchmarks/results/sweep_overhead_h200/, section "Main at 78ec073").
+
+:func:`uncached_imports` counts, after the imports, the modules left without bytecode;
+:func:`bytecode_note` turns that into the console's note with the command that ends it.
+``dpo-sweep run``'s preflight process asks, once its imports (the workers' own) are done
+(:func:`dpo_sweep.sweep.startup.check_inputs`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Mapping
+
+#: A package is named in the note from this many modules without bytecode (a few are noise: a
+#: checkout's own modules, a package that writes files at run time).
+MIN_UNCACHED = 100
+
+
+def uncached_imports(modules: Mapping[str, ModuleType] | None = None) -> dict[str, tuple[int, Path]]:
+    """Per top-level package of ``modules`` (default ``sys.modules``): how many of its imported
+    modules were compiled from their source without bytecode left behind (no file at their
+    ``__spec__.cached``), and the folder the package lives in. Modules loaded from bytecode alone,
+    built-ins, extensions and namespace packages have no ``cached`` and are not counted."""
+    found: dict[str, tuple[int, Path]] = {}
+    for name, module in list((sys.modules if modules is None else modules).items()):
+        spec = getattr(module, "__spec__", None)
+        cached = getattr(spec, "cached", None)
+        origin = getattr(spec, "origin", None)
+        if not cached or not origin or not str(origin).endswith(".py") or os.path.exists(cached):
+            continue
+        top = name.partition(".")[0]
+        count, home = found.get(top, (0, None))
+        if home is None:
+            top_module = sys.modules.get(top) if modules is None else modules.get(top)
+            top_file = getattr(top_module, "__file__", None) or origin
+            home = Path(top_file).parent if top_file.endswith("__init__.py") else Path(top_file)
+        found[top] = (count + 1, home)
+    return found
+
+
+def bytecode_note(uncached: Mapping[str, tuple[int, Path]], dont_write: bool | None = None,
+                  min_uncached: int = MIN_UNCACHED) -> str | None:
+    """The console's note on ``uncached`` (:func:`uncached_imports`): the packages with at least
+    ``min_uncached`` modules without bytecode, why Python keeps none (``dont_write``: this
+    Python's ``-B``/``PYTHONDONTWRITEBYTECODE``, default the running one's; else the folders are
+    not writable) and the command that compiles them once. None when no package is that large."""
+    heavy = sorted(((n, c, home) for n, (c, home) in uncached.items() if c >= min_uncached),
+                   key=lambda item: -item[1])
+    if not heavy:
+        return None
+    dont_write = sys.flags.dont_write_bytecode if dont_write is None else dont_write
+    names = [n for n, _, _ in heavy]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    why = ("this Python writes none (PYTHONDONTWRITEBYTECODE=1 or -B)" if dont_write
+           else "Python cannot write it there (the install's folders are not writable)")
+    command = "python -m compileall -q -j 0 " + " ".join(str(home) for _, _, home in heavy)
+    fix = (f"compiling them once ends that: {command}" if dont_write
+           else f"compiling them once as the install's owner ends that ({command}), or a writable "
+                f"PYTHONPYCACHEPREFIX")
+    return (f"note: {sum(c for _, c, _ in heavy):,} modules of {listed} have no bytecode and {why}: "
+            f"each warm worker compiles them from source as it starts (about half of its imports "
+            f"on the H200 we measured); {fix}")
