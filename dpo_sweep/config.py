@@ -6,7 +6,7 @@ search grid becomes one :class:`TrialConfig`, which is all a trainer worker need
 """
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Iterable, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -421,3 +421,8 @@ class TrialConfig(_Strict):
         """results.csv columns of the swept train fields that no fixed column carries already."""
         return {SWEPT_TRAIN_COLUMN.get(name, name): getattr(self.train, name)
                 for name in self.swept_train if name not in _CARRIED_TRAIN_FIELDS}
+
+
+def distinct_models(trials: Iterable[TrialConfig]) -> list[ModelSpec]:
+    """The different models of ``trials``, in order of first appearance (equal specs are one)."""
+    return list({t.model.model_dump_json(): t.model for t in trials}.values())

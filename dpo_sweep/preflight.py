@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.config import ModelSpec, TrialConfig, distinct_models
 from dpo_sweep.errors import DataError, UserError
 # standard library only: cheap to import
 from dpo_sweep.train.data import (DataKey, PairDataset, SourceRows, TokenizerKey, check_rows, data_key, load_pairs,
@@ -119,7 +119,7 @@ def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
 
     tokenizers: dict[TokenizerKey, Any] = {}
     vocab_sizes: dict[str, int | None] = {}
-    for spec in {t.model.model_dump_json(): t.model for t in trials}.values():
+    for spec in distinct_models(trials):
         if spec.preset is not None:
             vocab_sizes[spec.label()] = PRESETS[spec.preset]["vocab_size"]
         else:
@@ -220,7 +220,7 @@ def check_files(trials: Iterable[TrialConfig], out_dir: Path | None = None) -> C
     trials = tuple(trials)
     if out_dir is not None:
         check_output_dir(out_dir)
-    for spec in {t.model.model_dump_json(): t.model for t in trials}.values():
+    for spec in distinct_models(trials):
         if spec.preset is None:
             _require_checkpoint_files(spec)
     rows: dict[str, SourceRows] = {}

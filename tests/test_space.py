@@ -157,3 +157,13 @@ def test_adaptive_clip_with_fsdp_is_refused_naming_both_fields(tmp_path, capsys)
     assert main(["validate", str(path)]) == 2
     err = capsys.readouterr().err
     assert "train.adaptive_clip" in err and "parallelism: fsdp" in err
+
+
+def test_distinct_models_are_the_trials_different_models_in_first_appearance_order():
+    from dpo_sweep.config import distinct_models
+    from tests.testkit import make_cfg
+
+    tiny, no_liger = {"preset": "tiny-llama"}, {"preset": "tiny-llama", "liger_kernel": False}
+    trials = [make_cfg(model=tiny, micro_batch=1), make_cfg(model=no_liger), make_cfg(model=tiny, micro_batch=2)]
+    assert distinct_models(trials) == [trials[0].model, trials[1].model]
+    assert distinct_models(iter(trials)) == [trials[0].model, trials[1].model]  # any iterable, read once

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dpo_sweep import preflight
-from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.config import ModelSpec, TrialConfig, distinct_models
 from dpo_sweep.errors import UserError
 from dpo_sweep.plan.memory import ModelShape, model_shape
 from dpo_sweep.train.lengths import LengthProfile
@@ -61,7 +61,7 @@ def model_shapes(trials: Sequence[TrialConfig]) -> dict[ModelSpec, ModelShape]:
     model whose shape cannot be built is left out: the planner meets it again where that is
     handled."""
     shapes = {}
-    for spec in {t.model.model_dump_json(): t.model for t in trials}.values():
+    for spec in distinct_models(trials):
         try:
             shapes[spec] = model_shape(spec)
         except Exception:  # noqa: BLE001 - see the doc

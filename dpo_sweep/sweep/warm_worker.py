@@ -45,7 +45,7 @@ from typing import Any, Iterator, Sequence
 
 import ray
 
-from dpo_sweep.config import TrialConfig
+from dpo_sweep.config import TrialConfig, distinct_models
 from dpo_sweep.sweep import driver
 from dpo_sweep.sweep.worker_setup import unused_packages_hidden
 
@@ -206,7 +206,7 @@ def start_pool(name: str, count: int, trials: Sequence[TrialConfig], use_gpu: bo
     they need not wait for the pool's own process to start."""
     first = trials[0].resources
     options = {"num_cpus": first.cpus_per_worker, "num_gpus": 1 if use_gpu else 0}
-    models = list({t.model.model_dump_json(): t.model for t in trials}.values())
+    models = distinct_models(trials)
     workers = [new_worker(options, trainer, models) for _ in range(count)]
     actor = ray.remote(WorkerPool).options(name=name, num_cpus=0, max_concurrency=max(4, 2 * count)).remote(
         workers, options, trainer, models)
