@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweep.errors import UserError  # standard library only
-from dpo_sweep.records import RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS, StepRecord, TrialResult
+from dpo_sweep.records import ENVIRONMENT_FILE, RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS, StepRecord, TrialResult
 
 #: Columns without which no frontier can be computed; every other contract column is optional
 #: when loading (a missing one is filled with NaN or "" so old or hand-made files still load).
@@ -175,7 +175,7 @@ def load_environment(out_dir: str | Path) -> dict[str, Any] | None:
     """Read ``DIR/environment.json`` if present and valid JSON object (None otherwise)."""
     import json
 
-    path = Path(out_dir) / "environment.json"
+    path = Path(out_dir) / ENVIRONMENT_FILE
     if not path.is_file():
         return None
     try:
