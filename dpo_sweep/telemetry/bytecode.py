@@ -32,21 +32,23 @@ def uncached_imports(modules: Mapping[str, ModuleType] | None = None) -> dict[st
     modules were compiled from their source without bytecode left behind (no file at their
     ``__spec__.cached``), and the folder the package lives in. Modules loaded from bytecode alone,
     built-ins, extensions and namespace packages have no ``cached`` and are not counted."""
-    found: dict[str, tuple[int, Path]] = {}
-    for name, module in list((sys.modules if modules is None else modules).items()):
+    modules = sys.modules if modules is None else modules
+    counts: dict[str, int] = {}
+    first_origin: dict[str, str] = {}  # a package without a file of its own lives where its modules do
+    for name, module in list(modules.items()):
         spec = getattr(module, "__spec__", None)
-        cached = getattr(spec, "cached", None)
-        origin = getattr(spec, "origin", None)
-        if not cached or not origin or not str(origin).endswith(".py") or os.path.exists(cached):
-            continue
-        top = name.partition(".")[0]
-        count, home = found.get(top, (0, None))
-        if home is None:
-            top_module = sys.modules.get(top) if modules is None else modules.get(top)
-            top_file = getattr(top_module, "__file__", None) or origin
-            home = Path(top_file).parent if top_file.endswith("__init__.py") else Path(top_file)
-        found[top] = (count + 1, home)
-    return found
+        cached, origin = getattr(spec, "cached", None), getattr(spec, "origin", None)
+        if cached and origin and str(origin).endswith(".py") and not os.path.exists(cached):
+            top = name.partition(".")[0]
+            counts[top] = counts.get(top, 0) + 1
+            first_origin.setdefault(top, str(origin))
+    return {top: (count, _home(getattr(modules.get(top), "__file__", None) or first_origin[top]))
+            for top, count in counts.items()}
+
+
+def _home(file: str) -> Path:
+    """The folder a package's ``__init__.py`` is in; a single-file module: its file."""
+    return Path(file).parent if file.endswith("__init__.py") else Path(file)
 
 
 def bytecode_note(uncached: Mapping[str, tuple[int, Path]], dont_write: bool | None = None,
