@@ -19,13 +19,18 @@ def read_events(trace_dir: Path) -> list[tuple[float, str, str, str]]:
     return sorted(events, key=lambda e: e[0])  # stable: a process's own order where times tie (1 ms)
 
 
+def timeline(events: list[tuple[float, str, str, str]]) -> list[tuple[float, str, str, str]]:
+    """``events`` with their times in seconds from the command's start (ms resolution)."""
+    t0 = command_start(events)
+    return [(round(t - t0, 3), pid, thread, event) for t, pid, thread, event in events]
+
+
 def write_csv(events: list[tuple[float, str, str, str]], path: Path) -> None:
     """The timeline as CSV: t_s (from the command's start), pid, thread, event."""
-    t0 = command_start(events)
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["t_s", "pid", "thread", "event"])
-        w.writerows((round(t - t0, 3), pid, thread, event) for t, pid, thread, event in events)
+        w.writerows(timeline(events))
 
 
 def command_start(events: list[tuple[float, str, str, str]]) -> float:
@@ -63,9 +68,7 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="keep Ray's default workers' start lines")
     args = ap.parse_args()
     events = read_events(args.trace_dir)
-    t0 = command_start(events)
-    rows = [(round(t - t0, 3), pid, thread, event) for t, pid, thread, event in events]
-    for t, pid, thread, event in rows:
+    for t, pid, thread, event in timeline(events):
         if args.all or not (event.startswith("start") and "default_worker" in event):
             print(f"{t:8.3f} {pid:>7} {thread[:12]:12} {event}")
     if args.csv:
