@@ -25,8 +25,6 @@ from .nvml import _as_str
 from .sampler import BYTES_PER_GB
 
 
-
-
 def _cudnn_version() -> int | None:
     try:
         return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
