@@ -57,6 +57,11 @@ def pair_length(p: TokenizedPair) -> int:
     return len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids))
 
 
+def packed_tokens(p: TokenizedPair) -> int:
+    """A pair's tokens packed padding-free: the prompt twice (chosen and rejected rows) and both responses."""
+    return 2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids)
+
+
 def collate(pairs: list[TokenizedPair], index: list[int], pad_id: int, padding_side: str = "right") -> MicroBatch:
     """Pad whole pairs into one concatenated chosen+rejected batch."""
     seqs, masks = [], []
@@ -130,13 +135,17 @@ def micro_batch_order(n_pairs: int, micro_batch: int, world_size: int, rank: int
 
 
 def worst_case_order(lengths: Sequence[int], micro_batch: int, world_size: int, rank: int, *,
-                     grad_acc: int) -> list[list[int]]:
+                     grad_acc: int, packed: Sequence[int] | None = None) -> list[list[int]]:
     """This rank's micro-batches of the worst-case step: the effective batch's worth of longest
-    pairs, longest first, so rank 0's first micro-batch is the ``micro_batch`` longest pairs: the
-    widest padded batch and the most tokens any micro-batch of the run can hold."""
+    pairs (by padded width ``lengths``; padding-free, by the tokens each packs, ``packed``), the
+    longest last. Rank 0's last micro-batch is then the ``micro_batch`` longest pairs - the widest
+    padded batch (or the most packed tokens) any micro-batch of the run can hold - and it runs
+    while the gradients of the step's earlier micro-batches are alive, as a real step's longest
+    micro-batch can."""
+    size = packed if packed is not None else lengths
     per = micro_batch * world_size
-    longest = sorted(range(len(lengths)), key=lambda i: -lengths[i])[:per * grad_acc]
-    return [longest[s + rank * micro_batch: s + (rank + 1) * micro_batch] for s in range(0, len(longest), per)]
+    longest = sorted(range(len(size)), key=lambda i: -size[i])[:per * grad_acc]
+    return [longest[s + rank * micro_batch: s + (rank + 1) * micro_batch] for s in range(0, len(longest), per)][::-1]
 
 
 def micro_batches(ds: PairDataset, micro_batch: int, world_size: int, rank: int, seed: int,
@@ -170,7 +179,8 @@ def worst_case_batches(ds: PairDataset, micro_batch: int, world_size: int, rank:
                        ) -> Iterator[MicroBatch]:
     """The worst-case step's micro-batches (:func:`worst_case_order`) for this rank."""
     lengths = [pair_length(p) for p in ds.pairs]
-    for idx in worst_case_order(lengths, micro_batch, world_size, rank, grad_acc=grad_acc):
+    packed = [packed_tokens(p) for p in ds.pairs] if padding_free else None
+    for idx in worst_case_order(lengths, micro_batch, world_size, rank, grad_acc=grad_acc, packed=packed):
         yield make_batch(ds, idx, pad_id, padding_side, padding_free)
 
 

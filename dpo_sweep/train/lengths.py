@@ -35,15 +35,21 @@ class LengthProfile:
         return LengthProfile(tuple(len(p.prompt_ids) for p in ds.pairs), tuple(len(p.chosen_ids) for p in ds.pairs),
                              tuple(len(p.rejected_ids) for p in ds.pairs), tuple(pair_length(p) for p in ds.pairs))
 
+    def packed(self) -> list[int]:
+        """Per pair, its tokens packed padding-free (:func:`~dpo_sweep.train.batching.packed_tokens`)."""
+        return [2 * p + c + r for p, c, r in zip(self.prompt, self.chosen, self.rejected)]
+
     def worst_micro_batch(self, micro_batch: int, padding_free: bool) -> tuple[int, int]:
-        """(tokens, longest row) of the ``micro_batch`` longest pairs: the micro-batch the
-        worst-case step runs. Padded: 2 x micro_batch rows of the longest width; packed: their
-        real tokens, in one row."""
-        longest = sorted(range(len(self.widths)), key=lambda i: -self.widths[i])[:micro_batch]
+        """(tokens, longest row) of the micro-batch with the most the worst-case step runs
+        (:func:`~dpo_sweep.train.batching.worst_case_order`). Padded: the ``micro_batch`` widest
+        pairs, 2 x micro_batch rows of the widest width; packed: the ``micro_batch`` pairs with
+        the most tokens, in one row."""
+        size = self.packed() if padding_free else self.widths
+        longest = sorted(range(len(size)), key=lambda i: -size[i])[:micro_batch]
         if not padding_free:
             width = self.widths[longest[0]]
             return 2 * len(longest) * width, width
-        tokens = sum(2 * self.prompt[i] + self.chosen[i] + self.rejected[i] for i in longest)
+        tokens = sum(size[i] for i in longest)
         return tokens, tokens
 
 

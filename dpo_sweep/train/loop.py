@@ -46,6 +46,7 @@ from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
 from dpo_sweep.train import evaluation, knobs, metrics
 from dpo_sweep.train.batching import MicroBatch, flop_token_counts
 from dpo_sweep.train.loss import dpo_loss
+from dpo_sweep.train.reference import missing_rows
 from dpo_sweep.train.setup import (
     Logger,
     TrialSetup,
@@ -259,6 +260,9 @@ def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bo
     pairs = batch.pairs
     with _no_sync(setup.policy, sync=sync), autocast(cfg, setup.device):
         if setup.ref_table is not None:
+            if missing := missing_rows(setup.ref_table, cpu_batch.index):  # a CPU look-up: no sync
+                raise RuntimeError(f"no precomputed reference for pairs {missing[:8]} (train/reference.pairs_read "
+                                   "must list every pair a trial reads)")
             ref_logps = setup.ref_table[cpu_batch.index].t().reshape(-1).to(setup.device, non_blocking=True)
         else:
             # The reference runs first, while no policy activation is alive yet: its

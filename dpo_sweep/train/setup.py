@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import dataclasses
 import functools
 import ctypes.util
 import gc
@@ -24,12 +25,14 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import DataError
 from dpo_sweep.telemetry import DecoderShape
 from dpo_sweep.train import knobs
-from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs, worst_case_batches
+from dpo_sweep.train.batching import (MicroBatch, collate, micro_batches, pair_length, usable_pairs,
+                                     worst_case_batches)
 from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
 from dpo_sweep.train.data import PairDataset, data_key, load_pairs
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference, undo_liger
+from dpo_sweep.train.reference import ReferenceTables, pairs_read, table_key
 from dpo_sweep.train.tokenizer import load_tokenizer
 
 Logger = Callable[[str], None]
@@ -125,6 +128,9 @@ def _libc_malloc_trim() -> Callable[[int], int] | None:
 #: here instead of tokenising again (0.2-0.4 s a trial on the H200). Both are never changed after
 #: they are made (a frozen dataclass of tuples; the tokenizer is only read).
 _LAST_DATA: dict[tuple, tuple[Any, PairDataset]] = {}
+#: The precomputed reference's log-probs of those pairs (train/reference.py): a later trial of the
+#: sweep on the same weights only computes the pairs no earlier trial read.
+_REFERENCE_TABLES = ReferenceTables()
 
 
 def tokenized_pairs(cfg: TrialConfig) -> tuple[Any, PairDataset]:
@@ -133,6 +139,7 @@ def tokenized_pairs(cfg: TrialConfig) -> tuple[Any, PairDataset]:
     key = _data_key(cfg)
     if key not in _LAST_DATA:
         _LAST_DATA.clear()  # one data set at a time: a sweep has one
+        _REFERENCE_TABLES.clear()
         tok = load_tokenizer(cfg.model)
         _LAST_DATA[key] = (tok, load_pairs(cfg.data, tok, cfg.train.max_length))
     return _LAST_DATA[key]
@@ -187,8 +194,8 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
     if train.reference == "precomputed":
         # Before the first update the policy *is* the reference: no copy of the weights needed.
         policy.eval()
-        ref_table = precompute_reference(SequenceLogProbs(policy, train.logp_chunk_tokens), data.pairs, cfg,
-                                         device, data.pad_token_id)
+        ref_table = _reference_table(SequenceLogProbs(policy, train.logp_chunk_tokens), data, cfg, device,
+                                     world, rank, say, since)
     apply_checkpoint_level(policy, cfg.checkpoint_level)  # after the model is on its device
     policy.train()
     policy_logps = _wrap_parallel(cfg, SequenceLogProbs(policy, train.logp_chunk_tokens), device, world)
@@ -248,10 +255,32 @@ def forward_inputs(batch: MicroBatch, has_padding: bool) -> tuple:
             batch.response_mask, batch.sequence_ids)
 
 
+def _reference_table(reference: SequenceLogProbs, data: TrialData, cfg: TrialConfig, device: torch.device,
+                     world: int, rank: int, say: Logger, since: float) -> torch.Tensor:
+    """The reference log-probs of the pairs this rank reads (:func:`~dpo_sweep.train.reference.pairs_read`),
+    ``[pairs, 2]``, NaN for the rest; computed only for those no earlier trial of this process read."""
+    ds = data.pairs
+    wanted = pairs_read(cfg, ds, world, rank)
+
+    def compute(missing: list[int]) -> torch.Tensor:
+        # Longest first: pairs of similar length share a batch, so little of it is padding.
+        by_length = sorted(range(len(missing)), key=lambda k: -pair_length(ds.pairs[missing[k]]))
+        picked = dataclasses.replace(ds, pairs=type(ds.pairs)(ds.pairs[missing[k]] for k in by_length))
+        values = torch.empty(len(missing), 2, dtype=torch.float32)
+        values[by_length] = precompute_reference(reference, picked, cfg, device, data.pad_token_id)
+        return values
+
+    table, computed = _REFERENCE_TABLES.table(table_key(cfg), len(ds), wanted, compute)
+    say(f"[{cfg.trial_id}] reference log-probs of the {len(wanted)} pairs this trial reads: {computed} computed, "
+        f"{len(wanted) - computed} kept from an earlier trial [{time.perf_counter() - since:.1f} s]")
+    return table
+
+
 @torch.no_grad()
 def precompute_reference(reference: SequenceLogProbs, ds: PairDataset, cfg: TrialConfig, device: torch.device,
                          pad_id: int) -> torch.Tensor:
-    """Reference log-probs of every pair, ``[N, 2]`` (chosen, rejected), computed once."""
+    """Log-probs of every pair of ``ds`` under ``reference``, ``[N, 2]`` (chosen, rejected), in
+    micro-batches of the trial's micro_batch."""
     table = torch.zeros(len(ds), 2, dtype=torch.float32)
     for start in range(0, len(ds), cfg.micro_batch):
         idx = list(range(start, min(start + cfg.micro_batch, len(ds))))

@@ -19,6 +19,11 @@ def test_worst_micro_batch_is_the_longest_pairs():
     assert worst_micro_batch(cfg, LONG_TAILED) == (2 * 2 * 120, 120)  # padded to the longest width
     packed = make_cfg(micro_batch=2, max_length=256, padding_free=True)
     assert worst_micro_batch(packed, LONG_TAILED) == ((2 * 20 + 109) + (2 * 40 + 42),) * 2
+    # packed, the pairs with the most tokens, not the widest padded ones
+    wide_but_short = profile([(2, 60, 1), (30, 20, 20), (30, 20, 19), (1, 1, 1)])  # widths 62, 50, 50, 2
+    assert worst_micro_batch(make_cfg(micro_batch=1, max_length=256), wide_but_short) == (2 * 62, 62)
+    assert worst_micro_batch(make_cfg(micro_batch=1, max_length=256, padding_free=True),
+                             wide_but_short) == (100, 100)
 
 
 def test_prediction_follows_the_data_lengths():

@@ -73,4 +73,14 @@ def test_worst_case_step_holds_the_longest_pairs():
     # effective batch 4 as mb 2 x ga 1 x 2 workers: rank 0 takes the two longest
     assert worst_case_order(lengths, 2, 2, 0, grad_acc=1) == [[1, 4]]
     assert worst_case_order(lengths, 2, 2, 1, grad_acc=1) == [[3, 7]]
-    assert worst_case_order(lengths, 1, 1, 0, grad_acc=3) == [[1], [4], [3]]
+    # the longest last: it runs while the gradients of the step's other micro-batches are alive
+    assert worst_case_order(lengths, 1, 1, 0, grad_acc=3) == [[3], [4], [1]]
+    assert worst_case_order(lengths, 2, 1, 0, grad_acc=2) == [[3, 7], [1, 4]]
+
+
+def test_padding_free_worst_case_step_holds_the_most_packed_tokens():
+    # pair 0 is the widest padded (prompt 2 + response 30) but packs 2*2 + 30 + 1 = 35 tokens;
+    # pair 1 packs 2*20 + 12 + 12 = 64 in a padded width of 32
+    widths, packed = [32, 32, 10], [35, 64, 20]
+    assert worst_case_order(widths, 1, 1, 0, grad_acc=1) == [[0]]
+    assert worst_case_order(widths, 1, 1, 0, grad_acc=1, packed=packed) == [[1]]

@@ -1,0 +1,78 @@
+"""The precomputed reference: only the pairs a trial reads, computed once for the sweep's trials."""
+import math
+
+import pytest
+import torch
+
+from dpo_sweep.train import setup as setup_mod
+from dpo_sweep.train.loop import run_trial
+from dpo_sweep.train.reference import ReferenceTables, pairs_read, table_key
+from dpo_sweep.train.setup import tokenized_pairs
+from tests.train.test_loop import write_ragged_pairs
+
+
+@pytest.fixture()
+def big_file(tmp_path):
+    return write_ragged_pairs(tmp_path / "pairs.jsonl", 400)
+
+
+def reference_cfg(cfg_factory, path, **kw):
+    base = dict(micro_batch=2, grad_acc=2, steps=3, reference="precomputed", data={"path": path}, max_length=96)
+    return cfg_factory(**{**base, **kw})
+
+
+def test_a_trial_reads_the_reference_of_its_steps_worst_case_and_held_batch_only(cfg_factory, big_file):
+    cfg = reference_cfg(cfg_factory, big_file)
+    _, ds = tokenized_pairs(cfg)
+    read = pairs_read(cfg, ds, world=1, rank=0)
+    # 3 steps x effective batch 4, the worst-case step's 4 longest pairs, the held batch's first 4
+    assert 4 < len(read) <= 3 * 4 + 4 + 4 and len(ds) == 400
+    assert set(range(4)) <= set(read)
+    lines = []
+    out = run_trial(cfg, log=lines.append)
+    assert out.result.status == "ok", out.result.error
+    assert any(f"reference log-probs of the {len(read)} pairs this trial reads" in m for m in lines), lines
+
+
+def test_every_split_of_one_effective_batch_reads_the_same_pairs_and_later_trials_compute_none(cfg_factory, big_file):
+    setup_mod._REFERENCE_TABLES.clear()
+    first, again = [], []
+    run_trial(reference_cfg(cfg_factory, big_file, checkpoint_level="none"), log=first.append)
+    out = run_trial(reference_cfg(cfg_factory, big_file, micro_batch=1, grad_acc=4, checkpoint_level="full"),
+                    log=again.append)
+    assert out.result.status == "ok"
+    assert any(", 0 computed," not in m and "computed" in m for m in first if "reference log-probs" in m)
+    assert any(": 0 computed," in m for m in again if "reference log-probs" in m), again
+
+
+def test_kept_values_are_the_ones_a_fresh_trial_computes(cfg_factory, big_file):
+    """A trial that takes an earlier trial's reference gives the losses it gives alone."""
+    setup_mod._REFERENCE_TABLES.clear()
+    alone = run_trial(reference_cfg(cfg_factory, big_file, micro_batch=1, grad_acc=4), log=None)
+    setup_mod._REFERENCE_TABLES.clear()
+    run_trial(reference_cfg(cfg_factory, big_file, micro_batch=4, grad_acc=1), log=None)
+    after = run_trial(reference_cfg(cfg_factory, big_file, micro_batch=1, grad_acc=4), log=None)
+    torch.testing.assert_close(torch.tensor([s.loss for s in after.steps]),
+                               torch.tensor([s.loss for s in alone.steps]), rtol=1e-5, atol=1e-6)
+    assert alone.steps[0].loss == pytest.approx(math.log(2), abs=1e-5)
+
+
+def test_another_seed_or_precision_is_another_table(cfg_factory, big_file):
+    cfg = reference_cfg(cfg_factory, big_file)
+    assert table_key(cfg) == table_key(reference_cfg(cfg_factory, big_file, micro_batch=4, grad_acc=1,
+                                                     checkpoint_level="L2", lr=0.1))
+    assert table_key(cfg) != table_key(reference_cfg(cfg_factory, big_file, seed=1))
+    assert table_key(cfg) != table_key(reference_cfg(cfg_factory, big_file, precision="bf16"))
+
+
+def test_tables_fill_in_only_what_is_missing():
+    tables, calls = ReferenceTables(), []
+
+    def compute(idx):
+        calls.append(list(idx))
+        return torch.tensor([[float(i), -float(i)] for i in idx])
+
+    table, n = tables.table("k", 10, [1, 5], compute)
+    assert n == 2 and calls == [[1, 5]] and table[5].tolist() == [5.0, -5.0] and math.isnan(table[0, 0])
+    table, n = tables.table("k", 10, [5, 7, 1], compute)
+    assert n == 1 and calls[-1] == [7]
