@@ -19,6 +19,7 @@ weights      ``n_params x`` weight bytes (``model.weight_dtype``: bf16 for ``bf1
 grads        gradients in the weights' dtype; DDP adds its buckets (a copy of them, always alive)
 optimizer    fused AdamW: two states per parameter in the weights' dtype
 reference    a live reference is a second copy of the weights; a precomputed table is on the CPU
+ema          ``train.ema_decay``: a float32 copy of the trained weights (``knobs.WeightEma``)
 casts        bf16-mixed / fp16: autocast caches a bf16 copy of each trained weight it casts (the
              attention projections; the MLP too without lean ops)
 activations  per decoder layer and token, what autograd saves at the checkpoint level
@@ -85,6 +86,7 @@ class MemoryEstimate:
     grads_gb: float
     optimizer_gb: float
     reference_gb: float
+    ema_gb: float
     casts_gb: float
     activations_gb: float
     head_gb: float
@@ -288,7 +290,8 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     reference = s.n_params * b.weight if t.reference == "live" else 0.0  # FSDP does not shard it
     cast_params = s.attn_proj_params + (0 if lean else s.mlp_params)
     casts = cast_params * 2 / shard if b.autocast else 0.0
-    static = weights + optimizer + reference + casts
+    ema = 4.0 * s.n_params / shard if t.ema_decay is not None else 0.0
+    static = weights + optimizer + reference + ema + casts
     per_token = model_saved_bytes_per_token(s, b, cfg.checkpoint_level, **kw)
     activations = tokens * per_token
     head = _head_bytes(s, b, tokens, t.logp_chunk_tokens)
@@ -310,7 +313,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     context = CUDA_CONTEXT_GB * GB if cuda else 0.0
     return MemoryEstimate(
         weights_gb=weights / GB, grads_gb=grads / GB, optimizer_gb=optimizer / GB, reference_gb=reference / GB,
-        casts_gb=casts / GB, activations_gb=acts / GB, head_gb=head_part / GB, allocator_gb=allocator / GB,
+        ema_gb=ema / GB, casts_gb=casts / GB, activations_gb=acts / GB, head_gb=head_part / GB, allocator_gb=allocator / GB,
         context_gb=context / GB, total_gb=(allocated + allocator + context) / GB, peak_at=peak_at,
         tokens=tokens,
     )

@@ -84,7 +84,10 @@ class WeightEma:
 
     @torch.no_grad()
     def update(self) -> None:
-        torch._foreach_lerp_(self.shadow, [p.detach().float() for p in self.params], 1.0 - self.decay)
+        # One parameter at a time: a float32 copy of every bf16 weight at once is a transient as
+        # large as the shadow itself, at the step's fullest moment (the gradients still alive).
+        for shadow, p in zip(self.shadow, self.params):
+            shadow.lerp_(p.detach().float(), 1.0 - self.decay)
 
     @torch.no_grad()
     def copy_to_params(self) -> None:

@@ -93,3 +93,11 @@ def test_activation_term_matches_what_autograd_saves(level, lean):
     s, b = model_shape(cfg.model), element_bytes(cfg.model, "fp32")
     predicted = model_saved_bytes_per_token(s, b, level, lean=lean)
     assert _saved_bytes_per_token(level, lean) == pytest.approx(predicted, rel=0.01)
+
+
+def test_weight_ema_is_a_float32_copy_of_the_trained_weights():
+    plain = predict_peak_gb(make_cfg(precision="bf16"))
+    ema = predict_peak_gb(make_cfg(precision="bf16", ema_decay=0.99))
+    assert ema.ema_gb == pytest.approx(2 * plain.weights_gb)  # 4 bytes per bf16 weight's 2
+    assert ema.total_gb > plain.total_gb + ema.ema_gb * 0.99
+    assert plain.ema_gb == 0.0

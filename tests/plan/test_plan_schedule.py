@@ -19,7 +19,7 @@ T_OPT_MS, T_MICRO_MS = 30.0, 100.0  # the stand-in trainer's step: t_opt + grad_
 def estimate(cfg) -> MemoryEstimate:
     """A memory model with round numbers: 10 GB static, 1 GB context, activations by level."""
     act = cfg.micro_batch * _ACT[cfg.checkpoint_level]
-    return MemoryEstimate(weights_gb=4.0, grads_gb=2.0, optimizer_gb=4.0, reference_gb=0.0, casts_gb=0.0,
+    return MemoryEstimate(weights_gb=4.0, grads_gb=2.0, optimizer_gb=4.0, reference_gb=0.0, ema_gb=0.0, casts_gb=0.0,
                           activations_gb=act, head_gb=0.0, allocator_gb=0.0, context_gb=1.0,
                           total_gb=11.0 + act, peak_at="backward start",
                           tokens=2 * cfg.micro_batch * cfg.train.max_length)

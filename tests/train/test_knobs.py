@@ -3,6 +3,7 @@ wired into a CPU trial."""
 from __future__ import annotations
 
 import math
+import weakref
 
 import pytest
 import torch
@@ -98,3 +99,23 @@ def test_ema_weights_are_the_final_weights(cfg_factory):
     frozen = run_trial(cfg_factory(micro_batch=4, worst_case_step=False, steps=4, ema_decay=1 - 1e-12), log=None).result
     assert frozen.eval_loss == pytest.approx(math.log(2), abs=1e-6)
     assert trained.eval_loss < math.log(2) - 1e-3
+
+
+def test_weight_ema_update_holds_one_float32_copy_at_a_time(monkeypatch):
+    """The update converts one bf16 parameter at a time: never a float32 copy of them all at once."""
+    params = [torch.nn.Parameter(torch.randn(64, 64).bfloat16()) for _ in range(8)]
+    ema = knobs.WeightEma(params, decay=0.5)
+    alive, peak = [0], [0]
+    real_float = torch.Tensor.float
+
+    def tracked_float(self):
+        out = real_float(self)
+        if self.dtype == torch.bfloat16:
+            alive[0] += 1
+            peak[0] = max(peak[0], alive[0])
+            weakref.finalize(out, lambda: alive.__setitem__(0, alive[0] - 1))
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "float", tracked_float)
+    ema.update()
+    assert peak[0] == 1
