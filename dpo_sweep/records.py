@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 MAX_TRAINER_ERROR_CHARS = 500
 
 STATUSES = ("ok", "oom", "diverged", "error", "pruned")
+#: ``stability`` of a row written when its memory/time measurement ended, before the learning
+#: trial its stability columns come from: they arrive later, by an atomic rewrite of results.csv.
+PENDING = "pending"
 
 
 @dataclass(frozen=True)
@@ -273,3 +276,27 @@ def failed_result(cfg: "TrialConfig", status: str, error: str, steps: Iterable[S
         loss_type=cfg.train.loss, precision=cfg.train.precision, reference=cfg.train.reference,
         attn_implementation=cfg.model.attn_implementation, steps=len(steps), **timing,
     )
+
+
+def _cell(value: str, kind: str) -> Any:
+    """A results.csv cell back in its :class:`TrialResult` field's type (``kind``: the annotation)."""
+    if kind == "str":
+        return value
+    if kind == "bool":
+        return value == "True"
+    if kind == "int":
+        return int(float(value)) if value else 0
+    if kind == "int | None":
+        return int(float(value)) if value else None
+    return float(value) if value not in ("", "nan") else math.nan
+
+
+def results_from_rows(rows: Iterable[dict[str, str]]) -> list[TrialResult]:
+    """results.csv rows (:func:`read_csv_rows`) as :class:`TrialResult`; cells of columns that are
+    not fields (the swept train fields) go to ``extra`` as written."""
+    kinds = {f.name: str(f.type) for f in fields(TrialResult) if f.name != "extra"}
+    out = []
+    for row in rows:
+        known = {k: _cell(v, kinds[k]) for k, v in row.items() if k in kinds}
+        out.append(TrialResult(**known, extra={k: v for k, v in row.items() if k not in kinds and k}))
+    return out

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.rules import extrapolate_step_ms, fit_step_time
-from dpo_sweep.records import TIMING_COLUMNS, StepRecord, TrialResult
+from dpo_sweep.records import PENDING, TIMING_COLUMNS, StepRecord, TrialResult
 
 #: The columns a row takes from its learning trial, with the value they have when there is none.
 STABILITY_COLUMNS: dict[str, object] = {
@@ -83,6 +83,12 @@ class LearningSource:
     @classmethod
     def of(cls, cfg: TrialConfig, result: TrialResult, note: str = "") -> "LearningSource":
         return cls(cfg.trial_id, result, cfg.train.steps, cfg.train.precision, note)
+
+
+def pending_stability(row: TrialResult) -> TrialResult:
+    """``row`` as written before its learning trial ends: the stability columns empty, its
+    verdict :data:`PENDING`."""
+    return dataclasses.replace(row, **{**STABILITY_COLUMNS, "stability": PENDING}, stability_from="")
 
 
 def with_stability(row: TrialResult, learned: LearningSource | None) -> TrialResult:

@@ -44,13 +44,13 @@ from typing import Callable, Mapping, Sequence
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
 from dpo_sweep.plan.memory import MemoryEstimate, planning_device, predict_peak_gb
-from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, shared_row, with_stability
+from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, pending_stability, shared_row, with_stability
 from dpo_sweep.plan.runoff import (RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, frontier_ties,
                                    runoff_cap, timed_row)
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
                                   measurement_key, pick_learning_trial, prune_after_oom, prune_over_budget,
                                   short_grad_acc)
-from dpo_sweep.records import StepRecord, TrialResult, failed_result
+from dpo_sweep.records import PENDING, StepRecord, TrialResult, failed_result
 from dpo_sweep.train.lengths import LengthProfile
 
 MEASURE, LEARN, RUNOFF = "measure", "learn", "runoff"
@@ -92,6 +92,7 @@ class _Group:
     predicted_gb: float = math.nan
     result: TrialResult | None = None
     steps: tuple[StepRecord, ...] = ()
+    saved: dict[str, TrialResult] = field(default_factory=dict)  # rows a resumed sweep restored, by trial id
 
 
 @dataclass
@@ -114,9 +115,11 @@ class SweepPlan:
     def __init__(self, trials: Sequence[TrialConfig], *, budget_gb: float | None = None,
                  full_grid: bool = False, estimate: Estimator | None = None,
                  lengths: Mapping[str, LengthProfile | None] | None = None,
-                 margin: float = BUDGET_MARGIN) -> None:
+                 margin: float = BUDGET_MARGIN, measured: Sequence[TrialResult] = ()) -> None:
         """``estimate``: the memory model (default: :class:`DataEstimate` over ``lengths``, the
-        data's lengths by trial id; ``lengths`` is only for that default)."""
+        data's lengths by trial id; ``lengths`` is only for that default). ``measured``: rows a
+        resumed sweep already wrote whose stability is still pending (:data:`PENDING`): a group
+        whose every member has one is not measured again, only learned."""
         if estimate is not None and lengths is not None:
             raise ValueError("SweepPlan: give the data's lengths or an estimator, not both")
         self.full_grid = full_grid
@@ -140,7 +143,9 @@ class SweepPlan:
         self._measurements: list[Measurement] = []
         self._calibration: Calibration = calibrate([])
         self._written: set[str] = set()
+        self._stability_due: set[str] = set()  # rows written whose stability columns are still to come
         self._out = _Output()
+        self._restore(measured)
 
     def summary_line(self) -> str:
         """What the sweep will do, before it starts."""
@@ -209,6 +214,26 @@ class SweepPlan:
     def unwritten(self) -> list[str]:
         """Configurations without a results row yet, in the space's order."""
         return [t for t in self._order if t not in self._written]
+
+    def unfinished(self) -> list[str]:
+        """Configurations whose row is not final yet: not written, or written with its stability
+        still pending (its learning trial has not ended), in the space's order."""
+        return [t for t in self._order if t not in self._written or t in self._stability_due]
+
+    def restored(self) -> set[str]:
+        """The configurations whose rows a resumed sweep kept (``measured``): only learned now."""
+        return {t for g in self._groups.values() for t in g.saved}
+
+    def _restore(self, rows: Sequence[TrialResult]) -> None:
+        saved = {r.trial_id: r for r in rows if r.status == "ok" and r.stability == PENDING}
+        for group in self._groups.values():
+            if group.members and all(m.trial_id in saved for m in group.members):
+                group.state, group.ran_grad_acc = "done", short_grad_acc(group.measuring)
+                group.result, group.saved = saved[group.measuring.trial_id], {m.trial_id: saved[m.trial_id]
+                                                                               for m in group.members}
+                group.predicted_gb = group.result.predicted_peak_gb
+                self._written.update(group.saved)
+                self._stability_due.update(group.saved)
 
     def predict(self, cfg: TrialConfig) -> float:
         """The calibrated predicted peak (GB); NaN when the model's config cannot be read here."""
@@ -299,13 +324,15 @@ class SweepPlan:
 
     def _step_ms(self, cfg: TrialConfig) -> float:
         group = self._groups[self._group_of[cfg.trial_id]]
+        if cfg.trial_id in group.saved:
+            return group.saved[cfg.trial_id].step_time_ms
         if cfg.grad_acc == group.ran_grad_acc:
             return group.result.step_time_ms
         ms = fitted_step_ms(group.steps, group.ran_grad_acc, cfg.grad_acc)
         return ms if math.isfinite(ms) else math.inf
 
     def _next_learning(self) -> Job | None:
-        needing = {self._learning_keys[t] for t in self.unwritten()}
+        needing = {self._learning_keys[t] for t in self.unfinished()}
         for lkey in dict.fromkeys(self._learning_keys.values()):
             if lkey not in needing or lkey in self._learned or any(j.kind == LEARN and j.key == lkey for j in self._running.values()):
                 continue
@@ -411,19 +438,18 @@ class SweepPlan:
 
     # --- rows ----------------------------------------------------------------------------------
 
-    def _emit(self, row: TrialResult) -> None:
-        self._written.add(row.trial_id)
-        self._out.rows.append(row)
-
     def _time_row(self, m: TrialConfig, group: _Group) -> TrialResult:
         """``m``'s row from its group's measurement, with its runoff's time when it had one."""
+        if m.trial_id in group.saved:
+            return group.saved[m.trial_id]
         row = shared_row(m, group.result, group.steps, ran_grad_acc=group.ran_grad_acc,
                          measured_by=group.measuring.trial_id, predicted_peak_gb=group.predicted_gb)
         runoff = self._runoff_times.get((self._group_of[m.trial_id], m.grad_acc))
         return timed_row(row, runoff) if runoff is not None and row.status == "ok" else row
 
-    def _row_of(self, m: TrialConfig, group: _Group) -> TrialResult | None:
-        """``m``'s results row, or None while its learning trial is still to come."""
+    def _row_of(self, m: TrialConfig, group: _Group) -> TrialResult:
+        """``m``'s results row; while its learning trial is still to come, with its stability
+        columns :data:`PENDING` (:func:`~dpo_sweep.plan.rows.pending_stability`)."""
         row = self._time_row(m, group)
         if row.status != "ok":
             return row
@@ -431,15 +457,24 @@ class SweepPlan:
             return with_stability(row, LearningSource.of(m, row))
         if (lkey := self._learning_keys[m.trial_id]) in self._learned:
             return with_stability(row, self._learned[lkey])
-        return None
+        return pending_stability(row)
 
     def _emit_ready(self) -> None:
         for group in self._groups.values():
             if group.state != "done":
                 continue
             for m in group.members:
-                if m.trial_id not in self._written and (row := self._row_of(m, group)) is not None:
-                    self._emit(row)
+                if m.trial_id not in self._written:
+                    self._emit(self._row_of(m, group))
+                elif m.trial_id in self._stability_due and self._learning_keys[m.trial_id] in self._learned:
+                    self._out.replaced.append(self._row_of(m, group))  # its learning trial ended
+                    self._stability_due.discard(m.trial_id)
+
+    def _emit(self, row: TrialResult) -> None:
+        self._written.add(row.trial_id)
+        if row.stability == PENDING:
+            self._stability_due.add(row.trial_id)
+        self._out.rows.append(row)
 
 
 def plan_labels(trials: Sequence[TrialConfig], budget_gb: float | None = None,

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from dpo_sweep.records import STEPS_COLUMNS, read_csv_rows, rewrite_csv, write_environment_json
+from dpo_sweep.records import (PENDING, STEPS_COLUMNS, TrialResult, read_csv_rows, results_from_rows, rewrite_csv,
+                              write_environment_json)
 
 RESULTS_FILE = "results.csv"
 STEPS_FILE = "steps.csv"
@@ -18,8 +19,26 @@ def default_output_dir(space_name: str) -> Path:
 
 
 def finished_trial_ids(out_dir: Path) -> set[str]:
-    """Trial ids that already have a row in ``DIR/results.csv``."""
-    return {r["trial_id"] for r in read_csv_rows(out_dir / RESULTS_FILE) if r.get("trial_id")}
+    """Trial ids whose row in ``DIR/results.csv`` is final (not waiting for a learning trial)."""
+    return {r["trial_id"] for r in read_csv_rows(out_dir / RESULTS_FILE)
+            if r.get("trial_id") and r.get("stability") != PENDING}
+
+
+def pending_rows(out_dir: Path) -> list[TrialResult]:
+    """The rows of ``DIR/results.csv`` written when measured whose learning trial had not ended."""
+    return results_from_rows(r for r in read_csv_rows(out_dir / RESULTS_FILE)
+                             if r.get("trial_id") and r.get("stability") == PENDING)
+
+
+def drop_rows(out_dir: Path, trial_ids: set[str]) -> None:
+    """Remove the rows of ``trial_ids`` from results.csv and their trials' steps from steps.csv
+    (atomic rewrites): configurations a resumed sweep measures again."""
+    for name in (RESULTS_FILE, STEPS_FILE):
+        path = out_dir / name
+        rows = read_csv_rows(path)
+        kept = [r for r in rows if r.get("trial_id") not in trial_ids]
+        if len(kept) != len(rows):
+            rewrite_csv(path, kept, list(rows[0]))
 
 
 def referenced_trial_ids(out_dir: Path) -> set[str]:

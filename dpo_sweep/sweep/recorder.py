@@ -86,6 +86,18 @@ def trial_line(job_id: str, kind: str, grad_acc: int, result: TrialResult, elaps
     return line + (f"  | {result.error[:120]}" if result.error else "")
 
 
+def stability_lines(rows: Sequence[TrialResult]) -> list[str]:
+    """``  stability of t000, t001 from t002-learning: stable, noisy``: rows written when measured
+    whose learning trial has now ended (rows re-timed by a runoff say so in the runoff's note)."""
+    by_source: dict[str, list[TrialResult]] = {}
+    for r in rows:
+        if r.stability_from:
+            by_source.setdefault(r.stability_from, []).append(r)
+    return [f"  stability of {', '.join(r.trial_id for r in group)} from {source}: "
+            f"{', '.join(dict.fromkeys(r.stability or r.status for r in group))}"
+            for source, group in by_source.items()]
+
+
 def end_running_trials(trials: Iterable[Any]) -> None:
     """Kill the process of every running trial, now. Tune's own stop asks the trial to stop and
     then gives it 10 s (a constant of its controller) before it kills it, while our trial sits in
@@ -141,8 +153,10 @@ class SweepRecorder(tune.Callback):
             say(widened_line(self.out_dir / "steps.csv", added))
         if rows and (added := write_results(self.out_dir, rows, append=True)):
             say(widened_line(self.out_dir / "results.csv", added))  # --resume into an older results.csv
-        if replaced := self.plan.take_replaced():  # rows a runoff timed in full after they were written
+        if replaced := self.plan.take_replaced():  # their stability, or a runoff's time, came after them
             replace_results(self.out_dir, replaced)
+            for line in stability_lines(replaced):
+                say(line)
         # What is left: the configurations still without a row. Counted once per flush: the rows
         # of one flush are all done, and a burst of them (rows that waited for one learning trial)
         # read as if most of the sweep were still to run when counted one by one.

@@ -19,7 +19,7 @@ from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.train.lengths import LengthProfile
 from dpo_sweep.sweep import driver, warm_worker
 from dpo_sweep.sweep.console import say
-from dpo_sweep.sweep.output_dir import RESULTS_FILE
+from dpo_sweep.sweep.output_dir import RESULTS_FILE, drop_rows, pending_rows
 from dpo_sweep.sweep.ray_cluster import InfrastructureError
 from dpo_sweep.sweep.recorder import SweepRecorder
 from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
@@ -93,7 +93,13 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
 
     storage = str((out_dir / "ray").resolve())
     stop = StopRequest()
-    plan = SweepPlan(todo, budget_gb=card_memory_gb() if use_gpu else None, full_grid=full_grid, lengths=lengths)
+    pending = pending_rows(out_dir)  # a resumed sweep's rows that wait for their learning trial
+    plan = SweepPlan(todo, budget_gb=card_memory_gb() if use_gpu else None, full_grid=full_grid, lengths=lengths,
+                     measured=pending)
+    if pending:
+        kept = plan.restored()
+        drop_rows(out_dir, {r.trial_id for r in pending} - kept)  # their groups are measured again
+        out(f"resume: {len(kept)} row(s) already measured wait only for their learning trial")
     out(plan.summary_line())
     recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent, trials=todo)
     for key, value in TUNE_DRIVER_ENV.items():
@@ -132,7 +138,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     finally:
         if own_pool and pool is not None:
             pool.close()  # their GPUs are free again (a caller's pool: the caller closes it)
-    missing = plan.unwritten()
+    missing = plan.unfinished()
     ran = len(todo) - len(missing)
     if stop.reason is not None:
         return SweepSummary(out_dir, ran=ran, skipped=total - len(todo), crashed=recorder.crashed,

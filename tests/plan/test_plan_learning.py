@@ -11,7 +11,7 @@ from dpo_sweep.config import DEFAULT_LEARNING_STEPS, TrainSpec
 from dpo_sweep.plan.memory import MemoryEstimate
 from dpo_sweep.plan.rules import learning_config, learning_key, measurement_key
 from dpo_sweep.plan.schedule import LEARN, MEASURE, SweepPlan
-from tests.plan.test_plan_schedule import drive, estimate, run, space
+from tests.plan.test_plan_schedule import collect, drive, estimate, run, space
 from tests.testkit import make_cfg
 
 MIXED_EXTRA_GB = 10.0  # the stand-in model's fp32 master weights and AdamW state of bf16-mixed
@@ -117,7 +117,7 @@ def test_when_no_configuration_fits_in_the_learning_precision_it_learns_in_the_s
         notes += plan.take_notes()
         jobs.append(job)
         plan.finish(job.job_id, *run(job))
-        rows.update((r.trial_id, r) for r in plan.take_output()[1])
+        collect(plan, rows)
     (job,) = learn_jobs(jobs)
     assert (job.cfg.micro_batch, job.cfg.train.steps, job.cfg.train.precision) == (2, 16, "bf16")  # the fastest
     notes = [n for n in notes if not n.startswith("runoff:")]  # the runoff's own lines (test_plan_runoff.py)
@@ -157,7 +157,7 @@ def test_a_learning_trial_that_runs_out_of_memory_in_the_learning_precision_is_r
         notes += plan.take_notes()
         jobs.append(job)
         plan.finish(job.job_id, *run(job, "oom" if job.cfg.train.precision == "bf16-mixed" else "ok"))
-        rows.update((r.trial_id, r) for r in plan.take_output()[1])
+        collect(plan, rows)
     first, again = learn_jobs(jobs)
     assert (first.job_id, first.cfg.train.precision) == (f"{trials[0].trial_id}-learning", "bf16-mixed")
     assert (again.job_id, again.cfg.train.precision) == (f"{trials[0].trial_id}-learning-bf16", "bf16")

@@ -189,13 +189,15 @@ def test_rows_written_before_their_runoff_ended_are_handed_back_rewritten():
     runoff, learn = plan.next_job(), plan.next_job()  # both start: two trials at a time
     assert (runoff.kind, learn.kind) == (RUNOFF, LEARN)
     plan.finish(learn.job_id, *run(learn))
-    (written,) = plan.take_output()[1]
-    assert written.step_time_source == "extrapolated" and plan.take_replaced() == []
+    (written,) = plan.take_output()[1]  # written when measured, its stability to come
+    assert written.step_time_source == "extrapolated" and written.stability == "pending"
+    (learned,) = plan.take_replaced()
+    assert learned.stability_from == learn.job_id and learned.step_time_source == "extrapolated"
     result, steps = run(runoff)
     plan.finish(runoff.job_id, dataclasses.replace(result, step_time_ms=999.0), steps)
     (again,) = plan.take_replaced()
     assert (again.trial_id, again.step_time_ms, again.step_time_source) == (written.trial_id, 999.0, "runoff")
-    assert again.stability_from == written.stability_from  # the rest of the row is unchanged
+    assert again.stability_from == learned.stability_from  # the rest of the row is unchanged
     # the stand-in's extrapolation: t_opt 30 ms + 8 x 100 ms
     assert f"runoff: {runoff.job_id} 999 ms per step in full (extrapolated 830 ms)" in plan.take_notes()
 

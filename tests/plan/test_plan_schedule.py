@@ -52,16 +52,28 @@ def run(job, status="ok", peak_gb=None):
     return result, steps
 
 
+def collect(plan: SweepPlan, rows: dict) -> dict:
+    """``rows`` (by trial id) with what the plan handed out since: new rows, then rewritten ones,
+    as the recorder appends and rewrites results.csv."""
+    rows.update((r.trial_id, r) for r in plan.take_output()[1])
+    for r in plan.take_replaced():
+        assert r.trial_id in rows, f"{r.trial_id} rewritten before it was written"
+        rows[r.trial_id] = r
+    return rows
+
+
 def drive(plan: SweepPlan, outcome=lambda job: run(job)):
-    """Start every job the plan offers, one at a time, finish it with ``outcome``; all rows."""
-    jobs, rows = [], []
+    """Start every job the plan offers, one at a time, finish it with ``outcome``; all rows, as
+    results.csv holds them at the end."""
+    jobs, rows = [], {}
     while (job := plan.next_job()) is not None:
         jobs.append(job)
         plan.finish(job.job_id, *outcome(job))
-        rows += plan.take_output()[1]
-    rows += plan.take_output()[1]
-    assert not plan.running() and plan.unwritten() == []
-    return jobs, {r.trial_id: r for r in rows}
+        collect(plan, rows)
+    collect(plan, rows)
+    assert not plan.running() and plan.unwritten() == [] and plan.unfinished() == []
+    assert not any(r.stability == "pending" for r in rows.values())
+    return jobs, rows
 
 
 def test_cheapest_predicted_memory_runs_first():
@@ -182,3 +194,42 @@ def test_the_summary_line_says_how_many_measurements_and_the_budget():
         "learning_precision)")
     assert "off (no budget known)" in SweepPlan(trials, estimate=estimate).summary_line()
     assert SweepPlan(trials, full_grid=True).summary_line().startswith("planner off (--full-grid)")
+
+
+def test_rows_are_handed_out_when_measured_and_rewritten_when_their_learning_trial_ends():
+    trials = space(micro_batch=[1, 2], grad_acc=[8])
+    plan = SweepPlan(trials, estimate=estimate)
+    rows = {}
+    for _ in range(2):  # the two measurements
+        job = plan.next_job()
+        assert job.kind == MEASURE
+        plan.finish(job.job_id, *run(job))
+        collect(plan, rows)
+    assert set(rows) == {t.trial_id for t in trials}  # on disk before any learning trial ran
+    assert {r.stability for r in rows.values()} == {"pending"} and plan.unfinished() == list(rows)
+    while (job := plan.next_job()) is not None:
+        plan.finish(job.job_id, *run(job))
+        collect(plan, rows)
+    assert plan.unfinished() == [] and all(r.stability_from.endswith("-learning") for r in rows.values())
+
+
+def test_a_resumed_plan_keeps_measured_rows_and_runs_only_their_learning_trial():
+    trials = space(micro_batch=[1, 2], grad_acc=[8])
+    first = SweepPlan(trials, estimate=estimate)
+    written = {}
+    for _ in range(2):
+        job = first.next_job()
+        first.finish(job.job_id, *run(job))
+        collect(first, written)
+    # killed here: results.csv holds both rows, pending; resume hands them to a new plan
+    plan = SweepPlan(trials, estimate=estimate, measured=list(written.values()))
+    assert plan.restored() == set(written) and plan.unwritten() == []
+    jobs, rows = [], dict(written)  # what results.csv holds
+    while (job := plan.next_job()) is not None:
+        jobs.append(job)
+        plan.finish(job.job_id, *run(job))
+        collect(plan, rows)
+    assert [j.kind for j in jobs if j.kind == MEASURE] == []  # nothing measured again
+    assert [j.kind for j in jobs].count(LEARN) == 2  # effective batches 8 and 16
+    assert set(rows) == set(written)
+    assert all(r.stability_from.endswith("-learning") for r in rows.values())

@@ -171,6 +171,42 @@ def test_killed_sweep_resumes_without_repeating_a_trial(cluster, tmp_path):
     assert len(step_keys) == len(set(step_keys)) == 3 * 4  # 3 steps and the worst-case step
 
 
+def test_rows_are_on_disk_when_measured_and_a_kill_during_the_learning_trial_resumes_only_it(cluster, tmp_path):
+    # the default learning_steps (16): the three rows take their stability from one learning trial
+    space = write_space(tmp_path / "learn.yaml", "learn", """\
+        micro_batch: [2]
+        checkpoint_level: [none, L1, L2]
+        """)
+    out = tmp_path / "out"
+    args = [str(space), "--address", cluster.address, "--output", str(out), "--max-concurrent", "1"]
+    proc = start_sweep(args, cluster.env, tmp_path / "first.log")
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if len(read_csv(out / "results.csv")) == 3 and "-learning" in (tmp_path / "first.log").read_text():
+                break
+            time.sleep(0.3)
+        at_kill = read_csv(out / "results.csv")
+        proc.kill()  # SIGKILL during the learning trial
+        proc.wait(timeout=30)
+    finally:
+        stop_process(proc)
+    assert len(at_kill) == 3 and {r["stability"] for r in at_kill} == {"pending"}, at_kill
+    assert all(float(r["peak_mem_gb"]) > 0 and float(r["step_time_ms"]) > 0 for r in at_kill)
+
+    done = run_sweep([*args, "--resume"], cluster.env, timeout_s=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "resume: 3 row(s) already measured wait only for their learning trial" in done.stdout
+    rows = read_csv(out / "results.csv")
+    assert sorted(r["trial_id"] for r in rows) == sorted(r["trial_id"] for r in at_kill)
+    assert all(r["stability_from"].endswith("-learning") and r["stability"] != "pending" for r in rows), rows
+    assert [r["peak_mem_gb"] for r in rows] == [r["peak_mem_gb"] for r in at_kill]  # not measured again
+    step_keys = [(s["trial_id"], s["step"]) for s in read_csv(out / "steps.csv")]
+    assert len(step_keys) == len(set(step_keys))
+    learned = {t for t, _ in step_keys if t.endswith("-learning")}
+    assert len(learned) == 1 and len({t for t, _ in step_keys} - learned) == 3
+
+
 def test_same_failure_before_the_first_step_stops_the_sweep_with_exit_1(cluster, tmp_path):
     # liger_kernel: true needs CUDA: preflight cannot see it, every CPU worker fails at model build.
     space = write_space(tmp_path / "liger.yaml", "liger", """\
