@@ -59,6 +59,7 @@ class StepRecord:
     # Where the step's time went (for the planner's t_opt + grad_acc x t_micro extrapolation):
     micro_step_ms: float = math.nan  # median forward+backward of the accumulating micro-steps (timing.micro_and_optimizer_ms)
     optimizer_ms: float = math.nan   # unscale, clip, AdamW step, zero_grad, schedule
+    micro_ms: str = ""  # each micro-step's forward+backward in order, "183.1,184.0" (plan/extrapolate.py)
 
 
 @dataclass(frozen=True)

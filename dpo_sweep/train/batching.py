@@ -1,14 +1,14 @@
-"""Micro-batches of whole pairs: the order of pairs, and padding them into tensors."""
+"""Micro-batches of whole pairs: padding them into tensors (which pairs each one takes: train/order.py)."""
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import torch
 
 from dpo_sweep.telemetry.flops import TokenCounts
 from dpo_sweep.train.data import PairDataset, TokenizedPair
+from dpo_sweep.train.order import micro_batch_order, packed_tokens, pair_length, usable_pairs, worst_case_order
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,6 @@ class MicroBatch:
                              self.response_mask, self.index, self.sequence_ids)))
 
 
-def pair_length(p: TokenizedPair) -> int:
-    """A pair's padded width: its prompt and the longer response."""
-    return len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids))
-
-
-def packed_tokens(p: TokenizedPair) -> int:
-    """A pair's tokens packed padding-free: the prompt twice (chosen and rejected rows) and both responses."""
-    return 2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids)
-
-
 def collate(pairs: list[TokenizedPair], index: list[int], pad_id: int, padding_side: str = "right") -> MicroBatch:
     """Pad whole pairs into one concatenated chosen+rejected batch."""
     seqs, masks = [], []
@@ -82,70 +72,6 @@ def collate(pairs: list[TokenizedPair], index: list[int], pad_id: int, padding_s
     # Positions count real tokens only, so left padding does not shift RoPE phases.
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     return MicroBatch(ids, attn, pos, resp, torch.tensor(index, dtype=torch.long))
-
-
-def usable_pairs(n_pairs: int, micro_batch: int, world_size: int, *, grad_acc: int) -> int:
-    """Pairs used per epoch: whole effective batches (micro_batch x grad_acc x workers) only.
-
-    drop_last on the effective batch, not on one micro-batch: every split of the same effective
-    batch then leaves out the same pairs, so from the second epoch on they still see the same ones.
-    """
-    per_step = micro_batch * grad_acc * world_size
-    return (n_pairs // per_step) * per_step
-
-
-def epoch_order(n_pairs: int, usable: int, per_step: int, seed: int, epoch: int,
-                lengths: Sequence[int] | None = None) -> list[int]:
-    """The pairs of one epoch, step after step (``per_step`` = the effective batch).
-
-    Plain: a shuffle with ``seed + epoch``, its first ``usable``. With ``lengths``
-    (``train.group_by_length``) those same pairs are sorted by length (longest first, ties in
-    shuffled order), cut into steps of ``per_step`` pairs, and the steps shuffled with the same
-    generator: each step holds pairs of similar length, and which pairs a step holds depends on
-    the effective batch only, not on its split into micro_batch x grad_acc x workers.
-    """
-    g = torch.Generator().manual_seed(seed + epoch)
-    order = torch.randperm(n_pairs, generator=g)[:usable].tolist()
-    if lengths is None:
-        return order
-    order.sort(key=lambda i: -lengths[i])  # stable: ties keep their shuffled order
-    steps = [order[s:s + per_step] for s in range(0, usable, per_step)]
-    return [i for k in torch.randperm(len(steps), generator=g).tolist() for i in steps[k]]
-
-
-def micro_batch_order(n_pairs: int, micro_batch: int, world_size: int, rank: int, seed: int, *,
-                      grad_acc: int, lengths: Sequence[int] | None = None) -> Iterator[list[int]]:
-    """Endless pair indices for this rank's micro-batches.
-
-    Each epoch takes :func:`epoch_order` (``lengths``: grouped by length) and cuts it into global
-    micro-batches of ``micro_batch * world_size`` pairs; rank ``r`` takes the ``r``-th slice of
-    each. Optimizer step ``s`` of an epoch therefore sees the pairs ``order[s*E:(s+1)*E]``
-    (E = effective batch) whatever the split into micro_batch x grad_acc x workers, and an epoch
-    ends on a step boundary: that is what makes those splits give the same updates in every epoch.
-    """
-    per = micro_batch * world_size
-    usable = usable_pairs(n_pairs, micro_batch, world_size, grad_acc=grad_acc)
-    if usable == 0:
-        raise ValueError(f"{n_pairs} pairs cannot fill one effective batch of micro_batch {micro_batch} "
-                         f"x grad_acc {grad_acc} x {world_size} workers")
-    for epoch in itertools.count():
-        order = epoch_order(n_pairs, usable, per * grad_acc, seed, epoch, lengths)
-        for start in range(0, usable, per):
-            yield order[start + rank * micro_batch: start + (rank + 1) * micro_batch]
-
-
-def worst_case_order(lengths: Sequence[int], micro_batch: int, world_size: int, rank: int, *,
-                     grad_acc: int, packed: Sequence[int] | None = None) -> list[list[int]]:
-    """This rank's micro-batches of the worst-case step: the effective batch's worth of longest
-    pairs (by padded width ``lengths``; padding-free, by the tokens each packs, ``packed``), the
-    longest last. Rank 0's last micro-batch is then the ``micro_batch`` longest pairs - the widest
-    padded batch (or the most packed tokens) any micro-batch of the run can hold - and it runs
-    while the gradients of the step's earlier micro-batches are alive, as a real step's longest
-    micro-batch can."""
-    size = packed if packed is not None else lengths
-    per = micro_batch * world_size
-    longest = sorted(range(len(size)), key=lambda i: -size[i])[:per * grad_acc]
-    return [longest[s + rank * micro_batch: s + (rank + 1) * micro_batch] for s in range(0, len(longest), per)][::-1]
 
 
 def micro_batches(ds: PairDataset, micro_batch: int, world_size: int, rank: int, seed: int,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dpo_sweep.train.data import PairDataset
+from dpo_sweep.train.order import pair_length
 
 #: Bars per histogram in data.json: enough to show a long tail, few enough to read.
 HISTOGRAM_BINS = 24
@@ -30,8 +31,6 @@ class LengthProfile:
 
     @staticmethod
     def of(ds: PairDataset) -> LengthProfile:
-        from dpo_sweep.train.batching import pair_length
-
         return LengthProfile(tuple(len(p.prompt_ids) for p in ds.pairs), tuple(len(p.chosen_ids) for p in ds.pairs),
                              tuple(len(p.rejected_ids) for p in ds.pairs), tuple(pair_length(p) for p in ds.pairs))
 

@@ -223,7 +223,8 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     phases.mark()
     sums = _all_reduce_sums(setup, device_sums, host_sums)
     step_time_ms = timer.end_step(counted=not worst)  # the worst case is not a typical step
-    micro_step_ms, optimizer_ms = micro_and_optimizer_ms(phases.durations_ms(), last_syncs=setup.world > 1)
+    durations_ms = phases.durations_ms()
+    micro_step_ms, optimizer_ms = micro_and_optimizer_ms(durations_ms, last_syncs=setup.world > 1)
     clock.step_ended()
     totals = sums.tolist()  # one host sync per step, after the step is done
     if setup.world == 1:
@@ -242,6 +243,7 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
         tokens_per_s=tokens / (step_time_ms / 1e3), lr=setup.scheduler.get_last_lr()[0],
         measured=step > cfg.train.warmup_steps, micro_step_ms=micro_step_ms, optimizer_ms=optimizer_ms,
         logratio_mean=means["logratio_mean"], logratio_std=means["logratio_std"], beta=beta, grad_acc=grad_acc,
+        micro_ms=",".join(f"{ms:.3f}" for ms in durations_ms[:-1]),
         max_seq_len=int(_max_over_workers(setup, max_seq_len)), padding_frac=means["padding_frac"],
         worst_case=worst,
     )

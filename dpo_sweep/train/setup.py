@@ -25,13 +25,13 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import DataError
 from dpo_sweep.telemetry import DecoderShape
 from dpo_sweep.train import knobs
-from dpo_sweep.train.batching import (MicroBatch, collate, micro_batches, pair_length, usable_pairs,
-                                     worst_case_batches)
+from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, worst_case_batches
 from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
 from dpo_sweep.train.data import PairDataset, data_key, load_pairs
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference, undo_liger
+from dpo_sweep.train.order import pair_length, usable_pairs
 from dpo_sweep.train.reference import ReferenceTables, pairs_read, table_key
 from dpo_sweep.train.tokenizer import load_tokenizer
 

@@ -1,0 +1,171 @@
+"""A configuration's step time at its real grad_acc from a short measurement of it, on the pairs
+its real steps will hold (pure: no Ray, no torch).
+
+A measure trial runs two micro-steps per optimizer step (``rules.short_grad_acc``); the row is
+for ``grad_acc`` G. On long-tailed data the G micro-batches of a real step are not like the two
+the short trial timed: their padded widths differ, and a step's time is the sum of its
+micro-steps'. So the trainer's own pair order (``train/order.py``) lays out what every
+micro-batch of both runs holds (:func:`step_layout`), each micro-batch is weighed by its matmul
+FLOPs over the positions the kernels compute (padding included; ``telemetry.flops``), and
+the short trial's micro-step times fit ``t = a + b x work`` (:func:`fit_micro_steps`). The real
+run's step ``s`` is then ``t_opt + sum over its micro-batches of (a + b x work) + the first
+micro-step's offset`` (it writes fresh gradient buffers) ``+ the synchronising one's`` (several
+workers: the gradient all-reduce, once per step). The row's step time is the median over the
+real run's measured steps, and its p10-p90 interval those steps' spread widened by the fit's own
+relative error (:class:`Extrapolated`).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from dpo_sweep.config import TrialConfig
+from dpo_sweep.plan.memory import ModelShape
+from dpo_sweep.records import StepRecord
+from dpo_sweep.telemetry.flops import DecoderShape, TokenCounts, dpo_step_flops
+from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.train.order import micro_batch_order
+
+#: steps -> ranks -> micro-batches -> work (FLOPs)
+Works = list[list[list[float]]]
+
+
+def decoder_shape(s: ModelShape) -> DecoderShape:
+    head_dim = s.q_dim // s.n_heads
+    return DecoderShape(hidden=s.hidden, intermediate=s.intermediate, n_heads=s.n_heads,
+                        n_kv_heads=s.kv_dim // head_dim, head_dim=head_dim, n_layers=s.n_layers, vocab=s.vocab)
+
+
+def computed_counts(lengths: LengthProfile, idx: Sequence[int], *, padding_free: bool,
+                    chunked_head: bool) -> TokenCounts:
+    """What the kernels compute for the micro-batch of pairs ``idx``: padded, every row as wide as
+    the widest pair (padding is computed too); packed, each sequence's own tokens."""
+    seqs = [lengths.prompt[i] + r for i in idx for r in (lengths.chosen[i], lengths.rejected[i])]
+    responses = sum(lengths.chosen[i] + lengths.rejected[i] for i in idx)
+    if padding_free:
+        tokens = sum(seqs)
+        return TokenCounts(tokens=tokens, causal_pairs=sum(n * (n + 1) // 2 for n in seqs),
+                           head_rows=responses if chunked_head else tokens - len(seqs))
+    width = max(lengths.widths[i] for i in idx)
+    rows = len(seqs)
+    return TokenCounts(tokens=rows * width, causal_pairs=rows * width * (width + 1) // 2,
+                       head_rows=responses if chunked_head else rows * (width - 1))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What every step of a configuration's run holds, as the trainer will run it."""
+
+    works: Works                 # steps -> ranks -> micro-batches -> FLOPs over the computed positions
+    tokens: tuple[int, ...]      # per step, the real (non-padding) tokens of all ranks
+
+
+def step_layout(cfg: TrialConfig, lengths: LengthProfile, shape: ModelShape) -> Layout:
+    """Every micro-batch of ``cfg``'s ``train.steps`` steps, per rank, in the order the trainer
+    runs them (``train/order.micro_batch_order``)."""
+    t = cfg.train
+    world, chunked, g = cfg.resources.workers_per_trial, t.logp_chunk_tokens > 0, cfg.grad_acc
+    dshape = decoder_shape(shape)
+    works, tokens = [], [0] * t.steps
+    for rank in range(world):
+        order = micro_batch_order(len(lengths.widths), cfg.micro_batch, world, rank, t.seed, grad_acc=g,
+                                  lengths=lengths.widths if t.group_by_length else None)
+        rank_works = []
+        for k, idx in enumerate(itertools.islice(order, t.steps * g)):
+            counts = computed_counts(lengths, idx, padding_free=t.padding_free, chunked_head=chunked)
+            rank_works.append(dpo_step_flops(shape=dshape, counts=counts, level=cfg.checkpoint_level,
+                                             reference=t.reference, chunked_head=chunked, lean_mlp=cfg.model.lean_ops))
+            tokens[k // g] += sum(2 * lengths.prompt[i] + lengths.chosen[i] + lengths.rejected[i] for i in idx)
+        works.append(rank_works)
+    return Layout([[rank[s * g:(s + 1) * g] for rank in works] for s in range(t.steps)], tuple(tokens))
+
+
+@dataclass(frozen=True)
+class MicroStepFit:
+    """``micro-step ms = intercept + per_flop x work``; the first micro-step of a step and (several
+    workers) the synchronising last one add their offsets; ``optimizer_ms`` once per step."""
+
+    intercept_ms: float
+    per_flop_ms: float
+    first_offset_ms: float
+    sync_offset_ms: float
+    optimizer_ms: float
+    rel_error: float  # RMS relative residual of the fitted micro-steps
+
+    def micro_ms(self, work: float) -> float:
+        return self.intercept_ms + self.per_flop_ms * work
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) through ``(work, ms)``; through the origin (the median
+    ms per FLOP) when the works do not spread or the line would be unphysical."""
+    works = [w for w, _ in points]
+    if len(set(works)) >= 2:
+        mw, mt = statistics.fmean(works), statistics.fmean(t for _, t in points)
+        slope = sum((w - mw) * (t - mt) for w, t in points) / sum((w - mw) ** 2 for w in works)
+        intercept = mt - slope * mw
+        if slope > 0 and intercept >= 0:
+            return intercept, slope
+    return 0.0, statistics.median(t / w for w, t in points if w > 0)
+
+
+def fit_micro_steps(steps: Sequence[StepRecord], works: Works, world: int) -> MicroStepFit | None:
+    """The fit from a measure trial's measured typical steps (their ``micro_ms``) and the works of
+    its micro-batches (:func:`step_layout` of the configuration it ran; rank 0's, whose times the
+    steps carry); None when no step recorded its micro-steps."""
+    timed = [(s, [float(x) for x in s.micro_ms.split(",")]) for s in steps
+             if s.measured and not s.worst_case and s.micro_ms and 1 <= s.step <= len(works)]
+    if not timed:
+        return None
+    first, middle, last = [], [], []
+    for s, ms in timed:
+        w = works[s.step - 1][0]
+        for j, (t, wj) in enumerate(zip(ms, w)):
+            (first if j == 0 else last if world > 1 and j == len(ms) - 1 else middle).append((wj, t))
+    fitted = middle or first
+    intercept, slope = _line(fitted)
+
+    def offset(points: list[tuple[float, float]]) -> float:
+        return statistics.median(t - (intercept + slope * w) for w, t in points) if points and points is not fitted else 0.0
+
+    first_offset, sync_offset = offset(first), offset(last)
+    residuals = [(t - intercept - slope * w - off) / max(1e-9, intercept + slope * w + off)
+                 for points, off in ((first, first_offset), (middle, 0.0), (last, sync_offset)) for w, t in points]
+    optimizer = statistics.median(s.step_time_ms - sum(ms) for s, ms in timed)
+    return MicroStepFit(intercept, slope, first_offset, sync_offset, optimizer,
+                        math.sqrt(statistics.fmean(r * r for r in residuals)))
+
+
+@dataclass(frozen=True)
+class Extrapolated:
+    """A configuration's predicted step times over its real measured steps."""
+
+    step_ms: float   # median
+    p10_ms: float    # the steps' spread, widened by the fit's relative error
+    p90_ms: float
+    tokens_per_s: float  # median over the same steps of their real tokens over their time
+    rel_error: float
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=10, method="inclusive")[round(q * 10) - 1]
+
+
+def extrapolate(fit: MicroStepFit, cfg: TrialConfig, layout: Layout) -> Extrapolated:
+    """``cfg``'s step times from ``fit`` over its ``layout`` (:func:`step_layout`): each rank's
+    micro-steps back to back, the step as long as its slowest rank, its measured steps (after
+    ``train.warmup_steps``) summarised."""
+    sync = fit.sync_offset_ms if cfg.resources.workers_per_trial > 1 else 0.0
+    times = [fit.optimizer_ms + max(sum(fit.micro_ms(w) for w in rank) + fit.first_offset_ms + sync
+                                    for rank in step)
+             for step in layout.works]
+    skip = cfg.train.warmup_steps if cfg.train.warmup_steps < len(times) else 0
+    measured, tokens = times[skip:], layout.tokens[skip:]
+    return Extrapolated(statistics.median(measured), _quantile(measured, 0.1) * (1 - fit.rel_error),
+                        _quantile(measured, 0.9) * (1 + fit.rel_error),
+                        statistics.median(n / (ms / 1e3) for n, ms in zip(tokens, measured)), fit.rel_error)
