@@ -183,9 +183,10 @@ def test_rows_are_on_disk_when_measured_and_a_kill_during_the_learning_trial_res
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
-            if len(read_csv(out / "results.csv")) == 3 and "-learning" in (tmp_path / "first.log").read_text():
-                break
-            time.sleep(0.3)
+            rows = read_csv(out / "results.csv")
+            if len(rows) == 3 and all(r["stability"] == "pending" for r in rows):
+                break  # every row measured; the learning trial (16 steps) has just started
+            time.sleep(0.05)
         at_kill = read_csv(out / "results.csv")
         proc.kill()  # SIGKILL during the learning trial
         proc.wait(timeout=30)

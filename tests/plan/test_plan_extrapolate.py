@@ -1,0 +1,87 @@
+"""Step times extrapolated on the pairs of the real steps (plan/extrapolate.py)."""
+import math
+import random
+
+import pytest
+
+from dpo_sweep.plan.extrapolate import computed_counts, extrapolate, fit_micro_steps, step_layout
+from dpo_sweep.plan.memory import ModelShape
+from dpo_sweep.plan.rows import fitted_step_ms
+from dpo_sweep.records import StepRecord
+from dpo_sweep.train.lengths import LengthProfile
+from tests.testkit import make_cfg
+
+SHAPE = ModelShape(n_params=10**9, n_layers=16, hidden=2048, intermediate=8192, n_heads=32, q_dim=2048,
+                   kv_dim=512, vocab=128256, tied=True, attn_proj_params=0, mlp_params=0)
+T_OPT, A_MS, B_MS_PER_TFLOP, FIRST = 40.0, 3.0, 2.5, -4.0
+
+
+def long_tailed(n=400, seed=0):
+    rng = random.Random(seed)
+    p, c, r = ([min(2000, int(rng.lognormvariate(m, 0.9))) + 1 for _ in range(n)] for m in (5.0, 4.5, 4.5))
+    return LengthProfile(tuple(p), tuple(c), tuple(r), tuple(a + max(b, d) for a, b, d in zip(p, c, r)))
+
+
+def true_micro_ms(work, first):
+    return A_MS + B_MS_PER_TFLOP * work / 1e12 + (FIRST if first else 0.0)
+
+
+def measured_steps(cfg, lengths):
+    """A trial of ``cfg`` on a machine whose micro-steps take exactly ``true_micro_ms``."""
+    layout = step_layout(cfg, lengths, SHAPE)
+    steps = []
+    for s, step in enumerate(layout.works, start=1):
+        micro = [true_micro_ms(w, j == 0) for j, w in enumerate(step[0])]
+        steps.append(StepRecord(trial_id=cfg.trial_id, step=s, loss=0.6, grad_norm=1.0,
+                                step_time_ms=T_OPT + sum(micro), peak_mem_gb=1.0, reward_accuracy=0.5,
+                                reward_margin=0.0, logps_chosen=-1.0, logps_rejected=-1.0, kl=0.0,
+                                measured=s > cfg.train.warmup_steps, micro_ms=",".join(f"{m:.6f}" for m in micro),
+                                micro_step_ms=micro[-1], optimizer_ms=T_OPT))
+    return steps
+
+
+def test_on_long_tailed_lengths_the_real_steps_are_predicted_where_a_micro_step_average_is_not():
+    lengths = long_tailed()
+    full = make_cfg(micro_batch=2, grad_acc=16, steps=6, warmup_steps=2, max_length=4096)
+    short = full.model_copy(update={"grad_acc": 2})
+    fit = fit_micro_steps(measured_steps(short, lengths), step_layout(short, lengths, SHAPE).works, world=1)
+    assert fit.intercept_ms == pytest.approx(A_MS, rel=1e-6) and fit.first_offset_ms == pytest.approx(FIRST)
+    predicted = extrapolate(fit, full, step_layout(full, lengths, SHAPE))
+    truth = sorted(s.step_time_ms for s in measured_steps(full, lengths) if s.measured)
+    true_median = (truth[1] + truth[2]) / 2
+    assert predicted.step_ms == pytest.approx(true_median, rel=1e-6)
+    assert predicted.p10_ms <= true_median <= predicted.p90_ms
+    # the old extrapolation: t_opt + grad_acc x the median micro-step of other pairs
+    old = fitted_step_ms(measured_steps(short, lengths), 2, 16)
+    assert abs(old / true_median - 1) > 0.05, (old, true_median)
+
+
+def test_padding_is_computed_and_packing_is_not():
+    lengths = LengthProfile((10, 2), (5, 30), (3, 1), (15, 32))
+    padded = computed_counts(lengths, [0, 1], padding_free=False, chunked_head=True)
+    assert padded.tokens == 4 * 32 and padded.head_rows == 5 + 3 + 30 + 1
+    packed = computed_counts(lengths, [0, 1], padding_free=True, chunked_head=True)
+    assert packed.tokens == 15 + 13 + 32 + 3 and packed.causal_pairs == sum(n * (n + 1) // 2 for n in (15, 13, 32, 3))
+
+
+def test_with_several_workers_the_synchronising_micro_step_counts_once_per_step():
+    lengths = long_tailed(seed=3)
+    full = make_cfg(micro_batch=2, grad_acc=32, steps=5, warmup_steps=1, max_length=4096,
+                    resources={"use_gpu": False, "workers_per_trial": 2})
+    short = full.model_copy(update={"grad_acc": 2})
+    sync_ms = 30.0
+    layout = step_layout(short, lengths, SHAPE)
+    steps = []
+    for s, step in enumerate(layout.works, start=1):
+        micro = [true_micro_ms(w, j == 0) + (sync_ms if j == 1 else 0.0) for j, w in enumerate(step[0])]
+        steps.append(StepRecord(trial_id="t", step=s, loss=0.6, grad_norm=1.0, step_time_ms=T_OPT + sum(micro),
+                                peak_mem_gb=1.0, reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-1.0,
+                                logps_rejected=-1.0, kl=0.0, measured=s > 1,
+                                micro_ms=",".join(f"{m:.6f}" for m in micro)))
+    fit = fit_micro_steps(steps, layout.works, world=2)
+    predicted = extrapolate(fit, full, step_layout(full, lengths, SHAPE))
+    # at most one sync per step: well under 31 syncs (G - 1) of 30 ms each on top
+    per_step_micro = [max(sum(true_micro_ms(w, j == 0) for j, w in enumerate(rank)) for rank in step)
+                      for step in step_layout(full, lengths, SHAPE).works[1:]]
+    assert predicted.step_ms < sorted(per_step_micro)[len(per_step_micro) // 2] + T_OPT + 2 * sync_ms
+    assert math.isfinite(predicted.tokens_per_s) and predicted.tokens_per_s > 0
