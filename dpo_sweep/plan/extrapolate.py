@@ -12,7 +12,7 @@ run's step ``s`` is then ``t_opt + sum over its micro-batches of (a + b x work) 
 micro-step's offset`` (it writes fresh gradient buffers) ``+ the synchronising one's`` (several
 workers: the gradient all-reduce, once per step). The row's step time is the median over the
 real run's measured steps, and its p10-p90 interval those steps' spread widened by the fit's own
-relative error (:class:`Extrapolated`).
+relative error e (p10 / (1 + e), p90 x (1 + e): :class:`Extrapolated`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.plan.memory import ModelShape
+from dpo_sweep.plan.memory import ModelShape, resolved_attn
 from dpo_sweep.records import StepRecord
 from dpo_sweep.telemetry.flops import DecoderShape, TokenCounts, dpo_step_flops
 from dpo_sweep.train.lengths import LengthProfile
@@ -39,20 +39,20 @@ def decoder_shape(s: ModelShape) -> DecoderShape:
                         n_kv_heads=s.kv_dim // head_dim, head_dim=head_dim, n_layers=s.n_layers, vocab=s.vocab)
 
 
-def computed_counts(lengths: LengthProfile, idx: Sequence[int], *, padding_free: bool,
-                    chunked_head: bool) -> TokenCounts:
-    """What the kernels compute for the micro-batch of pairs ``idx``: padded, every row as wide as
-    the widest pair (padding is computed too); packed, each sequence's own tokens."""
+def computed_counts(lengths: LengthProfile, idx: Sequence[int], *, padding_free: bool, chunked_head: bool,
+                    attn: str = "sdpa") -> TokenCounts:
+    """What the kernels compute for the micro-batch of pairs ``idx``. Padded: every row as wide as
+    the widest pair, padding included; packed: the sequences end to end in one row. Attention
+    through sdpa or eager with a mask (padding, or packed sequences' block mask) computes the
+    whole square of a row; flash-attn only each sequence's causal half."""
     seqs = [lengths.prompt[i] + r for i in idx for r in (lengths.chosen[i], lengths.rejected[i])]
     responses = sum(lengths.chosen[i] + lengths.rejected[i] for i in idx)
-    if padding_free:
-        tokens = sum(seqs)
-        return TokenCounts(tokens=tokens, causal_pairs=sum(n * (n + 1) // 2 for n in seqs),
-                           head_rows=responses if chunked_head else tokens - len(seqs))
-    width = max(lengths.widths[i] for i in idx)
-    rows = len(seqs)
-    return TokenCounts(tokens=rows * width, causal_pairs=rows * width * (width + 1) // 2,
-                       head_rows=responses if chunked_head else rows * (width - 1))
+    rows, width = (1, sum(seqs)) if padding_free else (len(seqs), max(lengths.widths[i] for i in idx))
+    tokens = rows * width
+    square = attn not in ("flash_attention_2", "flash_attention_3")
+    causal_pairs = rows * width * width if square else sum(n * (n + 1) // 2 for n in seqs)
+    head_rows = responses if chunked_head else tokens - rows
+    return TokenCounts(tokens=tokens, causal_pairs=causal_pairs, head_rows=head_rows)
 
 
 @dataclass(frozen=True)
@@ -68,14 +68,14 @@ def step_layout(cfg: TrialConfig, lengths: LengthProfile, shape: ModelShape) -> 
     runs them (``train/order.micro_batch_order``)."""
     t = cfg.train
     world, chunked, g = cfg.resources.workers_per_trial, t.logp_chunk_tokens > 0, cfg.grad_acc
-    dshape = decoder_shape(shape)
+    dshape, attn = decoder_shape(shape), resolved_attn(cfg.model)
     works, tokens = [], [0] * t.steps
     for rank in range(world):
         order = micro_batch_order(len(lengths.widths), cfg.micro_batch, world, rank, t.seed, grad_acc=g,
                                   lengths=lengths.widths if t.group_by_length else None)
         rank_works = []
         for k, idx in enumerate(itertools.islice(order, t.steps * g)):
-            counts = computed_counts(lengths, idx, padding_free=t.padding_free, chunked_head=chunked)
+            counts = computed_counts(lengths, idx, padding_free=t.padding_free, chunked_head=chunked, attn=attn)
             rank_works.append(dpo_step_flops(shape=dshape, counts=counts, level=cfg.checkpoint_level,
                                              reference=t.reference, chunked_head=chunked, lean_mlp=cfg.model.lean_ops))
             tokens[k // g] += sum(2 * lengths.prompt[i] + lengths.chosen[i] + lengths.rejected[i] for i in idx)
@@ -166,6 +166,6 @@ def extrapolate(fit: MicroStepFit, cfg: TrialConfig, layout: Layout) -> Extrapol
              for step in layout.works]
     skip = cfg.train.warmup_steps if cfg.train.warmup_steps < len(times) else 0
     measured, tokens = times[skip:], layout.tokens[skip:]
-    return Extrapolated(statistics.median(measured), _quantile(measured, 0.1) * (1 - fit.rel_error),
+    return Extrapolated(statistics.median(measured), _quantile(measured, 0.1) / (1 + fit.rel_error),
                         _quantile(measured, 0.9) * (1 + fit.rel_error),
                         statistics.median(n / (ms / 1e3) for n, ms in zip(tokens, measured)), fit.rel_error)

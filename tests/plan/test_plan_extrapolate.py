@@ -60,7 +60,8 @@ def test_padding_is_computed_and_packing_is_not():
     lengths = LengthProfile((10, 2), (5, 30), (3, 1), (15, 32))
     padded = computed_counts(lengths, [0, 1], padding_free=False, chunked_head=True)
     assert padded.tokens == 4 * 32 and padded.head_rows == 5 + 3 + 30 + 1
-    packed = computed_counts(lengths, [0, 1], padding_free=True, chunked_head=True)
+    assert padded.causal_pairs == 4 * 32 * 32  # sdpa with a padding mask: the whole square of each row
+    packed = computed_counts(lengths, [0, 1], padding_free=True, chunked_head=True, attn="flash_attention_2")
     assert packed.tokens == 15 + 13 + 32 + 3 and packed.causal_pairs == sum(n * (n + 1) // 2 for n in (15, 13, 32, 3))
 
 

@@ -1,0 +1,269 @@
+"""A real user's case: a checkpoint folder of an architecture that is no preset (saved with
+``save_pretrained``, its own tokenizer with a chat template) and a JSONL file of long-tailed chat
+pairs; then what such a user meets, measured.
+
+    python benchmarks/user_case.py make --arch qwen2-3b --pairs 1500 --dir /tmp/case
+    python benchmarks/user_case.py cost --dir /tmp/case --small 64          # trial wall time vs data size
+    python benchmarks/user_case.py extrapolate --dir /tmp/case --out-dir D  # short vs full step times
+    python benchmarks/user_case.py memory --dir /tmp/case --out-dir D       # predicted vs measured peaks
+
+Every trial runs in this process, one after another (``release_after_trial`` between them, as a
+warm worker does), through the trainer's own ``run_trial``. ``--arch tiny-qwen2`` / ``tiny-mistral``
+run the same on a CPU in seconds. Each command prints a table and writes CSV.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+#: Architectures that are no preset. qwen2-3b: Qwen2.5-3B's shape (tied embeddings, a wide MLP);
+#: mistral-3b: a Mistral-architecture model of about 3B parameters (untied, GQA 4:1).
+ARCHS: dict[str, tuple[str, dict]] = {
+    "qwen2-3b": ("qwen2", dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                               num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                               max_position_embeddings=32768)),
+    "mistral-3b": ("mistral", dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=26,
+                                   num_attention_heads=24, num_key_value_heads=8, vocab_size=32768,
+                                   tie_word_embeddings=False, max_position_embeddings=32768, sliding_window=None)),
+    "tiny-qwen2": ("qwen2", dict(hidden_size=64, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True)),
+    "tiny-mistral": ("mistral", dict(hidden_size=96, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=1, vocab_size=512, tie_word_embeddings=False,
+                                     sliding_window=None)),
+}
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+WORDS = ("the model learns which answer people prefer from pairs of replies to one prompt and a "
+         "reference keeps it close to where it started while the loss pushes the chosen reply up").split()
+
+
+def make(arch: str, pairs: int, out: Path, seed: int = 0, sigma: float = 1.0, prompt_words: int = 120,
+         reply_words: int = 90) -> None:
+    """``out/ckpt`` (config, random bf16 weights, tokenizer) and ``out/pairs.jsonl``: chat pairs
+    whose prompt and reply lengths are lognormal (``sigma``), so a few are many times the median."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dpo_sweep.train.tokenizer import byte_level_tokenizer
+
+    kind, kwargs = ARCHS[arch]
+    ckpt = out / "ckpt"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    config = AutoConfig.for_model(kind, **kwargs)
+    torch.manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(ckpt)
+    tok = byte_level_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(ckpt)
+    rng = random.Random(seed)
+
+    def text(median_words: int) -> str:
+        n = max(1, min(4000, int(rng.lognormvariate(math.log(median_words), sigma))))
+        return " ".join(rng.choice(WORDS) for _ in range(n))
+
+    with (out / "pairs.jsonl").open("w") as fh:
+        for _ in range(pairs):
+            fh.write(json.dumps({"prompt": [{"role": "user", "content": text(prompt_words)}],
+                                 "chosen": [{"role": "assistant", "content": text(reply_words)}],
+                                 "rejected": [{"role": "assistant", "content": text(reply_words)}]}) + "\n")
+    print(f"wrote {ckpt} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {arch}) and "
+          f"{out / 'pairs.jsonl'} ({pairs} pairs)")
+
+
+def trial_config(case: Path, *, micro_batch: int, level: str, grad_acc: int, max_length: int, steps: int,
+                 warmup: int, data_path: Path | None = None, max_pairs: int | None = None, **train):
+    from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, TrainSpec, TrialConfig
+
+    data = {"path": str(data_path or case / "pairs.jsonl")}
+    if max_pairs:
+        data["max_pairs"] = max_pairs
+    tid = f"mb{micro_batch}_{level}_ga{grad_acc}"
+    return TrialConfig(trial_id=tid, model=ModelSpec(name_or_path=str(case / "ckpt"), dtype="bfloat16"),
+                       data=DataSpec(**data),
+                       train=TrainSpec(steps=steps, warmup_steps=warmup, max_length=max_length, precision="bf16",
+                                       reference="precomputed", evaluate=False, **train),
+                       resources=ResourcesSpec(), micro_batch=micro_batch, checkpoint_level=level, grad_acc=grad_acc)
+
+
+def run(cfg):
+    """One trial in this process, then the process left as a fresh one would start the next."""
+    from dpo_sweep.train.loop import resolve_device, run_trial
+    from dpo_sweep.train.setup import release_after_trial
+
+    started = time.perf_counter()
+    out = run_trial(cfg, log=lambda m: print(m, flush=True))
+    wall = time.perf_counter() - started
+    release_after_trial(resolve_device(cfg))
+    return out, wall
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path}")
+
+
+def table(rows: list[dict]) -> None:
+    cols = list(rows[0])
+    print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
+
+
+def synthetic_config(preset: str, pairs: int, steps: int):
+    """The CPU form of the cost check: a preset on synthetic pairs (64 + 64 tokens)."""
+    from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, TrainSpec, TrialConfig
+
+    return TrialConfig(trial_id=f"{preset}_{pairs}", model=ModelSpec(preset=preset),
+                       data=DataSpec(synthetic={"pairs": pairs, "prompt_tokens": 64, "response_tokens": 64}),
+                       train=TrainSpec(steps=steps, warmup_steps=1, max_length=256, precision="fp32",
+                                       reference="precomputed", evaluate=False),
+                       resources=ResourcesSpec(), micro_batch=1, checkpoint_level="full", grad_acc=2)
+
+
+def cost(case: Path | None, small: int, out_dir: Path, max_length: int, steps: int, preset: str | None = None,
+         pairs: int = 4096) -> None:
+    """One trial (mb 1, full, grad_acc 2) on the whole file and on its first ``small`` pairs (with
+    ``preset``: on ``pairs`` and on ``small`` synthetic pairs). A first small trial warms the
+    process up (imports, the first model build) and is left out."""
+    rows = []
+    for n in (small, None, small):
+        if preset:
+            cfg = synthetic_config(preset, n or pairs, steps)
+        else:
+            cfg = trial_config(case, micro_batch=1, level="full", grad_acc=2, max_length=max_length, steps=steps,
+                               warmup=1, max_pairs=n)
+        out, wall = run(cfg)
+        r = out.result
+        rows.append({"pairs": r.pairs_used if n else "all", "status": r.status, "wall_s": wall,
+                     "startup_s": r.startup_s, "startup_model_s": r.startup_model_s, "measure_s": r.measure_s})
+    rows = rows[1:]
+    rows.append({"pairs": "ratio all / small", "status": "", "wall_s": rows[0]["wall_s"] / rows[1]["wall_s"],
+                 "startup_s": math.nan, "startup_model_s": math.nan, "measure_s": math.nan})
+    table(rows)
+    write_csv(out_dir / "trial_cost.csv", rows)
+
+
+#: (micro_batch, level) at effective batch ``--effective-batch``: grad_acc = E / micro_batch.
+EXTRAPOLATION_CONFIGS = ((1, "full"), (2, "L2"), (2, "full"), (4, "L1"), (4, "full"), (8, "full"))
+
+
+def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, configs) -> list[dict]:
+    """Each configuration's measure trial (grad_acc 2, as the planner runs it) and its full trial;
+    the planner's extrapolation from the first, the second's measured step time."""
+    from dpo_sweep.plan.extrapolate import extrapolate, fit_micro_steps, step_layout
+    from dpo_sweep.plan.memory import built_shape, planning_device, predict_peak_gb
+    from dpo_sweep.plan.rows import fitted_step_ms
+    from dpo_sweep.train.lengths import LengthProfile
+    from dpo_sweep.train.setup import tokenized_pairs
+
+    rows = []
+    for mb, level in configs:
+        full = trial_config(case, micro_batch=mb, level=level, grad_acc=effective // mb, max_length=max_length,
+                            steps=steps, warmup=1)
+        short = full.model_copy(update={"grad_acc": 2, "trial_id": full.trial_id + "-short"})
+        lengths = LengthProfile.of(tokenized_pairs(full)[1])
+        shape = built_shape(full.model)
+        measured, _ = run(short)
+        timed, _ = run(full)
+        m, f = measured.result, timed.result
+        fit = fit_micro_steps(measured.steps, step_layout(short, lengths, shape).works, 1) if m.status == "ok" else None
+        ext = extrapolate(fit, full, step_layout(full, lengths, shape)) if fit else None
+        old = fitted_step_ms(measured.steps, 2, full.grad_acc) if m.status == "ok" else math.nan
+        rows.append({
+            "config": full.trial_id, "status": f"{m.status}/{f.status}",
+            "extrapolated_step_ms": ext.step_ms if ext else math.nan, "full_step_ms": f.step_time_ms,
+            "error": (ext.step_ms / f.step_time_ms - 1) if ext and f.status == "ok" else math.nan,
+            "old_extrapolated_ms": old, "old_error": old / f.step_time_ms - 1 if f.status == "ok" else math.nan,
+            "interval_ms": f"{ext.p10_ms:.0f}-{ext.p90_ms:.0f}" if ext else "",
+            "fit_rel_error": ext.rel_error if ext else math.nan,
+            "short_peak_gb": m.peak_mem_gb, "full_peak_gb": f.peak_mem_gb,
+            "predicted_peak_gb": predict_peak_gb(short, device=planning_device(short), lengths=lengths,
+                                                 shape=shape).total_gb,
+        })
+    return rows
+
+
+def extrapolation(case: Path, out_dir: Path, effective: int, max_length: int, steps: int) -> None:
+    rows = extrapolate_rows(case, effective, max_length, steps, EXTRAPOLATION_CONFIGS)
+    table(rows)
+    write_csv(out_dir / "extrapolation.csv", rows)
+    errs = [abs(r["error"]) for r in rows if math.isfinite(r["error"])]
+    if errs:
+        print(f"|extrapolated / full - 1|: median {statistics.median(errs):.1%}, max {max(errs):.1%} "
+              f"over {len(errs)} configurations")
+
+
+#: (micro_batch, level, grad_acc) of the memory check.
+MEMORY_CONFIGS = tuple((mb, lv, 2) for mb in (1, 2, 4) for lv in ("none", "L1", "L2", "full"))
+
+
+def memory(case: Path, out_dir: Path, max_length: int, steps: int, configs=MEMORY_CONFIGS, ema: bool = False) -> None:
+    """Predicted (the planner's memory model on the data's own lengths) vs measured peaks."""
+    from dpo_sweep.plan.memory import built_shape, planning_device, predict_peak_gb
+    from dpo_sweep.train.lengths import LengthProfile
+    from dpo_sweep.train.setup import tokenized_pairs
+
+    rows = []
+    for mb, level, ga in configs:
+        extra = {"ema_decay": 0.99} if ema else {}
+        cfg = trial_config(case, micro_batch=mb, level=level, grad_acc=ga, max_length=max_length, steps=steps,
+                           warmup=1, **extra)
+        lengths = LengthProfile.of(tokenized_pairs(cfg)[1])
+        est = predict_peak_gb(cfg, device=planning_device(cfg), lengths=lengths, shape=built_shape(cfg.model))
+        out, _ = run(cfg)
+        r = out.result
+        rows.append({"config": cfg.trial_id + ("_ema" if ema else ""), "status": r.status,
+                     "predicted_gb": est.total_gb, "measured_gb": r.peak_mem_gb,
+                     "error": est.total_gb / r.peak_mem_gb - 1 if r.status == "ok" else math.nan,
+                     "torch_alloc_gb": r.torch_peak_alloc_gb, "peak_at": est.peak_at,
+                     "activations_gb": est.activations_gb, "tokens": est.tokens})
+    table(rows)
+    write_csv(out_dir / f"memory_{case.name}.csv", rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=("make", "cost", "extrapolate", "memory"))
+    ap.add_argument("--dir", type=Path, help="the case's folder (make writes it)")
+    ap.add_argument("--preset", help="cost: a preset on synthetic pairs instead of the case's folder")
+    ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen2-3b")
+    ap.add_argument("--pairs", type=int, default=1500)
+    ap.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the lengths")
+    ap.add_argument("--small", type=int, default=64, help="cost: the small data set's pairs")
+    ap.add_argument("--out-dir", type=Path, default=Path("benchmarks/results/user_case"))
+    ap.add_argument("--max-length", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--effective-batch", type=int, default=32)
+    ap.add_argument("--ema", action="store_true", help="memory: with train.ema_decay")
+    args = ap.parse_args(argv)
+    if args.command == "make":
+        make(args.arch, args.pairs, args.dir, sigma=args.sigma)
+    elif args.command == "cost":
+        cost(args.dir, args.small, args.out_dir, args.max_length, args.steps, args.preset, args.pairs)
+    elif args.command == "extrapolate":
+        extrapolation(args.dir, args.out_dir, args.effective_batch, args.max_length, args.steps)
+    else:
+        memory(args.dir, args.out_dir, args.max_length, args.steps, ema=args.ema)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
