@@ -165,16 +165,20 @@ def cost(case: Path | None, small: int, out_dir: Path, max_length: int, steps: i
 EXTRAPOLATION_CONFIGS = ((1, "full"), (2, "L2"), (2, "full"), (4, "L1"), (4, "full"), (8, "full"))
 
 
-def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, configs) -> list[dict]:
+def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, configs,
+                     out_dir: Path) -> list[dict]:
     """Each configuration's measure trial (grad_acc 2, as the planner runs it) and its full trial;
-    the planner's extrapolation from the first, the second's measured step time."""
+    the planner's extrapolation from the first (``ratio``, its default; ``line`` and the plain
+    ``t_opt + G x t_micro`` beside it), the second's measured step time. Every step of both trials
+    goes to ``out_dir/extrapolation_steps.csv`` (their micro-step times in ``micro_ms``)."""
     from dpo_sweep.plan.extrapolate import extrapolate, fit_micro_steps, step_layout
     from dpo_sweep.plan.memory import built_shape, planning_device, predict_peak_gb
     from dpo_sweep.plan.rows import fitted_step_ms
+    from dpo_sweep.records import write_steps
     from dpo_sweep.train.lengths import LengthProfile
     from dpo_sweep.train.setup import tokenized_pairs
 
-    rows = []
+    rows, all_steps = [], []
     for mb, level in configs:
         full = trial_config(case, micro_batch=mb, level=level, grad_acc=effective // mb, max_length=max_length,
                             steps=steps, warmup=1)
@@ -183,26 +187,37 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
         shape = built_shape(full.model)
         measured, _ = run(short)
         timed, _ = run(full)
+        all_steps += [*measured.steps, *timed.steps]
         m, f = measured.result, timed.result
-        fit = fit_micro_steps(measured.steps, step_layout(short, lengths, shape).works, 1) if m.status == "ok" else None
-        ext = extrapolate(fit, full, step_layout(full, lengths, shape)) if fit else None
-        old = fitted_step_ms(measured.steps, 2, full.grad_acc) if m.status == "ok" else math.nan
+        ok = m.status == "ok" and f.status == "ok"
+
+        def predicted(how: str):
+            fit = fit_micro_steps(measured.steps, step_layout(short, lengths, shape).works, 1, how) if ok else None
+            return extrapolate(fit, full, step_layout(full, lengths, shape)) if fit else None
+
+        ext, line = predicted("ratio"), predicted("line")
+        old = fitted_step_ms(measured.steps, 2, full.grad_acc) if ok else math.nan
+        truth = f.step_time_ms if ok else math.nan
         rows.append({
             "config": full.trial_id, "status": f"{m.status}/{f.status}",
-            "extrapolated_step_ms": ext.step_ms if ext else math.nan, "full_step_ms": f.step_time_ms,
-            "error": (ext.step_ms / f.step_time_ms - 1) if ext and f.status == "ok" else math.nan,
-            "old_extrapolated_ms": old, "old_error": old / f.step_time_ms - 1 if f.status == "ok" else math.nan,
+            "extrapolated_step_ms": ext.step_ms if ext else math.nan, "full_step_ms": truth,
+            "error": ext.step_ms / truth - 1 if ext else math.nan,
             "interval_ms": f"{ext.p10_ms:.0f}-{ext.p90_ms:.0f}" if ext else "",
+            "full_p10_p90_ms": f"{f.step_time_p10_ms:.0f}-{f.step_time_p90_ms:.0f}",
             "fit_rel_error": ext.rel_error if ext else math.nan,
+            "line_step_ms": line.step_ms if line else math.nan, "line_error": line.step_ms / truth - 1 if line else math.nan,
+            "old_extrapolated_ms": old, "old_error": old / truth - 1,
             "short_peak_gb": m.peak_mem_gb, "full_peak_gb": f.peak_mem_gb,
             "predicted_peak_gb": predict_peak_gb(short, device=planning_device(short), lengths=lengths,
                                                  shape=shape).total_gb,
         })
+        write_csv(out_dir / "extrapolation.csv", rows)  # after each configuration: a cut-off run keeps its rows
+        write_steps(out_dir / "extrapolation_steps", all_steps)
     return rows
 
 
 def extrapolation(case: Path, out_dir: Path, effective: int, max_length: int, steps: int) -> None:
-    rows = extrapolate_rows(case, effective, max_length, steps, EXTRAPOLATION_CONFIGS)
+    rows = extrapolate_rows(case, effective, max_length, steps, EXTRAPOLATION_CONFIGS, out_dir)
     table(rows)
     write_csv(out_dir / "extrapolation.csv", rows)
     errs = [abs(r["error"]) for r in rows if math.isfinite(r["error"])]
@@ -212,7 +227,7 @@ def extrapolation(case: Path, out_dir: Path, effective: int, max_length: int, st
 
 
 #: (micro_batch, level, grad_acc) of the memory check.
-MEMORY_CONFIGS = tuple((mb, lv, 2) for mb in (1, 2, 4) for lv in ("none", "L1", "L2", "full"))
+MEMORY_CONFIGS = tuple((mb, lv, 2) for mb in (1, 4) for lv in ("none", "L1", "L2", "full"))
 
 
 def memory(case: Path, out_dir: Path, max_length: int, steps: int, configs=MEMORY_CONFIGS, ema: bool = False) -> None:
@@ -235,13 +250,67 @@ def memory(case: Path, out_dir: Path, max_length: int, steps: int, configs=MEMOR
                      "error": est.total_gb / r.peak_mem_gb - 1 if r.status == "ok" else math.nan,
                      "torch_alloc_gb": r.torch_peak_alloc_gb, "peak_at": est.peak_at,
                      "activations_gb": est.activations_gb, "tokens": est.tokens})
+        write_csv(out_dir / f"memory_{case.name}.csv", rows)
     table(rows)
-    write_csv(out_dir / f"memory_{case.name}.csv", rows)
+
+
+def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
+    """What one forward of the worst-case micro-batch leaves saved for backward, and what its
+    backward adds at its peak, at each checkpoint level, against the memory model's terms."""
+    import torch
+
+    from dpo_sweep.plan.memory import (GB, built_shape, element_bytes, layer_recompute_bytes_per_token,
+                                       model_saved_bytes_per_token, resolved_attn)
+    from dpo_sweep.train.setup import autocast, build_trial, configure_device_memory, forward_inputs, load_data, \
+        release_after_trial
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    allocated = torch.cuda.memory_allocated if cuda else (lambda: 0)
+    peak = torch.cuda.max_memory_allocated if cuda else (lambda: 0)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    reset = torch.cuda.reset_peak_memory_stats if cuda else (lambda: None)
+    rows = []
+    for level in ("none", "L1", "L2", "full"):
+        cfg = trial_config(case, micro_batch=micro_batch, level=level, grad_acc=1, max_length=max_length, steps=1,
+                           warmup=0)
+        configure_device_memory(cfg, device)
+        data = load_data(cfg, 1, lambda m: None, time.perf_counter())
+        setup = build_trial(cfg, device, 1, 0, data, lambda m: None, time.perf_counter())
+        batch = next(setup.worst_batches)
+        has_padding = bool((batch.attention_mask == 0).any())
+        gpu = batch.to(device)
+        sync()
+        base = allocated()
+        reset()
+        with autocast(cfg, device):
+            logps, _ = setup.policy(*forward_inputs(gpu, has_padding))
+        sync()
+        saved = allocated() - base
+        fwd_peak = peak() - base
+        reset()
+        logps.sum().backward()
+        sync()
+        bwd_peak = peak() - base
+        s, b = built_shape(cfg.model), element_bytes(cfg.model, cfg.train.precision)
+        tokens = batch.slots()
+        kw = dict(lean=cfg.model.lean_ops, liger=setup.built.liger_kernel, attn=resolved_attn(cfg.model),
+                  seq_len=batch.input_ids.shape[1])
+        rows.append({"level": level, "tokens": tokens, "liger": setup.built.liger_kernel,
+                     "attn": setup.built.attn_implementation,
+                     "saved_gb": saved / GB, "model_saved_gb": tokens * model_saved_bytes_per_token(s, b, level, **kw) / GB,
+                     "saved_bytes_per_token_layer": saved / tokens / s.n_layers,
+                     "forward_peak_gb": fwd_peak / GB, "backward_peak_gb": bwd_peak / GB,
+                     "model_recompute_gb": tokens * layer_recompute_bytes_per_token(s, b, level, **kw) / GB})
+        del setup, logps, gpu, data
+        release_after_trial(device)
+        write_csv(out_dir / f"probe_{case.name}_mb{micro_batch}.csv", rows)
+    table(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=("make", "cost", "extrapolate", "memory"))
+    ap.add_argument("command", choices=("make", "cost", "extrapolate", "memory", "probe"))
     ap.add_argument("--dir", type=Path, help="the case's folder (make writes it)")
     ap.add_argument("--preset", help="cost: a preset on synthetic pairs instead of the case's folder")
     ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen2-3b")
@@ -253,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--effective-batch", type=int, default=32)
     ap.add_argument("--ema", action="store_true", help="memory: with train.ema_decay")
+    ap.add_argument("--micro-batch", type=int, default=4, help="probe: the micro-batch")
     args = ap.parse_args(argv)
     if args.command == "make":
         make(args.arch, args.pairs, args.dir, sigma=args.sigma)
@@ -260,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         cost(args.dir, args.small, args.out_dir, args.max_length, args.steps, args.preset, args.pairs)
     elif args.command == "extrapolate":
         extrapolation(args.dir, args.out_dir, args.effective_batch, args.max_length, args.steps)
+    elif args.command == "probe":
+        probe(args.dir, args.out_dir, args.max_length, args.micro_batch)
     else:
         memory(args.dir, args.out_dir, args.max_length, args.steps, ema=args.ema)
     return 0

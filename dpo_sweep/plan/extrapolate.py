@@ -7,7 +7,8 @@ the short trial timed: their padded widths differ, and a step's time is the sum 
 micro-steps'. So the trainer's own pair order (``train/order.py``) lays out what every
 micro-batch of both runs holds (:func:`step_layout`), each micro-batch is weighed by its matmul
 FLOPs over the positions the kernels compute (padding included; ``telemetry.flops``), and
-the short trial's micro-step times fit ``t = a + b x work`` (:func:`fit_micro_steps`). The real
+the short trial's micro-step times price that work (:func:`fit_micro_steps`: its total time over
+its total work; a fitted line ``t = a + b x work`` on request). The real
 run's step ``s`` is then ``t_opt + sum over its micro-batches of (a + b x work) + the first
 micro-step's offset`` (it writes fresh gradient buffers) ``+ the synchronising one's`` (several
 workers: the gradient all-reduce, once per step). The row's step time is the median over the
@@ -112,7 +113,17 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return 0.0, statistics.median(t / w for w, t in points if w > 0)
 
 
-def fit_micro_steps(steps: Sequence[StepRecord], works: Works, world: int) -> MicroStepFit | None:
+def _ratio(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(0, total ms over total work): the short run's throughput on the positions it computed."""
+    return 0.0, sum(t for _, t in points) / sum(w for w, _ in points)
+
+
+#: How the micro-step times are fitted: ``ratio`` (default) prices a micro-step by the short
+#: run's total time over its total work, per kind of micro-step; ``line`` fits a + b x work.
+FITS = {"ratio": _ratio, "line": _line}
+
+
+def fit_micro_steps(steps: Sequence[StepRecord], works: Works, world: int, how: str = "ratio") -> MicroStepFit | None:
     """The fit from a measure trial's measured typical steps (their ``micro_ms``) and the works of
     its micro-batches (:func:`step_layout` of the configuration it ran; rank 0's, whose times the
     steps carry); None when no step recorded its micro-steps."""
@@ -126,10 +137,15 @@ def fit_micro_steps(steps: Sequence[StepRecord], works: Works, world: int) -> Mi
         for j, (t, wj) in enumerate(zip(ms, w)):
             (first if j == 0 else last if world > 1 and j == len(ms) - 1 else middle).append((wj, t))
     fitted = middle or first
-    intercept, slope = _line(fitted)
+    intercept, slope = FITS[how](fitted)
 
     def offset(points: list[tuple[float, float]]) -> float:
-        return statistics.median(t - (intercept + slope * w) for w, t in points) if points and points is not fitted else 0.0
+        """What a kind of micro-step (the first, the synchronising one) adds to the fitted one."""
+        if not points or points is fitted:
+            return 0.0
+        if how == "ratio":
+            return (sum(t for _, t in points) - sum(intercept + slope * w for w, _ in points)) / len(points)
+        return statistics.median(t - (intercept + slope * w) for w, t in points)
 
     first_offset, sync_offset = offset(first), offset(last)
     residuals = [(t - intercept - slope * w - off) / max(1e-9, intercept + slope * w + off)

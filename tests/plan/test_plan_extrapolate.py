@@ -44,7 +44,7 @@ def test_on_long_tailed_lengths_the_real_steps_are_predicted_where_a_micro_step_
     lengths = long_tailed()
     full = make_cfg(micro_batch=2, grad_acc=16, steps=6, warmup_steps=2, max_length=4096)
     short = full.model_copy(update={"grad_acc": 2})
-    fit = fit_micro_steps(measured_steps(short, lengths), step_layout(short, lengths, SHAPE).works, world=1)
+    fit = fit_micro_steps(measured_steps(short, lengths), step_layout(short, lengths, SHAPE).works, world=1, how="line")
     assert fit.intercept_ms == pytest.approx(A_MS, rel=1e-6) and fit.first_offset_ms == pytest.approx(FIRST)
     predicted = extrapolate(fit, full, step_layout(full, lengths, SHAPE))
     truth = sorted(s.step_time_ms for s in measured_steps(full, lengths) if s.measured)
