@@ -1,0 +1,34 @@
+"""Ties that must not chain, a peak exactly at the usable budget, rows without a loss std, and
+reasons that name the cause a row was left out for."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from sweep_frames import trial, write_dir
+
+from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.cli import main
+
+
+def ladder(rungs: int = 5):
+    """Rows each 10% faster and 2 GB bigger than the last, p10-p90 intervals +-6% of the median."""
+    return [replace(trial(f"t{i:03d}", 10.0 + 2 * i, 100.0, 0.02, tps=40_000.0 * 1.1**i, mb=2**i),
+                    step_time_p10_ms=100.0 / 1.06, step_time_p90_ms=100.0 / 0.94)
+            for i in range(rungs)]
+
+
+def test_ties_do_not_chain_down_a_ladder(tmp_path):
+    outcome = analyse_dir(write_dir(tmp_path / "r", ladder()), memory_budget_gb=40.0)
+    out = outcome.analysed.set_index("trial_id")
+    assert out.loc["t004", "throughput_low"] == pytest.approx(55_050, abs=1)  # wholly above t000's
+    assert out.loc["t000", "throughput_high"] == pytest.approx(42_400)
+    # t001 ties t000 and needs more memory: off. t002 ties only t001, which is off, and is beyond
+    # t000's noise: on, and it removes t003 the same way; t004 is on.
+    assert out["on_frontier"].to_dict() == {"t000": True, "t001": False, "t002": True, "t003": False,
+                                            "t004": True}
+    rec = outcome.recommendation
+    assert rec["trial_id"] == "t004"
+    assert "58,564 tokens/s" in rec["reason"] and "A tie decided" not in rec["reason"]
+    assert rec["runner_up"]["trial_id"] == "t002"
