@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpo_sweep import noise
+from dpo_sweep import budget, noise
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.reasons import (amount, exactness_sentence, failure_summary, interval, listed,
                                         shared_measurement_sentence, tie_sentence, tied_faster)
@@ -247,7 +247,7 @@ def recommend(
         raise UserError(f"safety margin is {safety_margin}; give a fraction in [0, 1), e.g. 0.05 for 5%")
     if memory_budget_gb is None:
         budget_source = "none"
-    usable = None if memory_budget_gb is None else memory_budget_gb * (1.0 - safety_margin)
+    usable = None if memory_budget_gb is None else budget.usable_gb(memory_budget_gb, safety_margin)
     ok = analysed[analysed["status"] == "ok"]
     limit = stability_limit(ok[POOLED_COLUMN].to_numpy(dtype=float))
     common = dict(memory_budget_gb=memory_budget_gb, budget_source=budget_source,
@@ -327,7 +327,8 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
 def _fits(rows: pd.DataFrame, usable_gb: float | None) -> pd.DataFrame:
     if usable_gb is None:
         return rows
-    return rows[rows["peak_mem_gb"].astype(float) <= usable_gb]  # NaN compares False: excluded
+    fitting = [budget.fits(float(p), usable_gb) for p in rows["peak_mem_gb"]]
+    return rows[pd.Series(fitting, index=rows.index, dtype=bool)]
 
 
 def _stable(rows: pd.DataFrame, limit: float | None) -> pd.DataFrame:
@@ -357,7 +358,7 @@ def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
         cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row), "metrics": _metrics(row),
                     "measured": bool(measured)}
     if row is not None and measured:
-        need_gb = float(row["peak_mem_gb"]) / (1.0 - common["safety_margin"])
+        need_gb = budget.needed_gb(float(row["peak_mem_gb"]), common["safety_margin"])
         why += (f" The cheapest configuration measured is {describe(row)} at {_gb(row['peak_mem_gb'])} peak; "
                 f"it needs a budget of at least {need_gb:.2f} GB.")
     elif row is not None:

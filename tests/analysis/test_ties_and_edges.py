@@ -32,3 +32,24 @@ def test_ties_do_not_chain_down_a_ladder(tmp_path):
     assert rec["trial_id"] == "t004"
     assert "58,564 tokens/s" in rec["reason"] and "A tie decided" not in rec["reason"]
     assert rec["runner_up"]["trial_id"] == "t002"
+
+
+def test_a_peak_at_exactly_the_usable_budget_fits(tmp_path):
+    rows = [trial("t000", 22.80, 100.0, 0.02)]
+    rec = analyse_dir(write_dir(tmp_path / "r", rows), memory_budget_gb=24.0).recommendation
+    assert rec["trial_id"] == "t000"  # 24 x 0.95 = 22.799999999999997, printed 22.80
+    assert "peaks under 22.80 GB (24.00 GB budget minus a 5% safety margin)" in rec["reason"]
+    over = analyse_dir(write_dir(tmp_path / "o", [trial("t000", 22.81, 100.0, 0.02)]),
+                       memory_budget_gb=24.0).recommendation
+    assert over["trial_id"] is None
+    assert "it needs a budget of at least 24.01 GB" in over["reason"]  # 24.01 x 0.95 = 22.8095
+
+
+def test_the_budget_a_peak_needs_is_the_least_it_fits():
+    from dpo_sweep import budget
+
+    for peak in (0.004, 1.0, 22.80, 22.81, 22.8049, 79.99, 140.0):
+        for margin in (0.0, 0.05, 0.2):
+            need = budget.needed_gb(peak, margin)
+            assert budget.fits(peak, budget.usable_gb(need, margin))
+            assert need == 0.01 or not budget.fits(peak, budget.usable_gb(need - 0.01, margin))
