@@ -29,8 +29,9 @@ import pandas as pd
 
 from dpo_sweep import budget, noise
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
-from dpo_sweep.analysis.reasons import (amount, exactness_sentence, failure_summary, interval, listed,
-                                        shared_measurement_sentence, tie_sentence, tied_faster)
+from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
+                                        left_out_sentence, listed, shared_measurement_sentence, tie_sentence,
+                                        tied_faster)
 from dpo_sweep.analysis.tables import is_finite
 from dpo_sweep.errors import UserError
 
@@ -256,7 +257,7 @@ def recommend(
     frontier = analysed[analysed["on_frontier"]]
     fits = _fits(frontier, usable)
     stable = _stable(fits, limit)
-    unstable_ids = [str(t) for t in fits["trial_id"] if t not in set(stable["trial_id"])]
+    left_out = fits[~fits["trial_id"].isin(stable["trial_id"])]
     pool_name, off_frontier = "frontier configuration", False
     qualifying = _stable(_fits(ok[ok["eligible"]], usable), limit)
     siblings = qualifying[~qualifying["trial_id"].isin(stable["trial_id"]) & sharing_measurement(qualifying, stable)]
@@ -270,7 +271,7 @@ def recommend(
             stable, pool_name = off, "measured configuration"
             off_frontier = True
     if stable.empty:
-        return _nothing_fits(analysed, usable, limit, unstable_ids, common)
+        return _nothing_fits(analysed, usable, limit, _fits(ok, usable), common)
 
     ranked = rank_candidates(stable)
     winner = ranked.iloc[0]
@@ -292,8 +293,7 @@ def recommend(
                      "metrics": _metrics(second), "cost": cost}
     else:
         reason += f" No other {pool_name} qualifies, so there is no runner-up."
-    if unstable_ids:
-        reason += (f" Left out for a loss std above the normal range: {', '.join(unstable_ids)}.")
+    reason += left_out_sentence(left_out, POOLED_COLUMN, limit)
     return Recommendation(trial_id=str(winner["trial_id"]), config=config_of(winner), reason=reason,
                           runner_up=runner_up, metrics=_metrics(winner), **common)
 
@@ -317,7 +317,11 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
         text = f"{describe(winner)} is the only {pool_name}{that}: {speed}."
     else:
         text = f"{describe(winner)} has {highest}, {speed}, of the {n_qualified} {pool_name.replace('configuration', 'configurations', 1)}{that}."
-    text += f" It peaks at {_gb(winner['peak_mem_gb'])} with loss std {_g(winner['loss_std'], 3)}."
+    if is_finite(winner["loss_std"]):
+        text += f" It peaks at {_gb(winner['peak_mem_gb'])} with loss std {_g(winner['loss_std'], 3)}."
+    else:
+        text += (f" It peaks at {_gb(winner['peak_mem_gb'])}; no loss std was measured for it, so the "
+                 "normal range could not judge it.")
     if usable_gb is None:
         text += (" No memory budget was given (pass --memory-budget-gb, or keep environment.json with "
                  "the GPU's memory in the results dir), so memory did not limit the choice.")
@@ -332,36 +336,42 @@ def _fits(rows: pd.DataFrame, usable_gb: float | None) -> pd.DataFrame:
 
 
 def _stable(rows: pd.DataFrame, limit: float | None) -> pd.DataFrame:
-    """Rows not judged ``diverging`` (stability.py's verdict) whose pooled loss std is within ``limit``."""
+    """Rows not judged ``diverging`` (stability.py's verdict) whose pooled loss std is within
+    ``limit``; a row without a loss std has nothing to judge it by and is kept."""
     rows = rows[rows["stability"].astype(str) != "diverging"] if "stability" in rows else rows
     if limit is None:
         return rows
-    return rows[rows[POOLED_COLUMN].astype(float) <= limit]
+    loss_std = rows[POOLED_COLUMN].astype(float)
+    return rows[loss_std.isna() | (loss_std <= limit)]
 
 
 def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
-                  unstable_ids: list[str], common: dict[str, Any]) -> Recommendation:
+                  fitting: pd.DataFrame, common: dict[str, Any]) -> Recommendation:
+    """``fitting``: the ok rows within ``usable``; none of them qualifies."""
     row, measured = cheapest_row(df)
     normal = " with a normal loss std" if limit is not None else ""  # None: no loss std was measured
-    if usable is None:
+    under = "" if usable is None else (f"under {usable:.2f} GB ({common['memory_budget_gb']:.2f} GB budget minus "
+                                        f"a {100 * common['safety_margin']:g}% safety margin)")
+    if len(fitting):  # something fits and is left out: no budget would help
+        fate = "diverged" if all_diverging(fitting) else "is left out"
+        why = f"Nothing to recommend: every completed configuration{' that peaks ' + under if under else ''} {fate}"
+    elif usable is None:
         why = f"Nothing to recommend: no completed trial{normal} is on the frontier"
     else:
-        why = (f"Nothing fits: no configuration{normal} peaks under {usable:.2f} GB "
-               f"({common['memory_budget_gb']:.2f} GB budget minus a {100 * common['safety_margin']:g}% "
-               "safety margin)")
+        why = f"Nothing fits: no configuration{normal} peaks {under}"
     why += f" ({len(df)} trial(s): {_status_counts(df)})." if len(df) else " (results.csv has no trials)."
-    if unstable_ids:
-        why += (f" These fit but have a loss std above the normal range (<= {_g(limit, 3)}): "
-                f"{', '.join(unstable_ids)}.")
+    why += left_out_sentence(fitting, POOLED_COLUMN, limit)
+    if len(fitting):
+        why += " A larger memory budget would not change this."
     cheapest = None
     if row is not None:
         cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row), "metrics": _metrics(row),
                     "measured": bool(measured)}
-    if row is not None and measured:
+    if row is not None and measured and not len(fitting):
         need_gb = budget.needed_gb(float(row["peak_mem_gb"]), common["safety_margin"])
         why += (f" The cheapest configuration measured is {describe(row)} at {_gb(row['peak_mem_gb'])} peak; "
                 f"it needs a budget of at least {need_gb:.2f} GB.")
-    elif row is not None:
+    elif row is not None and not measured:
         why += (f" No trial completed; the cheapest configuration tried is {describe(row)} "
                 f"(status {row['status']}).") + failure_summary(df)
     return Recommendation(trial_id=None, config={}, reason=why, runner_up=None, cheapest=cheapest, **common)

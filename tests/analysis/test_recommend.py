@@ -93,7 +93,7 @@ def test_unstable_frontier_point_is_left_out_and_named(tmp_path):
     trials.append(trial("wild", 30.0, 50.0, 0.5))
     rec = recommend(analysed(tmp_path, trials), memory_budget_gb=100.0)
     assert rec.trial_id == "s5"
-    assert "Left out for a loss std above the normal range: wild" in rec.reason
+    assert "Left out for a loss std above the normal range (<= 0.046): wild (0.5)." in rec.reason
     assert rec.loss_std_limit < 0.5
 
 

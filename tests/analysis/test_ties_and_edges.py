@@ -3,6 +3,7 @@ reasons that name the cause a row was left out for."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -53,3 +54,41 @@ def test_the_budget_a_peak_needs_is_the_least_it_fits():
             need = budget.needed_gb(peak, margin)
             assert budget.fits(peak, budget.usable_gb(need, margin))
             assert need == 0.01 or not budget.fits(peak, budget.usable_gb(need - 0.01, margin))
+
+
+def test_a_row_without_a_loss_std_is_not_called_unstable(tmp_path):
+    rows = [trial("fast", 20.0, 100.0, math.nan), trial("slow", 10.0, 200.0, 0.02), trial("mid", 15.0, 150.0, 0.03)]
+    out_dir = write_dir(tmp_path / "r", rows)
+    (out_dir / "space.yaml").write_text("name: r\nobjectives: {memory: min, throughput: max, loss_std: null}\n")
+    rec = analyse_dir(out_dir, memory_budget_gb=40.0).recommendation
+    assert rec["trial_id"] == "fast"
+    assert "Left out" not in rec["reason"]
+    assert "no loss std was measured for it" in rec["reason"]
+
+
+def beta_lr_rows():
+    """The committed beta-lr example's grad_acc 4 rows at beta 0.5: t015 diverged (the rollback
+    fired at step 9) with a loss std of 6.8e-08, far below the normal range."""
+    stable = replace(trial("t014", 35.45, 575.8, 4.6e-05, tps=56_906.0, mb=32, ga=4, beta=0.5),
+                     stability="stable")
+    diverging = replace(trial("t015", 35.45, 557.8, 6.8e-08, tps=58_750.0, mb=32, ga=4, beta=0.5),
+                        stability="diverging", rollback_step=9)
+    return stable, diverging
+
+
+def test_a_diverging_row_is_left_out_for_diverging(tmp_path):
+    rec = analyse_dir(write_dir(tmp_path / "r", beta_lr_rows()), memory_budget_gb=150.0).recommendation
+    assert rec["trial_id"] == "t014"
+    assert "Left out as diverging: t015 (rollback at step 9)." in rec["reason"]
+    assert "loss std above the normal range" not in rec["reason"]
+
+
+def test_when_every_row_diverges_nothing_fits_says_so(tmp_path):
+    _, diverging = beta_lr_rows()
+    rows = [diverging, replace(diverging, trial_id="t016", peak_mem_gb=40.0, rollback_step=11)]
+    rec = analyse_dir(write_dir(tmp_path / "r", rows), memory_budget_gb=150.0).recommendation
+    assert rec["trial_id"] is None
+    assert rec["reason"].startswith("Nothing to recommend: every completed configuration that peaks under "
+                                    "142.50 GB (150.00 GB budget minus a 5% safety margin) diverged")
+    assert "t015 (rollback at step 9), t016 (rollback at step 11)" in rec["reason"]
+    assert "needs a budget" not in rec["reason"] and "A larger memory budget would not change this." in rec["reason"]
