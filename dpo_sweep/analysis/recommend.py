@@ -32,7 +32,7 @@ from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
                                         left_out_sentence, listed, shared_measurement_sentence, tie_sentence,
                                         tied_faster)
-from dpo_sweep.analysis.tables import is_finite
+from dpo_sweep.analysis.tables import fmt_setting, is_finite, varying_columns
 from dpo_sweep.errors import UserError
 
 DEFAULT_SAFETY_MARGIN = 0.05
@@ -71,6 +71,10 @@ class Recommendation:
     """The winner's peak_mem_gb, step_time_ms, tokens_per_s, loss_std."""
     cheapest: dict[str, Any] | None = None
     """When nothing fits: the cheapest configuration measured (or tried)."""
+    varying: tuple[str, ...] = ()
+    """Set-up columns besides micro_batch, checkpoint, grad_acc and beta whose values differ
+    between the sweep's rows (``model``, swept train fields): ``config`` holds them too, and every
+    line that names a configuration names them."""
 
     def to_json_dict(self) -> dict[str, Any]:
         return _json_safe(asdict(self))
@@ -105,9 +109,10 @@ def stability_limit(loss_std: np.ndarray) -> float | None:
     return float(max(q3 + 1.5 * (q3 - q1), 2.0 * median))
 
 
-def config_of(row: pd.Series) -> dict[str, Any]:
-    """The configuration part of a results row, as plain Python values."""
-    out: dict[str, Any] = {}
+def config_of(row: pd.Series, varying: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The configuration part of a results row, as plain Python values; ``varying``: the
+    :func:`~dpo_sweep.analysis.tables.varying_columns` to add."""
+    out: dict[str, Any] = {c: _plain(row.get(c)) for c in varying if c not in CONFIG_KEYS}
     for key in CONFIG_KEYS:
         value = row.get(key)
         if key in ("micro_batch", "grad_acc", "effective_batch", "num_workers", "seq_len"):
@@ -119,11 +124,21 @@ def config_of(row: pd.Series) -> dict[str, Any]:
     return out
 
 
-def describe(row: pd.Series) -> str:
-    """``t3 (micro_batch 4, checkpoint L1, grad_acc 2, beta 0.1)``."""
+def _plain(value: Any) -> Any:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if is_finite(value):
+        return float(value)
+    return None if value is None or value is pd.NA or isinstance(value, float) else str(value)
+
+
+def describe(row: pd.Series, varying: tuple[str, ...] = ()) -> str:
+    """``t3 (micro_batch 4, checkpoint L1, grad_acc 2, beta 0.1)``, then each of ``varying``
+    (``, model llama-3.2-1b, lr 2e-05``)."""
     c = config_of(row)
+    extra = "".join(f", {k} {fmt_setting(row.get(k))}" for k in varying)
     return (f"{row['trial_id']} (micro_batch {c['micro_batch']}, checkpoint {c['checkpoint_level']}, "
-            f"grad_acc {c['grad_acc']}, beta {_g(c['beta'])})")
+            f"grad_acc {c['grad_acc']}, beta {_g(c['beta'])}{extra})")
 
 
 def _g(value: Any, digits: int = 4) -> str:
@@ -251,8 +266,9 @@ def recommend(
     usable = None if memory_budget_gb is None else budget.usable_gb(memory_budget_gb, safety_margin)
     ok = analysed[analysed["status"] == "ok"]
     limit = stability_limit(ok[POOLED_COLUMN].to_numpy(dtype=float))
+    varying = tuple(varying_columns(analysed))
     common = dict(memory_budget_gb=memory_budget_gb, budget_source=budget_source,
-                  safety_margin=safety_margin, usable_memory_gb=usable, loss_std_limit=limit)
+                  safety_margin=safety_margin, usable_memory_gb=usable, loss_std_limit=limit, varying=varying)
 
     frontier = analysed[analysed["on_frontier"]]
     fits = _fits(frontier, usable)
@@ -280,7 +296,7 @@ def recommend(
     # only because its higher median throughput is inside the noise of a leaner trial's.
     faster = tied_faster(winner, qualifying)
     reason = _why_it_won(winner, len(ranked), pool_name, memory_budget_gb, usable, safety_margin, limit,
-                         tie=not faster.empty)
+                         tie=not faster.empty, varying=varying)
     reason += tie_sentence(winner, faster) + exactness_sentence(ranked)
     reason += shared_measurement_sentence(winner, ranked[sharing_measurement(ranked, winner.to_frame().T)])
     if off_frontier:
@@ -288,18 +304,19 @@ def recommend(
     runner_up = None
     if second is not None:
         cost = runner_up_cost(winner, second)
-        reason += f" The runner-up, {describe(second)}, would {cost}."
-        runner_up = {"trial_id": str(second["trial_id"]), "config": config_of(second),
+        reason += f" The runner-up, {describe(second, varying)}, would {cost}."
+        runner_up = {"trial_id": str(second["trial_id"]), "config": config_of(second, varying),
                      "metrics": _metrics(second), "cost": cost}
     else:
         reason += f" No other {pool_name} qualifies, so there is no runner-up."
     reason += left_out_sentence(left_out, POOLED_COLUMN, limit)
-    return Recommendation(trial_id=str(winner["trial_id"]), config=config_of(winner), reason=reason,
+    return Recommendation(trial_id=str(winner["trial_id"]), config=config_of(winner, varying), reason=reason,
                           runner_up=runner_up, metrics=_metrics(winner), **common)
 
 
 def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: float | None,
-                usable_gb: float | None, safety_margin: float, limit: float | None, tie: bool) -> str:
+                usable_gb: float | None, safety_margin: float, limit: float | None, tie: bool,
+                varying: tuple[str, ...]) -> str:
     """``t3 (...) has the highest throughput (...) of the 4 frontier configurations that ...``."""
     peak, have = ("peaks", "has") if n_qualified == 1 else ("peak", "have")
     conditions = []
@@ -314,9 +331,9 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
     speed = f"{amount(winner['tokens_per_s'])} tokens/s{spread} at {amount(winner['step_time_ms'])} ms per step"
     highest = "the highest throughput within the measurement noise" if tie else "the highest throughput"
     if n_qualified == 1:
-        text = f"{describe(winner)} is the only {pool_name}{that}: {speed}."
+        text = f"{describe(winner, varying)} is the only {pool_name}{that}: {speed}."
     else:
-        text = f"{describe(winner)} has {highest}, {speed}, of the {n_qualified} {pool_name.replace('configuration', 'configurations', 1)}{that}."
+        text = f"{describe(winner, varying)} has {highest}, {speed}, of the {n_qualified} {pool_name.replace('configuration', 'configurations', 1)}{that}."
     if is_finite(winner["loss_std"]):
         text += f" It peaks at {_gb(winner['peak_mem_gb'])} with loss std {_g(winner['loss_std'], 3)}."
     else:
@@ -365,13 +382,13 @@ def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
         why += " A larger memory budget would not change this."
     cheapest = None
     if row is not None:
-        cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row), "metrics": _metrics(row),
+        cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row, common["varying"]), "metrics": _metrics(row),
                     "measured": bool(measured)}
     if row is not None and measured and not len(fitting):
         need_gb = budget.needed_gb(float(row["peak_mem_gb"]), common["safety_margin"])
-        why += (f" The cheapest configuration measured is {describe(row)} at {_gb(row['peak_mem_gb'])} peak; "
+        why += (f" The cheapest configuration measured is {describe(row, common['varying'])} at {_gb(row['peak_mem_gb'])} peak; "
                 f"it needs a budget of at least {need_gb:.2f} GB.")
     elif row is not None and not measured:
-        why += (f" No trial completed; the cheapest configuration tried is {describe(row)} "
+        why += (f" No trial completed; the cheapest configuration tried is {describe(row, common['varying'])} "
                 f"(status {row['status']}).") + failure_summary(df)
     return Recommendation(trial_id=None, config={}, reason=why, runner_up=None, cheapest=cheapest, **common)

@@ -34,7 +34,7 @@ def test_budget_between_points_picks_the_fastest_that_fits(tmp_path):
     assert rec.config["micro_batch"] == 2 and rec.config["checkpoint_level"] == "L2"
     assert rec.usable_memory_gb == pytest.approx(28.5)
     assert rec.runner_up["trial_id"] == "small"
-    assert rec.reason.startswith("mid (micro_batch 2, checkpoint L2, grad_acc 1, beta 0.1) has the highest "
+    assert rec.reason.startswith("mid (micro_batch 2, checkpoint L2, grad_acc 1, beta 0.1, seed mid) has the highest "
                                  "throughput, 5,000 tokens/s at 200 ms per step, of the 2 frontier "
                                  "configurations that peak under 28.50 GB")
     assert "runner-up, small" in rec.reason
