@@ -260,7 +260,7 @@ class SweepPlan:
         if budget is None or math.isnan(gb):
             return None
         est = self._estimate(cfg)
-        return prune_over_budget(cfg, budgeted_gb(cfg, est) - est.total_gb + gb, budget, self.margin)
+        return prune_over_budget(cfg, gb, budget, self.margin, uncapped_gb=est.total_gb - budgeted_gb(cfg, est))
 
     def _prune_after(self, oom_cfg: TrialConfig) -> None:
         pending = {g.measuring.trial_id: g for g in self._pending()}

@@ -122,7 +122,7 @@ def test_prune_after_oom_names_the_trial_and_agrees_with_the_model():
 def test_prune_over_budget_only_past_the_margin():
     assert rules.prune_over_budget(_cfg(0), 84.0, 80.0) is None  # 5 % over: inside the margin
     why = rules.prune_over_budget(_cfg(0), 84.1, 80.0)
-    assert why is not None and "80.0 GB budget" in why and "84.1 GB" in why and "5%" in why
+    assert why is not None and "80.0 GB budget" in why and "84.10 GB" in why and "5%" in why
     assert rules.prune_over_budget(_cfg(0), 84.1, 80.0, margin=0.10) is None
 
 

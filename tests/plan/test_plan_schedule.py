@@ -182,3 +182,14 @@ def test_the_summary_line_says_how_many_measurements_and_the_budget():
         "learning_precision)")
     assert "off (no budget known)" in SweepPlan(trials, estimate=estimate).summary_line()
     assert SweepPlan(trials, full_grid=True).summary_line().startswith("planner off (--full-grid)")
+
+
+def test_a_pruned_row_quotes_the_predicted_peak_its_column_shows():
+    # mb 4 none on a 20 GB emulated card: 27 GB predicted (the column), 26 GB of it in the allocator.
+    trials = [make_cfg(trial_id="a", micro_batch=4, resources={"use_gpu": False, "gpu_memory_gb": 20.0})]
+    _, rows = drive(SweepPlan(trials, estimate=estimate))
+    r = rows["a"]
+    assert r.status == "pruned" and r.predicted_peak_gb == 27.0
+    assert r.error.startswith(f"pruned: predicted peak {r.predicted_peak_gb:.2f} GB (26.00 GB of it in torch's "
+                              "allocator, which resources.gpu_memory_gb caps; the 1.00 GB CUDA context is outside it) "
+                              "is over the 20.0 GB budget")
