@@ -51,6 +51,7 @@ from dataclasses import dataclass, fields
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.train import liger as liger_rule
 
 GB = 1e9
 #: NVML device-used minus torch's reserved peak on the H200 (see the module doc).
@@ -75,6 +76,7 @@ class ModelShape:
     tied: bool             # lm_head shares the embedding's weight
     attn_proj_params: int  # q/k/v/o weights of all layers (what autocast caches under lean ops)
     mlp_params: int        # gate/up/down weights of all layers
+    arch: str              # the transformers model_type (llama, qwen2, ...)
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ def built_shape(spec: ModelSpec) -> ModelShape:
         hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, n_heads=n_heads,
         q_dim=n_heads * head_dim, kv_dim=getattr(cfg, "num_key_value_heads", n_heads) * head_dim,
         vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
-        attn_proj_params=attn, mlp_params=mlp,
+        attn_proj_params=attn, mlp_params=mlp, arch=cfg.model_type,
     )
 
 
@@ -254,9 +256,11 @@ def resolved_attn(spec: ModelSpec) -> str:
     return "sdpa" if spec.attn_implementation == "auto" else spec.attn_implementation
 
 
-def resolved_liger(spec: ModelSpec, device: str) -> bool:
-    """``auto`` is on for CUDA (the GPU kit ships liger-kernel), never on the CPU."""
-    return device == "cuda" and spec.liger_kernel is not False
+def resolved_liger(spec: ModelSpec, device: str, arch: str) -> bool:
+    """Whether the trainer will use liger-kernel: its own rule (train/liger.choose_liger), with
+    this process's liger-kernel standing for the workers' (a driver without it predicts without
+    liger's savings: the larger, safe side). A ``true`` the trainer refuses predicts without it."""
+    return liger_rule.choose_liger(spec.liger_kernel, arch, device == "cuda", liger_rule.liger_installed())[0]
 
 
 def worst_micro_batch(cfg: TrialConfig, lengths: LengthProfile | None) -> tuple[int, int]:
@@ -275,7 +279,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     s = shape or model_shape(cfg.model)
     t = cfg.train
     b = element_bytes(cfg.model, t.precision)
-    lean, liger, attn = cfg.model.lean_ops, resolved_liger(cfg.model, device), resolved_attn(cfg.model)
+    lean, liger, attn = cfg.model.lean_ops, resolved_liger(cfg.model, device, s.arch), resolved_attn(cfg.model)
     world = cfg.resources.workers_per_trial
     shard = world if (world > 1 and cfg.resources.parallelism == "fsdp") else 1  # FSDP: a rough 1/world
     tokens, seq_len = worst_micro_batch(cfg, lengths)
