@@ -257,10 +257,12 @@ def resolved_attn(spec: ModelSpec) -> str:
 
 
 def resolved_liger(spec: ModelSpec, device: str, arch: str) -> bool:
-    """Whether the trainer will use liger-kernel: its own rule (train/liger.choose_liger), with
-    this process's liger-kernel standing for the workers' (a driver without it predicts without
-    liger's savings: the larger, safe side). A ``true`` the trainer refuses predicts without it."""
-    return liger_rule.choose_liger(spec.liger_kernel, arch, device == "cuda", liger_rule.liger_installed())[0]
+    """Whether the trainer will use liger-kernel when it runs ``spec``: its own rule
+    (train/liger.choose_liger). For ``auto`` this process's liger-kernel stands for the workers'
+    (a driver without it predicts without liger's savings: the larger, safe side); ``true`` runs
+    only where the package is (elsewhere the trainer refuses the trial), so it is assumed."""
+    installed = spec.liger_kernel is True or liger_rule.liger_installed()
+    return liger_rule.choose_liger(spec.liger_kernel, arch, device == "cuda", installed)[0]
 
 
 def worst_micro_batch(cfg: TrialConfig, lengths: LengthProfile | None) -> tuple[int, int]:
