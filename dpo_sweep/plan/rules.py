@@ -164,8 +164,9 @@ def dominates_in_memory(a: TrialConfig, b: TrialConfig) -> bool:
     """True when ``a`` needs at least the memory of ``b``: the same configuration in every other
     memory field, and a micro_batch, max_length and grad_acc class at least ``b``'s and a level
     that keeps at least as many activations. (At grad_acc 1 a small micro-batch can peak at the
-    end of backward, where a checkpointed level adds one layer's recompute; ``none`` still holds
-    that layer's activations then, so the order holds.)"""
+    end of backward, where a checkpointed level rebuilds the first layer's tensors; ``none``
+    still holds them then, so the order holds, and the memory model counts them alike:
+    memory.last_layer_bytes_per_token.)"""
     if memory_family(a) != memory_family(b):
         return False
     return (a.micro_batch >= b.micro_batch and a.train.max_length >= b.train.max_length
