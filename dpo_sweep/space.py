@@ -13,7 +13,7 @@ import copy
 import itertools
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,9 @@ class Space:
     spec: SweepSpace
     trials: tuple[TrialConfig, ...]
     source: str
+    renamed: dict[str, str] = field(default_factory=dict)
+    """Trial ids of earlier versions -> this version's, for trials whose id changed (a swept
+    model is named in the id): ``--resume`` renames the rows of an older results dir."""
 
     @property
     def name(self) -> str:
@@ -208,15 +211,33 @@ def _id_part(name: str, value: Any) -> str:
     return f"{name}-{re.sub(r'[^A-Za-z0-9.+]+', '-', text).strip('-')}"
 
 
-def _trial_id(index: int, point: dict[str, Any], train_over: dict[str, Any]) -> str:
+def _trial_id(index: int, point: dict[str, Any], train_over: dict[str, Any], model: str = "") -> str:
+    """``t000_mb2_none_ga1_b0.1_lr-0.0001``; ``model``: the model's id part when the model is
+    swept (``t000_tiny-llama_mb2_...``), so that every swept dimension is in the id."""
     beta = f"{point['beta']:g}"
     swept = "".join(f"_{_id_part(k, v)}" for k, v in train_over.items())
-    return (f"t{index:03d}_mb{point['micro_batch']}_{point['checkpoint_level']}_ga{point['grad_acc']}"
-            f"_b{beta}{swept}")
+    return (f"t{index:03d}{'_' + model if model else ''}_mb{point['micro_batch']}_{point['checkpoint_level']}"
+            f"_ga{point['grad_acc']}_b{beta}{swept}")
+
+
+def _model_id_parts(models: list[ModelSpec]) -> list[str]:
+    """Each swept model's part of the trial ids: its label made path-safe (``tiny-llama``,
+    ``meta-llama-Llama-3.2-1B``), numbered when two share a label; none when one model."""
+    if len(models) < 2:
+        return [""] * len(models)
+    labels = [re.sub(r"[^A-Za-z0-9.+]+", "-", m.label()).strip("-") for m in models]
+    if len(set(labels)) < len(labels):
+        labels = [f"{label}-{i}" for i, label in enumerate(labels)]
+    return labels
 
 
 def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
     """Expand the search dimensions into trial configurations (grid, or a random sample)."""
+    return expand_with_renames(spec, source)[0]
+
+
+def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[TrialConfig, ...], dict[str, str]]:
+    """:func:`expand`, and :attr:`Space.renamed` for its trials."""
     search = dict(spec.search or {})
     for key in search:
         if key in MOVED_TO_SAMPLER:
@@ -262,7 +283,8 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
         points = rng.sample(points, min(sampler.num_samples, len(points)))
 
     workers = spec.resources.workers_per_trial
-    trials = []
+    model_parts = dict(zip((m.model_dump_json() for m in dims["model"]), _model_id_parts(dims["model"])))
+    trials, renamed = [], {}
     for index, values in enumerate(points):
         p = dict(zip(names, values))
         if "effective_batch" in p:
@@ -287,14 +309,18 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
         refused = refused_adaptive_clip(train, spec.resources)
         if refused:
             raise SpaceError(f"{source}: {refused}")
-        trial_id = _trial_id(index, point, {k: getattr(train, k) for k in train_over})
+        swept_values = {k: getattr(train, k) for k in train_over}
+        model_part = model_parts[p["model"].model_dump_json()]
+        trial_id = _trial_id(index, point, swept_values, model_part)
+        if model_part:
+            renamed[_trial_id(index, point, swept_values)] = trial_id
         trials.append(
             TrialConfig(
                 space_name=spec.name, trial_id=trial_id, model=p["model"], data=spec.data, train=train,
                 resources=spec.resources, swept_train=tuple(train_over), **point,
             )
         )
-    return tuple(trials)
+    return tuple(trials), renamed
 
 
 def load_raw(path: str | Path) -> dict[str, Any]:
@@ -324,7 +350,8 @@ def parse(raw: dict[str, Any], source: str = "space") -> Space:
         raise SpaceError(_format_validation(source, err)) from None
     except TypeError as err:  # e.g. a section given as a list instead of a mapping
         raise SpaceError(f"{source}: {err}") from None
-    return Space(spec=spec, trials=expand(spec, source), source=source)
+    trials, renamed = expand_with_renames(spec, source)
+    return Space(spec=spec, trials=trials, source=source, renamed=renamed)
 
 
 def parse_section(cls: type[BaseModel], raw: dict[str, Any], key: str, source: str = "space") -> Any:

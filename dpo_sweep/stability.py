@@ -25,12 +25,18 @@ The verdict (:func:`verdict`), with ``scale`` = |loss| at step 1, where the poli
 reference: the loss type's value at a zero margin (ln 2 for sigmoid, 1 for hinge, (1 / 2 beta)^2
 for ipo), so every threshold is relative to a scale the configuration fixes:
 
-* ``diverging``: a non-finite loss or grad norm; or the rollback trigger fired (the policy has
-  moved from the reference by more than 1.5 nats per token, in spread, for 5 steps: the loss may
-  then be falling *because* the policy degenerates); or the fitted loss *rises* over the run by
-  more than :data:`RISE_FRACTION` of ``scale`` and by more than :data:`RISE_OVER_SPREAD` x its
-  line spread (a rise the step-to-step noise around the line, :func:`detrended_std`, cannot
-  explain);
+* ``diverging``: a non-finite loss or grad norm (under fp16 a non-finite grad norm is a step
+  GradScaler skipped, by design, and not counted: :func:`skipped_step`, the trainer's rule too);
+  or the rollback trigger fired (the policy has moved from the reference by more than 1.5 nats
+  per token, in spread, for 5 steps: the loss may then be falling *because* the policy
+  degenerates); or the fitted loss *rises* over the run by more than :data:`RISE_FRACTION` of
+  ``scale`` and by more than :data:`RISE_OVER_SPREAD` x its line spread (a rise the step-to-step
+  noise around the line, :func:`detrended_std`, cannot explain); or it rises *late*, after a
+  fall: its mean over the last steps is above its lowest such mean by more than
+  :data:`RISE_FRACTION` of ``scale`` and :data:`LATE_RISE_OVER_NOISE` x its step noise
+  (:func:`late_rise`: a loss that falls 8 steps and climbs 8 back fits a line of slope ~0); or the
+  grad norm grows, the same way, by more than :data:`GRAD_NORM_GROWTH` x (on a log scale, floored
+  like :func:`trailing_spike`: a norm growing 1.7x a step is never 5x the median of the 5 before);
 * ``noisy``: otherwise, a spread above :data:`NOISY_SPREAD_FRACTION` of ``scale``, or a grad-norm
   spike above :data:`NOISY_GRAD_SPIKE`;
 * ``stable``: otherwise; ``""`` (no verdict) with fewer than :data:`MIN_VERDICT_STEPS` finite steps.
@@ -47,7 +53,11 @@ CPU tiny model, runs that learn (loss 0.69 -> 0.14 in 12 steps at lr 1e-3, 16 st
 effective batch 16) spread 0.0% with spikes of 1.19x; at lr 0.05 the spread is 11.9% and the
 log-ratio std reaches 7 (the rollback fires). ``noisy`` starts at 10%: above every healthy run,
 three times bf16's rounding. A rise of 5% of the scale that is also twice the line spread is beyond
-both. A grad norm 5x its recent median is a spike no healthy run came near. Their per-token
+both. A late rise is judged against the step noise that second differences measure (blind to a
+line and to one kink); at 3x that noise, pure noise of 0.5-14% of ln 2 over 16-20 steps, flat,
+falling or dropping at once, reads a late rise in at most 1.1% of runs (simulated; the rise over
+the run reads one in 1.4%). A grad norm grows 2.7x in the beta schedule's first steps; 10x is
+beyond it. A grad norm 5x its recent median is a spike no healthy run came near. Their per-token
 log-ratio std stays below 1.7; at lr 0.05 it passes 1.5 by step 4-6.
 """
 from __future__ import annotations
@@ -64,6 +74,8 @@ SPIKE_MIN_HISTORY = 3
 SPIKE_FLOOR_FRACTION = 0.01
 RISE_FRACTION = 0.05
 RISE_OVER_SPREAD = 2.0
+LATE_RISE_OVER_NOISE = 3.0
+GRAD_NORM_GROWTH = 10.0
 ROLLBACK_LOGRATIO_STD = 1.5
 ROLLBACK_STEPS = 5
 
@@ -163,16 +175,48 @@ def rollback_step(logratio_std: Sequence[float], threshold: float = ROLLBACK_LOG
     return None
 
 
-def verdict(losses: Sequence[float], grad_norms: Sequence[float], rollback: int | None = None) -> str:
+def skipped_step(grad_norm: float, precision: str) -> bool:
+    """True for a step that fp16's GradScaler skips: its gradients overflowed (a non-finite grad
+    norm), so it lowers the scale and leaves the weights alone. Not divergence."""
+    return precision == "fp16" and not math.isfinite(grad_norm)
+
+
+def late_rise(values: Sequence[float]) -> tuple[float, float]:
+    """(rise, noise): how far the mean of the last ``w`` values lies above the lowest mean of any
+    ``w`` consecutive values (``w`` = a quarter of the run, at least 3), and the per-step noise:
+    the median absolute second difference scaled to a standard deviation (1.4826 / sqrt 6), which
+    a straight line and a single kink leave at 0. (NaN, NaN) with fewer than ``w + 2`` values."""
+    n = len(values)
+    w = max(3, n // 4)
+    if n < w + 2 or not _finite(values):
+        return math.nan, math.nan
+    means = [sum(values[i:i + w]) / w for i in range(n - w + 1)]
+    second = [abs(values[i + 2] - 2 * values[i + 1] + values[i]) for i in range(n - 2)]
+    return means[-1] - min(means), 1.4826 * median(second) / math.sqrt(6)
+
+
+def _rises_late(values: Sequence[float], least: float) -> bool:
+    rise, noise = late_rise(values)
+    return rise > least and rise > LATE_RISE_OVER_NOISE * noise  # NaN compares False
+
+
+def verdict(losses: Sequence[float], grad_norms: Sequence[float], rollback: int | None = None,
+            precision: str = "") -> str:
     """``stable``, ``noisy``, ``diverging`` or ``""`` (too few steps); the rules are the module doc's.
-    ``rollback``: :func:`rollback_step` of the trial's log-ratio std."""
+    ``rollback``: :func:`rollback_step` of the trial's log-ratio std; ``precision``: the trial's
+    (fp16's skipped steps are left out of the grad norms)."""
+    grad_norms = [g for g in grad_norms if not skipped_step(g, precision)]
     if not _finite(losses) or not _finite(grad_norms) or rollback is not None:
         return "diverging"
-    if len(losses) < MIN_VERDICT_STEPS:
+    if len(losses) < MIN_VERDICT_STEPS or len(grad_norms) < MIN_VERDICT_STEPS:
         return ""
     scale = abs(losses[0]) or max(abs(v) for v in losses)
     rise = slope(losses) * (len(losses) - 1)
     if rise > RISE_FRACTION * scale and rise > RISE_OVER_SPREAD * detrended_std(losses):
+        return "diverging"
+    floor = SPIKE_FLOOR_FRACTION * abs(grad_norms[0])
+    log_norms = [math.log(max(g, floor)) for g in grad_norms] if floor > 0 else []
+    if _rises_late(losses, RISE_FRACTION * scale) or _rises_late(log_norms, math.log(GRAD_NORM_GROWTH)):
         return "diverging"
     if monotone_spread(losses) > NOISY_SPREAD_FRACTION * scale or trailing_spike(grad_norms) > NOISY_GRAD_SPIKE:
         return "noisy"
@@ -180,13 +224,15 @@ def verdict(losses: Sequence[float], grad_norms: Sequence[float], rollback: int 
 
 
 def signals(losses: Sequence[float], grad_norms: Sequence[float], logratio_std: Sequence[float],
-            reward_accuracy: Sequence[float], reward_margin: Sequence[float]) -> dict[str, float | int | str | None]:
+            reward_accuracy: Sequence[float], reward_margin: Sequence[float],
+            precision: str = "") -> dict[str, float | int | str | None]:
     """Every signal of the module doc from a trial's per-step values (all steps that ran, in order),
-    keyed by its results.csv column (fields of the results row, ``TrialResult``, which types them)."""
+    keyed by its results.csv column (fields of the results row, ``TrialResult``, which types them);
+    ``precision``: the trial's (train.precision)."""
     std_finite = [v for v in logratio_std if math.isfinite(v)]
     rollback = rollback_step(logratio_std)
     return {
-        "stability": verdict(losses, grad_norms, rollback),
+        "stability": verdict(losses, grad_norms, rollback, precision),
         "loss_slope": slope(losses),
         "loss_spread": monotone_spread(losses),
         "grad_norm_spike": trailing_spike(grad_norms),

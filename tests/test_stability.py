@@ -92,3 +92,46 @@ def test_signals_report_the_rollback_and_call_it_diverging():
     assert sig["loss_spread"] == pytest.approx(0.0, abs=1e-12)  # falls on a line: no rise
     from dpo_sweep.records import RESULTS_COLUMNS
     assert set(sig) <= set(RESULTS_COLUMNS)  # each signal is a typed results.csv column
+
+
+FALL_8_CLIMB_8 = [LN2 - 0.01 * k for k in range(9)] + [LN2 - 0.08 + 0.011 * k for k in range(1, 9)]
+FALL_6_CLIMB_10 = [LN2 - 0.01 * k for k in range(7)] + [LN2 - 0.06 + 0.007 * k for k in range(1, 11)]
+
+
+@pytest.mark.parametrize("losses, grads", [
+    (FALL_8_CLIMB_8, [1.0] * 17),  # back above its start: a line through it is nearly flat
+    (FALL_6_CLIMB_10, [1.0] * 17),
+    ([LN2 - 0.002 * k for k in range(16)], [1.7**k for k in range(16)]),  # never 5x its last 5's median
+])
+def test_a_late_rise_and_a_growing_grad_norm_are_diverging(losses, grads):
+    assert FALL_8_CLIMB_8[-1] > LN2 and FALL_6_CLIMB_10[-1] > LN2
+    assert st.verdict(losses, grads) == "diverging"
+
+
+def test_a_late_rise_is_measured_against_the_step_noise():
+    rise, noise = st.late_rise(FALL_8_CLIMB_8)  # w = 4: the last 4 steps' mean vs the lowest 4's
+    last4 = -0.08 + 0.011 * (5 + 6 + 7 + 8) / 4  # relative to ln 2
+    valley = -(0.06 + 0.07 + 0.08 + 0.069) / 4  # steps 7-10: falling 6, 7, 8 below, then 0.011 back
+    assert rise == pytest.approx(last4 - valley)
+    assert noise == pytest.approx(0.0, abs=1e-12)  # straight segments and one kink: no noise
+    # The same climb buried in a saw-tooth of +-0.05 is within its noise: not a late rise.
+    wobble = [v + (0.05 if k % 2 else -0.05) for k, v in enumerate(FALL_8_CLIMB_8)]
+    assert st.verdict(wobble, [1.0] * 17) != "diverging"
+    # A fall that levels off, and a grad norm that rises 3x early on then decays, are stable.
+    assert st.verdict([LN2 * max(0.2, 1 - 0.1 * k) for k in range(16)], [45.0, 89.0, 123.0] + [60.0 / (k + 1) for k in range(13)]) == "stable"
+
+
+def test_fp16_overflow_steps_are_skipped_not_diverging():
+    from dpo_sweep.records import StepRecord
+    from dpo_sweep.train.loop import divergence
+
+    losses, grads = [LN2 - 0.03 * k for k in range(10)], [1.0, math.inf, 1.0, 1.0, math.nan] + [1.0] * 5
+    assert st.verdict(losses, grads, precision="fp16") == "stable"
+    assert st.verdict(losses, grads, precision="bf16") == "diverging"
+    assert st.signals(losses, grads, [0.1] * 10, [0.5] * 10, [0.0] * 10, precision="fp16")["stability"] == "stable"
+    # The trainer's rule is the same: the trial goes on under fp16, stops under bf16.
+    step = StepRecord("t", 2, LN2, math.inf, 100.0, 1.0, 0.5, 0.0, -10.0, -11.0, 0.0)
+    assert divergence(step, "fp16") == ""
+    assert divergence(step, "bf16") == "non-finite grad_norm at step 2"
+    # A run whose every step overflowed took no optimizer step: no verdict.
+    assert st.verdict(losses, [math.inf] * 10, precision="fp16") == ""

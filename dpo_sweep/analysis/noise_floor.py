@@ -21,25 +21,17 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from dpo_sweep.analysis.results import RESULTS_COLUMNS
-from dpo_sweep.analysis.tables import fmt_sig, to_markdown
+from dpo_sweep.analysis.tables import POOLED_COLUMN, fmt_sig, swept_train_columns, to_markdown
 
 #: Columns that set the maths of a trial's updates (besides the swept train columns).
 SAME_MATHS_COLUMNS = ("model", "seq_len", "effective_batch", "beta", "loss_type", "precision", "reference")
-POOLED_COLUMN = "loss_std_pooled"
 NOISE_FLOOR_HEADER = ("effective batch", "beta", "trials (micro_batch x checkpoint x grad_acc)",
                       "steps compared", "max |delta loss|", "loss std range")
 
 
-#: Columns the analysis adds (pareto.analyse_frontier): no part of a trial's set-up.
-DERIVED_COLUMNS = (POOLED_COLUMN, "eligible", "throughput_low", "throughput_high", "on_frontier",
-                   "frontier_distance", "frontier_rank")
-
-
 def same_maths_columns(df: pd.DataFrame) -> list[str]:
     """The columns of ``df`` that set a row's maths: :data:`SAME_MATHS_COLUMNS` and the swept ones."""
-    swept = [c for c in df.columns if c not in RESULTS_COLUMNS and c not in DERIVED_COLUMNS]
-    return [c for c in SAME_MATHS_COLUMNS if c in df.columns] + swept
+    return [c for c in SAME_MATHS_COLUMNS if c in df.columns] + swept_train_columns(df)
 
 
 def same_maths_key(df: pd.DataFrame) -> pd.Series:

@@ -133,3 +133,39 @@ def failure_summary(df: pd.DataFrame, max_ids: int = 5) -> str:
             detail = "no message recorded"
         out += f" {len(ids)} {verb} ({shown}): {detail}."
     return out
+
+
+def _is_diverging(rows: pd.DataFrame) -> pd.Series:
+    if "stability" not in rows:
+        return pd.Series(False, index=rows.index)
+    return rows["stability"].astype(str) == "diverging"
+
+
+def divergence_cause(row: pd.Series) -> str:
+    """``rollback at step 9``: what the row's columns say made its learning trial ``diverging``."""
+    step = row.get("rollback_step")
+    if is_finite(step):
+        return f"rollback at step {int(step)}"
+    return "its learning trial's stability verdict"
+
+
+def left_out_sentence(rows: pd.DataFrame, loss_std: str, limit: float | None) -> str:
+    """`` Left out as diverging: t015 (rollback at step 9). Left out for a loss std above the
+    normal range (<= 0.491): t3 (0.52).``: why each of ``rows`` (fitting rows that do not qualify)
+    is left out, its real cause first; ``loss_std``: the column the range is judged on."""
+    diverging = _is_diverging(rows)
+    out = ""
+    if diverging.any():
+        out += " Left out as diverging: " + ", ".join(
+            f"{r['trial_id']} ({divergence_cause(r)})" for _, r in rows[diverging].iterrows()) + "."
+    wide = rows[~diverging]
+    if len(wide):
+        bound = f" (<= {fmt_sig(limit, 3)})" if limit is not None else ""
+        out += f" Left out for a loss std above the normal range{bound}: " + ", ".join(
+            f"{r['trial_id']} ({fmt_sig(r[loss_std], 3)})" for _, r in wide.iterrows()) + "."
+    return out
+
+
+def all_diverging(rows: pd.DataFrame) -> bool:
+    """True when ``rows`` is not empty and every one of them is ``diverging``."""
+    return bool(len(rows)) and bool(_is_diverging(rows).all())

@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpo_sweep import noise
+from dpo_sweep import budget, noise
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
-from dpo_sweep.analysis.reasons import (amount, exactness_sentence, failure_summary, interval, listed,
-                                        shared_measurement_sentence, tie_sentence, tied_faster)
-from dpo_sweep.analysis.tables import is_finite
+from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
+                                        left_out_sentence, listed, shared_measurement_sentence, tie_sentence,
+                                        tied_faster)
+from dpo_sweep.analysis.tables import fmt_setting, is_finite, varying_columns
 from dpo_sweep.errors import UserError
 
 DEFAULT_SAFETY_MARGIN = 0.05
@@ -70,6 +71,10 @@ class Recommendation:
     """The winner's peak_mem_gb, step_time_ms, tokens_per_s, loss_std."""
     cheapest: dict[str, Any] | None = None
     """When nothing fits: the cheapest configuration measured (or tried)."""
+    varying: tuple[str, ...] = ()
+    """Set-up columns besides micro_batch, checkpoint, grad_acc and beta whose values differ
+    between the sweep's rows (``model``, swept train fields): ``config`` holds them too, and every
+    line that names a configuration names them."""
 
     def to_json_dict(self) -> dict[str, Any]:
         return _json_safe(asdict(self))
@@ -104,9 +109,10 @@ def stability_limit(loss_std: np.ndarray) -> float | None:
     return float(max(q3 + 1.5 * (q3 - q1), 2.0 * median))
 
 
-def config_of(row: pd.Series) -> dict[str, Any]:
-    """The configuration part of a results row, as plain Python values."""
-    out: dict[str, Any] = {}
+def config_of(row: pd.Series, varying: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The configuration part of a results row, as plain Python values; ``varying``: the
+    :func:`~dpo_sweep.analysis.tables.varying_columns` to add."""
+    out: dict[str, Any] = {c: _plain(row.get(c)) for c in varying if c not in CONFIG_KEYS}
     for key in CONFIG_KEYS:
         value = row.get(key)
         if key in ("micro_batch", "grad_acc", "effective_batch", "num_workers", "seq_len"):
@@ -118,11 +124,21 @@ def config_of(row: pd.Series) -> dict[str, Any]:
     return out
 
 
-def describe(row: pd.Series) -> str:
-    """``t3 (micro_batch 4, checkpoint L1, grad_acc 2, beta 0.1)``."""
+def _plain(value: Any) -> Any:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if is_finite(value):
+        return float(value)
+    return None if value is None or value is pd.NA or isinstance(value, float) else str(value)
+
+
+def describe(row: pd.Series, varying: tuple[str, ...] = ()) -> str:
+    """``t3 (micro_batch 4, checkpoint L1, grad_acc 2, beta 0.1)``, then each of ``varying``
+    (``, model llama-3.2-1b, lr 2e-05``)."""
     c = config_of(row)
+    extra = "".join(f", {k} {fmt_setting(row.get(k))}" for k in varying)
     return (f"{row['trial_id']} (micro_batch {c['micro_batch']}, checkpoint {c['checkpoint_level']}, "
-            f"grad_acc {c['grad_acc']}, beta {_g(c['beta'])})")
+            f"grad_acc {c['grad_acc']}, beta {_g(c['beta'])}{extra})")
 
 
 def _g(value: Any, digits: int = 4) -> str:
@@ -247,16 +263,17 @@ def recommend(
         raise UserError(f"safety margin is {safety_margin}; give a fraction in [0, 1), e.g. 0.05 for 5%")
     if memory_budget_gb is None:
         budget_source = "none"
-    usable = None if memory_budget_gb is None else memory_budget_gb * (1.0 - safety_margin)
+    usable = None if memory_budget_gb is None else budget.usable_gb(memory_budget_gb, safety_margin)
     ok = analysed[analysed["status"] == "ok"]
     limit = stability_limit(ok[POOLED_COLUMN].to_numpy(dtype=float))
+    varying = tuple(varying_columns(analysed))
     common = dict(memory_budget_gb=memory_budget_gb, budget_source=budget_source,
-                  safety_margin=safety_margin, usable_memory_gb=usable, loss_std_limit=limit)
+                  safety_margin=safety_margin, usable_memory_gb=usable, loss_std_limit=limit, varying=varying)
 
     frontier = analysed[analysed["on_frontier"]]
     fits = _fits(frontier, usable)
     stable = _stable(fits, limit)
-    unstable_ids = [str(t) for t in fits["trial_id"] if t not in set(stable["trial_id"])]
+    left_out = fits[~fits["trial_id"].isin(stable["trial_id"])]
     pool_name, off_frontier = "frontier configuration", False
     qualifying = _stable(_fits(ok[ok["eligible"]], usable), limit)
     siblings = qualifying[~qualifying["trial_id"].isin(stable["trial_id"]) & sharing_measurement(qualifying, stable)]
@@ -270,7 +287,7 @@ def recommend(
             stable, pool_name = off, "measured configuration"
             off_frontier = True
     if stable.empty:
-        return _nothing_fits(analysed, usable, limit, unstable_ids, common)
+        return _nothing_fits(analysed, usable, limit, _fits(ok, usable), common)
 
     ranked = rank_candidates(stable)
     winner = ranked.iloc[0]
@@ -279,7 +296,7 @@ def recommend(
     # only because its higher median throughput is inside the noise of a leaner trial's.
     faster = tied_faster(winner, qualifying)
     reason = _why_it_won(winner, len(ranked), pool_name, memory_budget_gb, usable, safety_margin, limit,
-                         tie=not faster.empty)
+                         tie=not faster.empty, varying=varying)
     reason += tie_sentence(winner, faster) + exactness_sentence(ranked)
     reason += shared_measurement_sentence(winner, ranked[sharing_measurement(ranked, winner.to_frame().T)])
     if off_frontier:
@@ -287,19 +304,19 @@ def recommend(
     runner_up = None
     if second is not None:
         cost = runner_up_cost(winner, second)
-        reason += f" The runner-up, {describe(second)}, would {cost}."
-        runner_up = {"trial_id": str(second["trial_id"]), "config": config_of(second),
+        reason += f" The runner-up, {describe(second, varying)}, would {cost}."
+        runner_up = {"trial_id": str(second["trial_id"]), "config": config_of(second, varying),
                      "metrics": _metrics(second), "cost": cost}
     else:
         reason += f" No other {pool_name} qualifies, so there is no runner-up."
-    if unstable_ids:
-        reason += (f" Left out for a loss std above the normal range: {', '.join(unstable_ids)}.")
-    return Recommendation(trial_id=str(winner["trial_id"]), config=config_of(winner), reason=reason,
+    reason += left_out_sentence(left_out, POOLED_COLUMN, limit)
+    return Recommendation(trial_id=str(winner["trial_id"]), config=config_of(winner, varying), reason=reason,
                           runner_up=runner_up, metrics=_metrics(winner), **common)
 
 
 def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: float | None,
-                usable_gb: float | None, safety_margin: float, limit: float | None, tie: bool) -> str:
+                usable_gb: float | None, safety_margin: float, limit: float | None, tie: bool,
+                varying: tuple[str, ...]) -> str:
     """``t3 (...) has the highest throughput (...) of the 4 frontier configurations that ...``."""
     peak, have = ("peaks", "has") if n_qualified == 1 else ("peak", "have")
     conditions = []
@@ -314,10 +331,14 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
     speed = f"{amount(winner['tokens_per_s'])} tokens/s{spread} at {amount(winner['step_time_ms'])} ms per step"
     highest = "the highest throughput within the measurement noise" if tie else "the highest throughput"
     if n_qualified == 1:
-        text = f"{describe(winner)} is the only {pool_name}{that}: {speed}."
+        text = f"{describe(winner, varying)} is the only {pool_name}{that}: {speed}."
     else:
-        text = f"{describe(winner)} has {highest}, {speed}, of the {n_qualified} {pool_name.replace('configuration', 'configurations', 1)}{that}."
-    text += f" It peaks at {_gb(winner['peak_mem_gb'])} with loss std {_g(winner['loss_std'], 3)}."
+        text = f"{describe(winner, varying)} has {highest}, {speed}, of the {n_qualified} {pool_name.replace('configuration', 'configurations', 1)}{that}."
+    if is_finite(winner["loss_std"]):
+        text += f" It peaks at {_gb(winner['peak_mem_gb'])} with loss std {_g(winner['loss_std'], 3)}."
+    else:
+        text += (f" It peaks at {_gb(winner['peak_mem_gb'])}; no loss std was measured for it, so the "
+                 "normal range could not judge it.")
     if usable_gb is None:
         text += (" No memory budget was given (pass --memory-budget-gb, or keep environment.json with "
                  "the GPU's memory in the results dir), so memory did not limit the choice.")
@@ -327,40 +348,47 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
 def _fits(rows: pd.DataFrame, usable_gb: float | None) -> pd.DataFrame:
     if usable_gb is None:
         return rows
-    return rows[rows["peak_mem_gb"].astype(float) <= usable_gb]  # NaN compares False: excluded
+    fitting = [budget.fits(float(p), usable_gb) for p in rows["peak_mem_gb"]]
+    return rows[pd.Series(fitting, index=rows.index, dtype=bool)]
 
 
 def _stable(rows: pd.DataFrame, limit: float | None) -> pd.DataFrame:
-    """Rows not judged ``diverging`` (stability.py's verdict) whose pooled loss std is within ``limit``."""
+    """Rows not judged ``diverging`` (stability.py's verdict) whose pooled loss std is within
+    ``limit``; a row without a loss std has nothing to judge it by and is kept."""
     rows = rows[rows["stability"].astype(str) != "diverging"] if "stability" in rows else rows
     if limit is None:
         return rows
-    return rows[rows[POOLED_COLUMN].astype(float) <= limit]
+    loss_std = rows[POOLED_COLUMN].astype(float)
+    return rows[loss_std.isna() | (loss_std <= limit)]
 
 
 def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
-                  unstable_ids: list[str], common: dict[str, Any]) -> Recommendation:
+                  fitting: pd.DataFrame, common: dict[str, Any]) -> Recommendation:
+    """``fitting``: the ok rows within ``usable``; none of them qualifies."""
     row, measured = cheapest_row(df)
     normal = " with a normal loss std" if limit is not None else ""  # None: no loss std was measured
-    if usable is None:
+    under = "" if usable is None else (f"under {usable:.2f} GB ({common['memory_budget_gb']:.2f} GB budget minus "
+                                        f"a {100 * common['safety_margin']:g}% safety margin)")
+    if len(fitting):  # something fits and is left out: no budget would help
+        fate = "diverged" if all_diverging(fitting) else "is left out"
+        why = f"Nothing to recommend: every completed configuration{' that peaks ' + under if under else ''} {fate}"
+    elif usable is None:
         why = f"Nothing to recommend: no completed trial{normal} is on the frontier"
     else:
-        why = (f"Nothing fits: no configuration{normal} peaks under {usable:.2f} GB "
-               f"({common['memory_budget_gb']:.2f} GB budget minus a {100 * common['safety_margin']:g}% "
-               "safety margin)")
+        why = f"Nothing fits: no configuration{normal} peaks {under}"
     why += f" ({len(df)} trial(s): {_status_counts(df)})." if len(df) else " (results.csv has no trials)."
-    if unstable_ids:
-        why += (f" These fit but have a loss std above the normal range (<= {_g(limit, 3)}): "
-                f"{', '.join(unstable_ids)}.")
+    why += left_out_sentence(fitting, POOLED_COLUMN, limit)
+    if len(fitting):
+        why += " A larger memory budget would not change this."
     cheapest = None
     if row is not None:
-        cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row), "metrics": _metrics(row),
+        cheapest = {"trial_id": str(row["trial_id"]), "config": config_of(row, common["varying"]), "metrics": _metrics(row),
                     "measured": bool(measured)}
-    if row is not None and measured:
-        need_gb = float(row["peak_mem_gb"]) / (1.0 - common["safety_margin"])
-        why += (f" The cheapest configuration measured is {describe(row)} at {_gb(row['peak_mem_gb'])} peak; "
+    if row is not None and measured and not len(fitting):
+        need_gb = budget.needed_gb(float(row["peak_mem_gb"]), common["safety_margin"])
+        why += (f" The cheapest configuration measured is {describe(row, common['varying'])} at {_gb(row['peak_mem_gb'])} peak; "
                 f"it needs a budget of at least {need_gb:.2f} GB.")
-    elif row is not None:
-        why += (f" No trial completed; the cheapest configuration tried is {describe(row)} "
+    elif row is not None and not measured:
+        why += (f" No trial completed; the cheapest configuration tried is {describe(row, common['varying'])} "
                 f"(status {row['status']}).") + failure_summary(df)
     return Recommendation(trial_id=None, config={}, reason=why, runner_up=None, cheapest=cheapest, **common)

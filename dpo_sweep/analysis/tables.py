@@ -19,10 +19,17 @@ from typing import Any
 
 import pandas as pd
 
+from dpo_sweep.records import RESULTS_COLUMNS
+
 FRONTIER_HEADER: tuple[str, ...] = (
     "micro_batch", "checkpoint", "grad_acc", "beta", "peak memory (GB)", "step time (ms)",
     "tokens/s", "loss std", "on frontier",
 )
+#: The loss-std objective's column: pooled over same-maths trials (analysis/noise_floor.py).
+POOLED_COLUMN = "loss_std_pooled"
+#: Columns the analysis adds (pareto.analyse_frontier): no part of a trial's set-up.
+DERIVED_COLUMNS = (POOLED_COLUMN, "eligible", "throughput_low", "throughput_high", "on_frontier",
+                   "frontier_distance", "frontier_rank")
 TRIALS_HEADER: tuple[str, ...] = (
     "trial", "status", "model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta",
     "effective batch", "peak memory (GB)", "predicted peak (GB)", "torch peak alloc (GB)", "step time (ms)",
@@ -64,6 +71,28 @@ def fmt_beta(value: Any) -> str:
     return f"{float(value):g}" if is_finite(value) else "-"
 
 
+def swept_train_columns(df: pd.DataFrame) -> list[str]:
+    """results.csv's columns beyond the contract's: the swept train fields (lr, seed, ...)."""
+    return [c for c in df.columns if c not in RESULTS_COLUMNS and c not in DERIVED_COLUMNS]
+
+
+def varying_columns(df: pd.DataFrame) -> list[str]:
+    """The set-up columns besides micro_batch, checkpoint_level, grad_acc and beta whose values
+    differ between the rows of ``df``: ``model`` and the swept train columns. Wherever rows are
+    told apart (frontier.md, the recommendation) these are named too: two models, or two
+    learning rates, at one micro_batch / checkpoint / grad_acc / beta look identical otherwise."""
+    candidates = (["model"] if "model" in df.columns else []) + swept_train_columns(df)
+    return [c for c in candidates if df[c].astype(str).nunique() > 1]
+
+
+def fmt_setting(value: Any) -> str:
+    """A set-up value in a table or a sentence: ``0.0001``, ``ipo``, ``llama-3.2-1b``."""
+    if is_finite(value) and not isinstance(value, bool):
+        return fmt_sig(value, 4)
+    missing = value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+    return "-" if missing else str(value)
+
+
 def memory_order(df: pd.DataFrame) -> pd.DataFrame:
     """Rows sorted by peak memory; rows without a trusted peak (OOM, error, NaN) last."""
     untrusted = df["status"].isin(list(_NO_MEASUREMENT)) | df["peak_mem_gb"].astype(float).isna()
@@ -72,12 +101,18 @@ def memory_order(df: pd.DataFrame) -> pd.DataFrame:
     return key.drop(columns=["_untrusted", "_mem"])
 
 
+def frontier_header(analysed: pd.DataFrame) -> tuple[str, ...]:
+    """FRONTIER_HEADER, after the :func:`varying_columns` of ``analysed`` (none: the seed's shape)."""
+    return tuple(varying_columns(analysed)) + FRONTIER_HEADER
+
+
 def frontier_rows(analysed: pd.DataFrame) -> list[list[str]]:
-    """One row of strings per trial, in FRONTIER_HEADER's columns, sorted by memory."""
+    """One row of strings per trial, in :func:`frontier_header`'s columns, sorted by memory."""
     rows = []
+    varying = varying_columns(analysed)
     for _, r in memory_order(analysed).iterrows():
-        config = [fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]),
-                  fmt_beta(r["beta"])]
+        config = [fmt_setting(r[c]) for c in varying] + [
+            fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]), fmt_beta(r["beta"])]
         status = r["status"]
         if status in _NO_MEASUREMENT:
             rows.append(config + [_NO_MEASUREMENT[status], "-", "-", "-", "-"])
@@ -161,7 +196,7 @@ def to_markdown(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> s
 
 def frontier_markdown(analysed: pd.DataFrame) -> str:
     """frontier.md's table text."""
-    return to_markdown(FRONTIER_HEADER, frontier_rows(analysed))
+    return to_markdown(frontier_header(analysed), frontier_rows(analysed))
 
 
 def _text(value: Any) -> str:

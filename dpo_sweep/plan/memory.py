@@ -7,8 +7,10 @@ The peak is the largest of three moments of an optimizer step, each a sum of par
   micro-step are alive too; at ``grad_acc == 1`` they are not (``zero_grad(set_to_none=True)``),
   which is why grad_acc 1 peaks lower (8B mb 4 L1 on the H200: 83.3 GB vs 98.6 GB at 2/4/8).
 * **backward end** (grad_acc 1) - the activations are freed layer by layer while the gradients
-  grow: at the end all gradients exist, plus one layer's recompute transient. It wins for small
-  micro-batches (8B mb 1: 80.4 GB allocated ~ 64.2 static + 16.1 gradients).
+  grow: at the end all gradients exist, plus the first layer's tensors, kept under ``none`` and
+  rebuilt by the recompute under every checkpointed level: the same at every level
+  (:func:`last_layer_bytes_per_token`). It wins for small micro-batches (8B mb 1: 80.4 GB
+  allocated ~ 64.2 static + 16.1 gradients + 0.2 for the first layer).
 * **reference forward** - a live reference runs a no-grad forward first; only its head's
   logits are transient.
 
@@ -52,6 +54,7 @@ from dataclasses import dataclass, fields
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.train import liger as liger_rule
 
 GB = 1e9
 #: NVML device-used minus torch's reserved peak on the H200 (see the module doc).
@@ -76,6 +79,7 @@ class ModelShape:
     tied: bool             # lm_head shares the embedding's weight
     attn_proj_params: int  # q/k/v/o weights of all layers (what autocast caches under lean ops)
     mlp_params: int        # gate/up/down weights of all layers
+    arch: str              # the transformers model_type (llama, qwen2, ...)
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ def built_shape(spec: ModelSpec) -> ModelShape:
         hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, n_heads=n_heads,
         q_dim=n_heads * head_dim, kv_dim=getattr(cfg, "num_key_value_heads", n_heads) * head_dim,
         vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
-        attn_proj_params=attn, mlp_params=mlp,
+        attn_proj_params=attn, mlp_params=mlp, arch=cfg.model_type,
     )
 
 
@@ -207,18 +211,17 @@ def layer_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, l
     return norms + region_inputs + attention + mlp
 
 
-def layer_recompute_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
-                                    liger: bool = False, attn: str = "sdpa", seq_len: int = 1024) -> float:
-    """The transient of rebuilding one layer's checkpointed regions in its backward, per token."""
-    kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len)
-    if level == "none":
-        return 0.0
-    if level == "full":
-        return layer_saved_bytes_per_token(s, b, "none", **kw)
-    mlp = _mlp_internal_bytes(s, b, lean, liger)
-    if level == "L1":
-        return mlp
-    return max(mlp, _attention_internal_bytes(s, b, attn, seq_len))
+def last_layer_bytes_per_token(s: ModelShape, b: ElementBytes, *, lean: bool = True, liger: bool = False,
+                               attn: str = "sdpa", seq_len: int = 1024) -> float:
+    """What the layer back-propagated last (the first decoder layer) holds during its backward,
+    per token, at every checkpoint level: all its tensors, kept since the forward under ``none``,
+    rebuilt by the recompute under the checkpointed levels (``full`` rebuilds the whole layer, L1
+    the MLP beside the kept rest; L2/L3 rebuild their regions one at a time, which this bounds
+    from above by one layer's q/k/v or MLP, a few MB). So at the end of backward no level holds
+    more than another, and the level order of the backward start (none >= L1 >= L2 >= L3 >=
+    full) is the order of the peak: the rule by which an OOM prunes weaker levels
+    (plan/rules.dominates_in_memory)."""
+    return layer_saved_bytes_per_token(s, b, "none", lean=lean, liger=liger, attn=attn, seq_len=seq_len)
 
 
 def model_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
@@ -256,9 +259,13 @@ def resolved_attn(spec: ModelSpec) -> str:
     return "sdpa" if spec.attn_implementation == "auto" else spec.attn_implementation
 
 
-def resolved_liger(spec: ModelSpec, device: str) -> bool:
-    """``auto`` is on for CUDA (the GPU kit ships liger-kernel), never on the CPU."""
-    return device == "cuda" and spec.liger_kernel is not False
+def resolved_liger(spec: ModelSpec, device: str, arch: str) -> bool:
+    """Whether the trainer will use liger-kernel when it runs ``spec``: its own rule
+    (train/liger.choose_liger). For ``auto`` this process's liger-kernel stands for the workers'
+    (a driver without it predicts without liger's savings: the larger, safe side); ``true`` runs
+    only where the package is (elsewhere the trainer refuses the trial), so it is assumed."""
+    installed = spec.liger_kernel is True or liger_rule.liger_installed()
+    return liger_rule.choose_liger(spec.liger_kernel, arch, device == "cuda", installed)[0]
 
 
 def worst_micro_batch(cfg: TrialConfig, lengths: LengthProfile | None) -> tuple[int, int]:
@@ -277,7 +284,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     s = shape or model_shape(cfg.model)
     t = cfg.train
     b = element_bytes(cfg.model, t.precision)
-    lean, liger, attn = cfg.model.lean_ops, resolved_liger(cfg.model, device), resolved_attn(cfg.model)
+    lean, liger, attn = cfg.model.lean_ops, resolved_liger(cfg.model, device, s.arch), resolved_attn(cfg.model)
     world = cfg.resources.workers_per_trial
     shard = world if (world > 1 and cfg.resources.parallelism == "fsdp") else 1  # FSDP: a rough 1/world
     tokens, seq_len = worst_micro_batch(cfg, lengths)
@@ -295,7 +302,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     per_token = model_saved_bytes_per_token(s, b, cfg.checkpoint_level, **kw)
     activations = tokens * per_token
     head = _head_bytes(s, b, tokens, t.logp_chunk_tokens)
-    end_transient = max(tokens * layer_recompute_bytes_per_token(s, b, cfg.checkpoint_level, **kw),
+    end_transient = max(tokens * last_layer_bytes_per_token(s, b, **kw),
                         s.vocab * s.hidden * b.weight if s.tied else 0.0)  # tied: the embedding's grad
     grads_in_step = grads_all if cfg.grad_acc >= 2 else buckets
     moments = {

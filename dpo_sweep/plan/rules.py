@@ -164,8 +164,9 @@ def dominates_in_memory(a: TrialConfig, b: TrialConfig) -> bool:
     """True when ``a`` needs at least the memory of ``b``: the same configuration in every other
     memory field, and a micro_batch, max_length and grad_acc class at least ``b``'s and a level
     that keeps at least as many activations. (At grad_acc 1 a small micro-batch can peak at the
-    end of backward, where a checkpointed level adds one layer's recompute; ``none`` still holds
-    that layer's activations then, so the order holds.)"""
+    end of backward, where a checkpointed level rebuilds the first layer's tensors; ``none``
+    still holds them then, so the order holds, and the memory model counts them alike:
+    memory.last_layer_bytes_per_token.)"""
     if memory_family(a) != memory_family(b):
         return False
     return (a.micro_batch >= b.micro_batch and a.train.max_length >= b.train.max_length
@@ -197,15 +198,21 @@ def budgeted_gb(cfg: TrialConfig, estimate: MemoryEstimate) -> float:
     return estimate.total_gb - (estimate.context_gb if cfg.resources.gpu_memory_gb else 0.0)
 
 
-def prune_over_budget(cfg: TrialConfig, estimate_gb: float, budget_gb: float,
-                      margin: float = BUDGET_MARGIN) -> str | None:
-    """The reason ``cfg`` is not run, or None: predicted above ``budget_gb x (1 + margin)``.
-    ``estimate_gb``: :func:`budgeted_gb` of the memory model's estimate."""
+def prune_over_budget(cfg: TrialConfig, predicted_gb: float, budget_gb: float,
+                      margin: float = BUDGET_MARGIN, uncapped_gb: float = 0.0) -> str | None:
+    """The reason ``cfg`` is not run, or None: its predicted peak, less ``uncapped_gb``, above
+    ``budget_gb x (1 + margin)``. ``predicted_gb``: the row's ``predicted_peak_gb`` (the NVML
+    peak), which the reason quotes as the column shows it; ``uncapped_gb``: what of it the budget
+    does not bound (``predicted_gb`` minus :func:`budgeted_gb`: the CUDA context under
+    ``resources.gpu_memory_gb``)."""
     limit = budget_gb * (1 + margin)
-    if estimate_gb <= limit:
+    bounded_gb = predicted_gb - uncapped_gb
+    if bounded_gb <= limit:
         return None
-    return (f"pruned: predicted peak {estimate_gb:.1f} GB is over the {budget_gb:.1f} GB budget by more than "
-            f"the model's {margin:.0%} margin ({limit:.1f} GB)")
+    part = (f" ({bounded_gb:.2f} GB of it in torch's allocator, which resources.gpu_memory_gb caps; the "
+            f"{uncapped_gb:.2f} GB CUDA context is outside it)" if uncapped_gb else "")
+    return (f"pruned: predicted peak {predicted_gb:.2f} GB{part} is over the {budget_gb:.1f} GB budget by more "
+            f"than the model's {margin:.0%} margin ({limit:.1f} GB)")
 
 
 # --- step time -------------------------------------------------------------------------------

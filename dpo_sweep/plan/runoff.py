@@ -33,7 +33,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from dpo_sweep import noise
+from dpo_sweep import budget, noise
 from dpo_sweep.records import TrialResult
 
 #: At most this many finalists are timed in full (fastest first): each costs a trial at the real
@@ -64,7 +64,7 @@ def finalists(rows: Sequence[TrialResult], usable_gb: float | None,
     such row's (:mod:`dpo_sweep.noise`, the recommendation's tie rule); at most ``limit`` (None:
     all). Empty when every finalist was already measured at its grad_acc."""
     fitting = sorted((r for r in rows if r.status == "ok" and math.isfinite(r.tokens_per_s)
-                      and (usable_gb is None or r.peak_mem_gb <= usable_gb)), key=lambda r: -r.tokens_per_s)
+                      and budget.fits(r.peak_mem_gb, usable_gb)), key=lambda r: -r.tokens_per_s)
     if not fitting:
         return []
     low, high = noise.throughput_interval(pd.DataFrame([dataclasses.asdict(r) for r in fitting]))

@@ -41,6 +41,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
+from dpo_sweep import budget
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
 from dpo_sweep.plan.extrapolate import Extrapolated, Layout, MicroStepFit, extrapolate, fit_micro_steps, step_layout
@@ -154,12 +155,12 @@ class SweepPlan:
         """What the sweep will do, before it starts."""
         if self.full_grid:
             return f"planner off (--full-grid): {len(self._order)} configuration(s), each run in full"
-        budget = {self.budget_of(g.measuring) for g in self._groups.values()} - {None}
+        budgets = {self.budget_of(g.measuring) for g in self._groups.values()} - {None}
         learning = dict.fromkeys(f"{c.train.steps} steps in {c.train.precision}"
                                  for c in map(learning_config, self._cfgs.values()))
         return (f"planner: {len(self._order)} configuration(s) share {len(self._groups)} memory/time "
                 f"measurement(s), cheapest predicted peak first; over-budget pruning "
-                + (f"against {', '.join(f'{b:.1f}' for b in sorted(budget))} GB" if budget else "off (no budget known)")
+                + (f"against {', '.join(f'{b:.1f}' for b in sorted(budgets))} GB" if budgets else "off (no budget known)")
                 + f"; learning trials of {' or '.join(learning)} (train.learning_steps, learning_precision)")
 
     # --- what the Searcher asks -------------------------------------------------------------
@@ -288,7 +289,7 @@ class SweepPlan:
         if budget is None or math.isnan(gb):
             return None
         est = self._estimate(cfg)
-        return prune_over_budget(cfg, budgeted_gb(cfg, est) - est.total_gb + gb, budget, self.margin)
+        return prune_over_budget(cfg, gb, budget, self.margin, uncapped_gb=est.total_gb - budgeted_gb(cfg, est))
 
     def _prune_after(self, oom_cfg: TrialConfig) -> None:
         pending = {g.measuring.trial_id: g for g in self._pending()}
@@ -439,8 +440,9 @@ class SweepPlan:
             if group.state != "done" or group.result.status != "ok":
                 continue
             for m in group.members:
-                budget = self.budget_of(m)
-                if budget is None or margin is None or group.result.peak_mem_gb <= budget * (1 - margin):
+                budget_gb = self.budget_of(m)
+                if (budget_gb is None or margin is None
+                        or budget.fits(group.result.peak_mem_gb, budget.usable_gb(budget_gb, margin))):
                     rows.append(self._time_row(m, group))
         return rows
 

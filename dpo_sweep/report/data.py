@@ -185,7 +185,8 @@ def _headline(rec: Recommendation) -> str:
         return "No configuration fits"
     c = rec.config
     return (f"Use micro_batch {c.get('micro_batch')}, checkpoint {c.get('checkpoint_level')}, "
-            f"grad_acc {c.get('grad_acc')}, beta {tables.fmt_beta(c.get('beta'))} (trial {rec.trial_id})")
+            f"grad_acc {c.get('grad_acc')}, beta {tables.fmt_beta(c.get('beta'))}"
+            + "".join(f", {k} {tables.fmt_setting(c.get(k))}" for k in rec.varying) + f" (trial {rec.trial_id})")
 
 
 def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Objective, ...],
@@ -269,7 +270,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         figures=figs,
         plots_note=_plots_note(completed, has_curves),
         failures=failure_lines(analysed, short_ids),
-        frontier_table=Table(tables.FRONTIER_HEADER,
+        frontier_table=Table(tables.frontier_header(analysed),
                              [[Cell(c) for c in row] for row in tables.frontier_rows(analysed)],
                              row_classes),
         trials_table=_trial_table(analysed, short_ids, row_classes),

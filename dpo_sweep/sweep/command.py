@@ -113,13 +113,13 @@ def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Pat
     return 1
 
 
-def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs) -> set[str]:
+def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs, renamed: dict[str, str]) -> set[str]:
     """After the preflight: its lines and notes, the results directory (earlier results kept or set aside),
     environment.json (the preflight's look at this machine) and data.json; the trial ids to skip."""
     say("\n".join(s.line() for s in checked.data))
     for note in checked.notes:
         say(note)
-    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume))
+    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume), renamed=renamed)
     save_environment(out_dir, say, checked.environment)
     write_data_json(out_dir, [s.shape for s in checked.data if s.shape is not None])  # the report's data shape
     return done_ids
@@ -190,7 +190,7 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
             import_tune()
             checked = pending.result()
         remember_shapes(checked.shapes)  # the plan's memory model: built there, not here
-        done_ids = _prepare(args, out_dir, checked)
+        done_ids = _prepare(args, out_dir, checked, sp.renamed)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
             _analyse(out_dir, args, say, sp.spec)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from dpo_sweep.records import (PENDING, STEPS_COLUMNS, TrialResult, read_csv_rows, results_from_rows, rewrite_csv,
-                              write_environment_json)
+from dpo_sweep.records import (PENDING, RESULTS_COLUMNS, STEPS_COLUMNS, TrialResult, read_csv_rows, results_from_rows,
+                              rewrite_csv, write_environment_json)
 
 RESULTS_FILE = "results.csv"
 STEPS_FILE = "steps.csv"
@@ -60,12 +60,45 @@ def _drop_orphan_steps(out_dir: Path, keep_ids: set[str]) -> None:
     rewrite_csv(path, kept, STEPS_COLUMNS + [c for c in rows[0] if c not in STEPS_COLUMNS])
 
 
-def prepare_output(space_path: Path, out_dir: Path, resume: bool) -> set[str]:
+#: Columns that hold a trial id (a row's own, or the trial whose measurement it carries).
+_ID_COLUMNS = ("trial_id", "measured_by", "stability_from", "timed_by")
+
+
+def _renamed_id(value: str, renamed: Mapping[str, str]) -> str:
+    """``value`` under ``renamed``, with a planner suffix kept (``<id>-learning``, ``<id>-runoff``)."""
+    for old, new in renamed.items():
+        if value == old or value.startswith(old + "-"):
+            return new + value[len(old):]
+    return value
+
+
+def rename_trials(out_dir: Path, renamed: Mapping[str, str]) -> int:
+    """Rewrite the trial ids of ``DIR/results.csv`` and ``DIR/steps.csv`` that ``renamed`` maps
+    (an older version's ids for the same trials; space.Space.renamed); returns the rows renamed."""
+    count = 0
+    for path, columns in ((out_dir / RESULTS_FILE, RESULTS_COLUMNS), (out_dir / STEPS_FILE, STEPS_COLUMNS)):
+        rows = read_csv_rows(path)
+        changed = False
+        for row in rows:
+            for c in _ID_COLUMNS:
+                if row.get(c) and (new := _renamed_id(row[c], renamed)) != row[c]:
+                    row[c], changed = new, True
+                    count += c == "trial_id"
+        if changed:
+            rewrite_csv(path, rows, list(columns) + [c for c in rows[0] if c not in columns])
+    return count
+
+
+def prepare_output(space_path: Path, out_dir: Path, resume: bool,
+                   renamed: Mapping[str, str] | None = None) -> set[str]:
     """Create ``out_dir``, copy the space file to ``DIR/space.yaml`` and return the trial ids to
-    skip. Without ``--resume`` earlier results are moved to ``DIR/previous-<time>/``, not lost."""
+    skip. Without ``--resume`` earlier results are moved to ``DIR/previous-<time>/``, not lost;
+    with it, rows under an older version's ids (``renamed``: old -> new) take the new ones."""
     out_dir.mkdir(parents=True, exist_ok=True)
     done: set[str] = set()
     if resume:
+        if renamed and rename_trials(out_dir, renamed):
+            print(f"resume: trial ids in {out_dir} renamed to name each swept model")
         done = finished_trial_ids(out_dir)
         _drop_orphan_steps(out_dir, done | referenced_trial_ids(out_dir))
     else:

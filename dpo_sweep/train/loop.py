@@ -183,7 +183,7 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
         setup.policy, setup.reference, setup.ref_table, setup.data.pairs, cfg.effective_batch(),
         records[-1].beta, cfg.train)
     signals = stability.signals(*([getattr(r, k) for r in records] for k in (
-        "loss", "grad_norm", "logratio_std", "reward_accuracy", "reward_margin")))
+        "loss", "grad_norm", "logratio_std", "reward_accuracy", "reward_margin")), precision=cfg.train.precision)
     result = summarise(setup, steps, timer, clock, status=status, error=error, mem_source=sampler.source,
                        signals={**signals, "eval_loss": eval_loss})
     return TrialOutcome(result, tuple(out.record for out in steps))
@@ -322,7 +322,7 @@ def divergence(record: StepRecord, precision: str) -> str:
     non-finite gradient norm except under fp16, whose scaler skips such a step by design."""
     if not math.isfinite(record.loss):
         return f"non-finite loss at step {record.step}"
-    if not math.isfinite(record.grad_norm) and precision != "fp16":
+    if not math.isfinite(record.grad_norm) and not stability.skipped_step(record.grad_norm, precision):
         return f"non-finite grad_norm at step {record.step}"
     return ""
 

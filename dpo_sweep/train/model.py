@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from dpo_sweep.config import ModelSpec
+from dpo_sweep.train import liger as liger_rule
 
 #: Shapes of public models. Memory and time do not depend on the weights' values, so a
 #: random-initialised model of the same shape measures the same as the real one.
@@ -153,23 +154,18 @@ def _modelling_module(arch: str) -> Any:
 
 
 def resolve_liger(spec: ModelSpec, device: torch.device, arch: str | None = None) -> bool:
-    """Whether liger-kernel is used: ``auto`` takes it on CUDA when it imports, for Llama/Qwen2.
-    ``arch``: the model type when the caller has it (it costs a config read for a checkpoint)."""
+    """Whether liger-kernel is used (train/liger.choose_liger, the memory model's rule too); a
+    ``true`` that cannot be honoured is a UserError. ``arch``: the model type when the caller has
+    it (it costs a config read for a checkpoint)."""
     from dpo_sweep.errors import UserError
 
-    if spec.liger_kernel is False:
+    if spec.liger_kernel is False:  # decided without reading a checkpoint's config for its arch
         return False
-    arch = arch or model_arch(spec)
-    supported = arch in ("llama", "qwen2")
-    available = device.type == "cuda" and importlib.util.find_spec("liger_kernel") is not None
-    if spec.liger_kernel == "auto":
-        return supported and available
-    if not available:
-        raise UserError("model.liger_kernel: true needs a CUDA GPU and the liger-kernel package "
-                        "(pip install liger-kernel); use auto or false")
-    if not supported:
-        raise UserError(f"model.liger_kernel: {arch} models are not patched; use auto or false")
-    return True
+    used, refusal = liger_rule.choose_liger(spec.liger_kernel, arch or model_arch(spec), device.type == "cuda",
+                                            liger_rule.liger_installed())
+    if refusal:
+        raise UserError(refusal)
+    return used
 
 
 def apply_liger(spec: ModelSpec, arch: str) -> None:

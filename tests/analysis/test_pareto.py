@@ -206,3 +206,16 @@ def test_property_noisy_frontier_is_never_empty_and_ignores_row_order(points, se
     assert front  # dominance within the noise has no cycles
     shuffled = df.sample(frac=1.0, random_state=seed).reset_index(drop=True)
     assert on(shuffled) == front
+
+
+@settings(max_examples=150, deadline=None)
+@given(points=st.lists(st.tuples(st.integers(1, 6), st.integers(700, 1300), spread_ms), min_size=1,
+                       max_size=15))
+def test_property_only_frontier_rows_remove_others(points):
+    df = noisy(*[(m, t, s[0], s[1]) for m, t, s in points])
+    low, high = pareto.intervals_as_minimisation(df, MEM_TIME)
+    on_ = frontier_mask(low, high)
+    dominates = (np.all(low[:, None, :] <= high[None, :, :], axis=2)
+                 & np.any(high[:, None, :] < low[None, :, :], axis=2))
+    assert not dominates[np.ix_(on_, on_)].any()  # no frontier row dominates another
+    assert dominates[np.ix_(on_, ~on_)].any(axis=0).all()  # every other row is dominated by one

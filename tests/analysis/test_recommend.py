@@ -34,7 +34,7 @@ def test_budget_between_points_picks_the_fastest_that_fits(tmp_path):
     assert rec.config["micro_batch"] == 2 and rec.config["checkpoint_level"] == "L2"
     assert rec.usable_memory_gb == pytest.approx(28.5)
     assert rec.runner_up["trial_id"] == "small"
-    assert rec.reason.startswith("mid (micro_batch 2, checkpoint L2, grad_acc 1, beta 0.1) has the highest "
+    assert rec.reason.startswith("mid (micro_batch 2, checkpoint L2, grad_acc 1, beta 0.1, seed mid) has the highest "
                                  "throughput, 5,000 tokens/s at 200 ms per step, of the 2 frontier "
                                  "configurations that peak under 28.50 GB")
     assert "runner-up, small" in rec.reason
@@ -93,7 +93,7 @@ def test_unstable_frontier_point_is_left_out_and_named(tmp_path):
     trials.append(trial("wild", 30.0, 50.0, 0.5))
     rec = recommend(analysed(tmp_path, trials), memory_budget_gb=100.0)
     assert rec.trial_id == "s5"
-    assert "Left out for a loss std above the normal range: wild" in rec.reason
+    assert "Left out for a loss std above the normal range (<= 0.046): wild (0.5)." in rec.reason
     assert rec.loss_std_limit < 0.5
 
 

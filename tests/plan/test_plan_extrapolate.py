@@ -12,7 +12,7 @@ from dpo_sweep.train.lengths import LengthProfile
 from tests.testkit import make_cfg
 
 SHAPE = ModelShape(n_params=10**9, n_layers=16, hidden=2048, intermediate=8192, n_heads=32, q_dim=2048,
-                   kv_dim=512, vocab=128256, tied=True, attn_proj_params=0, mlp_params=0)
+                   kv_dim=512, vocab=128256, tied=True, attn_proj_params=0, mlp_params=0, arch="llama")
 T_OPT, A_MS, B_MS_PER_TFLOP, FIRST = 40.0, 3.0, 2.5, -4.0
 
 

@@ -101,3 +101,31 @@ def test_weight_ema_is_a_float32_copy_of_the_trained_weights():
     assert ema.ema_gb == pytest.approx(2 * plain.weights_gb)  # 4 bytes per bf16 weight's 2
     assert ema.total_gb > plain.total_gb + ema.ema_gb * 0.99
     assert plain.ema_gb == 0.0
+
+
+def test_the_memory_model_uses_liger_exactly_where_the_trainer_does(monkeypatch):
+    import dataclasses
+
+    from dpo_sweep.config import ModelSpec
+    from dpo_sweep.errors import UserError
+    from dpo_sweep.plan import memory
+    from dpo_sweep.train import liger, model
+
+    cases = [(setting, arch, dev, installed) for setting in ("auto", True, False) for arch in ("llama", "qwen2", "gpt2")
+             for dev in ("cuda", "cpu") for installed in (True, False)]
+    for setting, arch, dev, installed in cases:
+        monkeypatch.setattr(liger, "liger_installed", lambda ok=installed: ok)
+        spec = ModelSpec(preset="tiny-llama", liger_kernel=setting)
+        planned = memory.resolved_liger(spec, dev, arch)
+        try:
+            trained = model.resolve_liger(spec, torch.device(dev), arch)
+        except UserError:
+            continue  # the trial is refused: no run to predict
+        assert planned == trained, (setting, arch, dev, installed)
+    # The prediction follows: without lean ops liger's SwiGLU saves 3 widths, the stock MLP 4.
+    monkeypatch.setattr(liger, "liger_installed", lambda: True)
+    cfg = make_cfg(model={"preset": "tiny-llama", "lean_ops": False})
+    shape = memory.model_shape(cfg.model)
+    on = memory.predict_peak_gb(cfg, device="cuda", shape=shape)
+    off = memory.predict_peak_gb(cfg, device="cuda", shape=dataclasses.replace(shape, arch="gpt2"))
+    assert off.activations_gb > on.activations_gb

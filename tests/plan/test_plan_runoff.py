@@ -226,3 +226,14 @@ def test_replace_results_rewrites_only_the_rows_of_those_trial_ids(tmp_path):
     got = {r["trial_id"]: r for r in read_csv_rows(tmp_path / "results.csv")}
     assert list(got) == ["a", "b"] and got["a"]["tokens_per_s"] == "100.0"
     assert (got["b"]["tokens_per_s"], got["b"]["timed_by"], got["b"]["step_time_source"]) == ("250.0", "b-runoff", "runoff")
+
+
+def test_a_peak_at_exactly_the_usable_budget_fits():
+    # 24 x 0.95 is 22.799999999999997 in floating point; 22.80 GB printed beside 22.80 GB fits.
+    edge = row("t0", 8, 1000.0, peak=22.80)
+    assert [r.trial_id for r in finalists([edge], usable_gb=24 * 0.95)] == ["t0"]
+    assert finalists([dataclasses.replace(edge, peak_mem_gb=22.81)], usable_gb=24 * 0.95) == []
+    # The plan: both levels peak at 22.80 GB on a 24 GB card, tie, and are timed in full.
+    trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
+    jobs, _ = drive(SweepPlan(trials, estimate=estimate, budget_gb=24.0), lambda job: run(job, peak_gb=22.80))
+    assert [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF] == ["none", "L1"]

@@ -233,3 +233,14 @@ def test_a_resumed_plan_keeps_measured_rows_and_runs_only_their_learning_trial()
     assert [j.kind for j in jobs].count(LEARN) == 2  # effective batches 8 and 16
     assert set(rows) == set(written)
     assert all(r.stability_from.endswith("-learning") for r in rows.values())
+
+
+def test_a_pruned_row_quotes_the_predicted_peak_its_column_shows():
+    # mb 4 none on a 20 GB emulated card: 27 GB predicted (the column), 26 GB of it in the allocator.
+    trials = [make_cfg(trial_id="a", micro_batch=4, resources={"use_gpu": False, "gpu_memory_gb": 20.0})]
+    _, rows = drive(SweepPlan(trials, estimate=estimate))
+    r = rows["a"]
+    assert r.status == "pruned" and r.predicted_peak_gb == 27.0
+    assert r.error.startswith(f"pruned: predicted peak {r.predicted_peak_gb:.2f} GB (26.00 GB of it in torch's "
+                              "allocator, which resources.gpu_memory_gb caps; the 1.00 GB CUDA context is outside it) "
+                              "is over the 20.0 GB budget")
