@@ -49,7 +49,7 @@ WORDS = ("the model learns which answer people prefer from pairs of replies to o
 
 
 def make(arch: str, pairs: int, out: Path, seed: int = 0, sigma: float = 1.0, prompt_words: int = 120,
-         reply_words: int = 90) -> None:
+         reply_words: int = 90, weights: bool = True) -> None:
     """``out/ckpt`` (config, random bf16 weights, tokenizer) and ``out/pairs.jsonl``: chat pairs
     whose prompt and reply lengths are lognormal (``sigma``), so a few are many times the median."""
     import torch
@@ -63,9 +63,12 @@ def make(arch: str, pairs: int, out: Path, seed: int = 0, sigma: float = 1.0, pr
     config = AutoConfig.for_model(kind, **kwargs)
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.save_pretrained(ckpt)
+    if weights:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model.save_pretrained(ckpt)
+    else:  # the shapes and the tokenizer only: enough to lay out steps (refit), not to train
+        config.save_pretrained(ckpt)
     tok = byte_level_tokenizer()
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(ckpt)
@@ -80,8 +83,7 @@ def make(arch: str, pairs: int, out: Path, seed: int = 0, sigma: float = 1.0, pr
             fh.write(json.dumps({"prompt": [{"role": "user", "content": text(prompt_words)}],
                                  "chosen": [{"role": "assistant", "content": text(reply_words)}],
                                  "rejected": [{"role": "assistant", "content": text(reply_words)}]}) + "\n")
-    print(f"wrote {ckpt} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, {arch}) and "
-          f"{out / 'pairs.jsonl'} ({pairs} pairs)")
+    print(f"wrote {ckpt} ({arch}{'' if weights else ', no weights'}) and {out / 'pairs.jsonl'} ({pairs} pairs)")
 
 
 def trial_config(case: Path, *, micro_batch: int, level: str, grad_acc: int, max_length: int, steps: int,
@@ -162,18 +164,19 @@ def cost(case: Path | None, small: int, out_dir: Path, max_length: int, steps: i
 
 
 #: (micro_batch, level) at effective batch ``--effective-batch``: grad_acc = E / micro_batch.
-EXTRAPOLATION_CONFIGS = ((1, "full"), (2, "L2"), (2, "full"), (4, "L1"), (4, "full"), (8, "full"))
+EXTRAPOLATION_CONFIGS = ((1, "full"), (2, "L2"), (2, "full"), (4, "L1"), (4, "L2"), (4, "full"))
 
 
 def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, configs,
                      out_dir: Path) -> list[dict]:
-    """Each configuration's measure trial (grad_acc 2, as the planner runs it) and its full trial;
+    """Each configuration's measure trial (at ``rules.measure_grad_acc``, as the planner runs it) and its full trial;
     the planner's extrapolation from the first (``ratio``, its default; ``line`` and the plain
     ``t_opt + G x t_micro`` beside it), the second's measured step time. Every step of both trials
     goes to ``out_dir/extrapolation_steps.csv`` (their micro-step times in ``micro_ms``)."""
     from dpo_sweep.plan.extrapolate import extrapolate, fit_micro_steps, step_layout
     from dpo_sweep.plan.memory import built_shape, planning_device, predict_peak_gb
     from dpo_sweep.plan.rows import fitted_step_ms
+    from dpo_sweep.plan.rules import measure_grad_acc
     from dpo_sweep.records import write_steps
     from dpo_sweep.train.lengths import LengthProfile
     from dpo_sweep.train.setup import tokenized_pairs
@@ -182,7 +185,7 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
     for mb, level in configs:
         full = trial_config(case, micro_batch=mb, level=level, grad_acc=effective // mb, max_length=max_length,
                             steps=steps, warmup=1)
-        short = full.model_copy(update={"grad_acc": 2, "trial_id": full.trial_id + "-short"})
+        short = full.model_copy(update={"grad_acc": measure_grad_acc(full), "trial_id": full.trial_id + "-short"})
         lengths = LengthProfile.of(tokenized_pairs(full)[1])
         shape = built_shape(full.model)
         measured, _ = run(short)
@@ -196,7 +199,7 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
             return extrapolate(fit, full, step_layout(full, lengths, shape)) if fit else None
 
         ext, line = predicted("ratio"), predicted("line")
-        old = fitted_step_ms(measured.steps, 2, full.grad_acc) if ok else math.nan
+        old = fitted_step_ms(measured.steps, short.grad_acc, full.grad_acc) if ok else math.nan
         truth = f.step_time_ms if ok else math.nan
         rows.append({
             "config": full.trial_id, "status": f"{m.status}/{f.status}",
@@ -213,6 +216,42 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
         })
         write_csv(out_dir / "extrapolation.csv", rows)  # after each configuration: a cut-off run keeps its rows
         write_steps(out_dir / "extrapolation_steps", all_steps)
+    return rows
+
+
+def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: int) -> list[dict]:
+    """The extrapolations again from an earlier run's steps.csv (``extrapolate``'s), without a GPU:
+    the case's data laid out here (``make --no-weights`` gives the same pairs for the same seed)."""
+    from dpo_sweep.plan.extrapolate import FITS, extrapolate, fit_micro_steps, step_layout
+    from dpo_sweep.plan.memory import built_shape
+    from dpo_sweep.records import StepRecord
+    from dpo_sweep.train.lengths import LengthProfile
+    from dpo_sweep.train.setup import tokenized_pairs
+
+    kinds = {f.name: f.type for f in __import__("dataclasses").fields(StepRecord)}
+    by_trial: dict[str, list] = {}
+    with steps_csv.open() as fh:
+        for r in csv.DictReader(fh):
+            vals = {k: (v if kinds[k] == "str" else v == "True" if kinds[k] == "bool" else
+                        int(float(v)) if kinds[k] == "int" else float(v or "nan")) for k, v in r.items() if k in kinds}
+            by_trial.setdefault(r["trial_id"], []).append(StepRecord(**vals))
+    rows = []
+    for tid in [t for t in by_trial if not t.endswith("-short")]:
+        if tid + "-short" not in by_trial:
+            continue
+        mb, level = int(tid.split("_")[0][2:]), tid.split("_")[1]
+        full = trial_config(case, micro_batch=mb, level=level, grad_acc=effective // mb, max_length=max_length,
+                            steps=steps, warmup=1)
+        short = full.model_copy(update={"grad_acc": int(by_trial[tid + "-short"][0].grad_acc)})
+        lengths, shape = LengthProfile.of(tokenized_pairs(full)[1]), built_shape(full.model)
+        truth = statistics.median(s.step_time_ms for s in by_trial[tid] if s.measured and not s.worst_case)
+        row = {"config": tid, "full_step_ms": truth}
+        for how in FITS:
+            fit = fit_micro_steps(by_trial[tid + "-short"], step_layout(short, lengths, shape).works, 1, how)
+            ext = extrapolate(fit, full, step_layout(full, lengths, shape))
+            row[f"{how}_ms"], row[f"{how}_error"] = ext.step_ms, ext.step_ms / truth - 1
+        rows.append(row)
+    table(rows)
     return rows
 
 
@@ -259,7 +298,7 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
     backward adds at its peak, at each checkpoint level, against the memory model's terms."""
     import torch
 
-    from dpo_sweep.plan.memory import (GB, built_shape, element_bytes, layer_recompute_bytes_per_token,
+    from dpo_sweep.plan.memory import (GB, built_shape, element_bytes, last_layer_bytes_per_token,
                                        model_saved_bytes_per_token, resolved_attn)
     from dpo_sweep.train.setup import autocast, build_trial, configure_device_memory, forward_inputs, load_data, \
         release_after_trial
@@ -301,7 +340,8 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
                      "saved_gb": saved / GB, "model_saved_gb": tokens * model_saved_bytes_per_token(s, b, level, **kw) / GB,
                      "saved_bytes_per_token_layer": saved / tokens / s.n_layers,
                      "forward_peak_gb": fwd_peak / GB, "backward_peak_gb": bwd_peak / GB,
-                     "model_recompute_gb": tokens * layer_recompute_bytes_per_token(s, b, level, **kw) / GB})
+                     "model_last_layer_gb": tokens * last_layer_bytes_per_token(
+                         s, b, **{k: v for k, v in kw.items() if k != "level"}) / GB})
         del setup, logps, gpu, data
         release_after_trial(device)
         write_csv(out_dir / f"probe_{case.name}_mb{micro_batch}.csv", rows)
@@ -310,7 +350,7 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=("make", "cost", "extrapolate", "memory", "probe"))
+    ap.add_argument("command", choices=("make", "cost", "extrapolate", "memory", "probe", "refit"))
     ap.add_argument("--dir", type=Path, help="the case's folder (make writes it)")
     ap.add_argument("--preset", help="cost: a preset on synthetic pairs instead of the case's folder")
     ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen2-3b")
@@ -323,9 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--effective-batch", type=int, default=32)
     ap.add_argument("--ema", action="store_true", help="memory: with train.ema_decay")
     ap.add_argument("--micro-batch", type=int, default=4, help="probe: the micro-batch")
+    ap.add_argument("--no-weights", action="store_true", help="make: config and tokenizer only (for refit)")
+    ap.add_argument("--steps-csv", type=Path, help="refit: an extrapolate run's extrapolation_steps/steps.csv")
     args = ap.parse_args(argv)
     if args.command == "make":
-        make(args.arch, args.pairs, args.dir, sigma=args.sigma)
+        make(args.arch, args.pairs, args.dir, sigma=args.sigma, weights=not args.no_weights)
+    elif args.command == "refit":
+        refit(args.dir, args.steps_csv, args.effective_batch, args.max_length, args.steps)
     elif args.command == "cost":
         cost(args.dir, args.small, args.out_dir, args.max_length, args.steps, args.preset, args.pairs)
     elif args.command == "extrapolate":

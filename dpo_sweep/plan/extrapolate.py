@@ -113,9 +113,18 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return 0.0, statistics.median(t / w for w, t in points if w > 0)
 
 
+#: A micro-step priced above this many times the median price is a one-off stall (a fresh
+#: trial's autotuning or kernel plans: up to ten times a micro-step's time on the H200), which a
+#: long run amortises, and is left out of the price.
+STALL_FACTOR = 3.0
+
+
 def _ratio(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(0, total ms over total work): the short run's throughput on the positions it computed."""
-    return 0.0, sum(t for _, t in points) / sum(w for w, _ in points)
+    """(0, total ms over total work) of the micro-steps that are no stall: the short run's
+    throughput on the positions it computed."""
+    median = statistics.median(t / w for w, t in points)
+    kept = [(w, t) for w, t in points if t / w <= STALL_FACTOR * median]
+    return 0.0, sum(t for _, t in kept) / sum(w for w, _ in kept)
 
 
 #: How the micro-step times are fitted: ``ratio`` (default) prices a micro-step by the short

@@ -104,6 +104,24 @@ def short_grad_acc(cfg: TrialConfig) -> int:
     return min(cfg.grad_acc, 2)
 
 
+#: The fewest micro-steps a measure trial times over its measured steps. On long-tailed data one
+#: micro-step's time differs from the next by tens of percent, in ways its FLOPs do not explain
+#: (benchmarks/results/user_case_h200/), so a short run's mean micro-step is only as good as
+#: the number of them it timed.
+MIN_TIMED_MICRO_STEPS = 24
+
+
+def measure_grad_acc(cfg: TrialConfig) -> int:
+    """Micro-steps per optimizer step of the trial that measures ``cfg``'s group (``cfg``: its
+    measuring configuration). 1 at grad_acc 1; 2 (:func:`short_grad_acc`: the memory of any
+    longer accumulation) on fixed-length synthetic pairs, whose micro-steps all take one time;
+    else enough for :data:`MIN_TIMED_MICRO_STEPS` over the measured steps, at most its own."""
+    if cfg.grad_acc == 1 or (cfg.data.synthetic is not None and cfg.data.synthetic.lengths == "fixed"):
+        return short_grad_acc(cfg)
+    measured = max(1, cfg.train.steps - cfg.train.warmup_steps)
+    return min(cfg.grad_acc, max(2, -(-MIN_TIMED_MICRO_STEPS // measured)))
+
+
 def _memory_tree(cfg: TrialConfig) -> dict:
     tree = cfg.model_dump(mode="json")
     for path in NOT_MEMORY_FIELDS:

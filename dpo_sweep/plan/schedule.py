@@ -50,8 +50,8 @@ from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, pending_stabilit
 from dpo_sweep.plan.runoff import (RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, frontier_ties,
                                    runoff_cap, timed_row)
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
-                                  measurement_key, pick_learning_trial, prune_after_oom, prune_over_budget,
-                                  short_grad_acc)
+                                  measure_grad_acc, measurement_key, pick_learning_trial, prune_after_oom,
+                                  prune_over_budget)
 from dpo_sweep.records import PENDING, StepRecord, TrialResult, failed_result
 from dpo_sweep.train.lengths import LengthProfile
 
@@ -233,7 +233,7 @@ class SweepPlan:
         saved = {r.trial_id: r for r in rows if r.status == "ok" and r.stability == PENDING}
         for group in self._groups.values():
             if group.members and all(m.trial_id in saved for m in group.members):
-                group.state, group.ran_grad_acc = "done", short_grad_acc(group.measuring)
+                group.state, group.ran_grad_acc = "done", measure_grad_acc(group.measuring)
                 group.result, group.saved = saved[group.measuring.trial_id], {m.trial_id: saved[m.trial_id]
                                                                                for m in group.members}
                 group.predicted_gb = group.result.predicted_peak_gb
@@ -270,7 +270,7 @@ class SweepPlan:
                 self._prune(group, reason)
                 continue
             group.state = "running"
-            group.ran_grad_acc = group.measuring.grad_acc if self.full_grid else short_grad_acc(group.measuring)
+            group.ran_grad_acc = group.measuring.grad_acc if self.full_grid else measure_grad_acc(group.measuring)
             cfg = group.measuring.model_copy(update={"grad_acc": group.ran_grad_acc})
             if not self._own_learning(group.measuring):  # its rows' stability comes from a learning trial
                 cfg = _without_eval(cfg)
@@ -518,7 +518,7 @@ def plan_labels(trials: Sequence[TrialConfig], budget_gb: float | None = None,
     for group in plan._groups.values():
         reason = plan.over_budget(group.measuring)
         head = group.measuring
-        short = short_grad_acc(head)
+        short = measure_grad_acc(head)
         for m in group.members:
             if reason:
                 labels[m.trial_id] = reason

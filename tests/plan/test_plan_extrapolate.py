@@ -86,3 +86,20 @@ def test_with_several_workers_the_synchronising_micro_step_counts_once_per_step(
                       for step in step_layout(full, lengths, SHAPE).works[1:]]
     assert predicted.step_ms < sorted(per_step_micro)[len(per_step_micro) // 2] + T_OPT + 2 * sync_ms
     assert math.isfinite(predicted.tokens_per_s) and predicted.tokens_per_s > 0
+
+
+def test_a_stalled_micro_step_of_the_short_run_is_left_out_of_the_price():
+    lengths = long_tailed(seed=5)
+    full = make_cfg(micro_batch=2, grad_acc=16, steps=6, warmup_steps=2, max_length=4096)
+    short = full.model_copy(update={"grad_acc": 4})
+    layout = step_layout(short, lengths, SHAPE)
+    steps = []
+    for s, step in enumerate(layout.works, start=1):
+        micro = [B_MS_PER_TFLOP * w / 1e12 for w in step[0]]
+        if s == 4:
+            micro[2] *= 10  # a one-off stall
+        steps.append(StepRecord(trial_id="t", step=s, loss=0.6, grad_norm=1.0, step_time_ms=T_OPT + sum(micro),
+                                peak_mem_gb=1.0, reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-1.0,
+                                logps_rejected=-1.0, kl=0.0, measured=s > 2, micro_ms=",".join(map(str, micro))))
+    fit = fit_micro_steps(steps, layout.works, world=1)
+    assert fit.per_flop_ms * 1e12 == pytest.approx(B_MS_PER_TFLOP, rel=1e-9)

@@ -77,8 +77,10 @@ def test_a_short_bf16_space_learns_for_sixteen_steps_in_bf16_mixed():
 
 
 def test_a_configuration_that_ran_in_full_with_the_learning_steps_and_precision_is_its_own_learning_trial():
-    trials = space(micro_batch=[1, 2], beta=[0.1])  # steps 2 in fp32
-    trials = [t.model_copy(update={"train": t.train.model_copy(update={"learning_steps": 2})}) for t in trials]
+    trials = space(micro_batch=[1, 2], beta=[0.1])
+    trials = [t.model_copy(update={"train": t.train.model_copy(update={"steps": 2, "warmup_steps": 0,
+                                                                       "learning_steps": 2})})
+              for t in trials]  # steps 2 in fp32
     jobs, rows = drive(SweepPlan(trials, estimate=estimate))
     assert learn_jobs(jobs) == []
     assert all(j.cfg.train.evaluate for j in jobs)  # each is its rows' learning trial: eval_loss is theirs

@@ -204,3 +204,16 @@ def test_the_model_orders_levels_as_the_pruning_rule_does(space_file):
             assert peaks == sorted(peaks, reverse=True), (mb, grad_acc, peaks)
             for weak, strong in zip(cfgs, cfgs[1:]):  # and the rule says the same of each pair
                 assert rules.dominates_in_memory(weak, strong)
+
+
+def test_a_measure_trial_times_enough_micro_steps_on_varied_lengths():
+    from dpo_sweep.plan.rules import MIN_TIMED_MICRO_STEPS, measure_grad_acc
+
+    varied = {"synthetic": {"pairs": 64, "prompt_tokens": 12, "response_tokens": 10, "lengths": "lognormal"}}
+    # 4 measured steps x 6 micro-steps >= 24; never more than the configuration's own grad_acc
+    assert measure_grad_acc(make_cfg(grad_acc=32, steps=6, warmup_steps=2, data=varied)) == 6 == MIN_TIMED_MICRO_STEPS // 4
+    assert measure_grad_acc(make_cfg(grad_acc=4, steps=6, warmup_steps=2, data=varied)) == 4
+    assert measure_grad_acc(make_cfg(grad_acc=32, steps=14, warmup_steps=2, data=varied)) == 2
+    assert measure_grad_acc(make_cfg(grad_acc=1, steps=6, warmup_steps=2, data=varied)) == 1
+    fixed = {"synthetic": {"pairs": 64, "prompt_tokens": 12, "response_tokens": 10}}
+    assert measure_grad_acc(make_cfg(grad_acc=32, steps=6, warmup_steps=2, data=fixed)) == 2

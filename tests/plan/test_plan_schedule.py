@@ -26,11 +26,14 @@ def estimate(cfg) -> MemoryEstimate:
 
 
 def space(**search):
-    """The cross product of ``search`` (micro_batch, checkpoint_level, grad_acc, beta), in order."""
+    """The cross product of ``search`` (micro_batch, checkpoint_level, grad_acc, beta), in order;
+    12 measured steps, so that a measure trial times its micro-steps at grad_acc 2
+    (rules.measure_grad_acc)."""
     import itertools
 
     keys = list(search)
-    return [make_cfg(trial_id=f"t{i:03d}_" + "_".join(f"{k}{v}" for k, v in zip(keys, vals)), **dict(zip(keys, vals)))
+    return [make_cfg(trial_id=f"t{i:03d}_" + "_".join(f"{k}{v}" for k, v in zip(keys, vals)), steps=14,
+                     warmup_steps=2, **dict(zip(keys, vals)))
             for i, vals in enumerate(itertools.product(*search.values()))]
 
 
