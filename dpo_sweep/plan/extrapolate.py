@@ -1,19 +1,19 @@
-"""A configuration's step time at its real grad_acc from a short measurement of it, on the pairs
-its real steps will hold (pure: no Ray, no torch).
+"""Step times extrapolated on the pairs of the real steps: what ``benchmarks/user_case.py``
+compares with the planner's own extrapolation (``plan.rows.fitted_step_ms``: ``t_opt + G x`` the
+median accumulating micro-step), which on the H200 was as close or closer (benchmarks/results/
+extrapolation_h200/), so the planner keeps it. Pure: no Ray, no torch.
 
-A measure trial runs two micro-steps per optimizer step (``rules.short_grad_acc``); the row is
-for ``grad_acc`` G. On long-tailed data the G micro-batches of a real step are not like the two
-the short trial timed: their padded widths differ, and a step's time is the sum of its
-micro-steps'. So the trainer's own pair order (``train/order.py``) lays out what every
-micro-batch of both runs holds (:func:`step_layout`), each micro-batch is weighed by its matmul
-FLOPs over the positions the kernels compute (padding included; ``telemetry.flops``), and
-the short trial's micro-step times price that work (:func:`fit_micro_steps`: its total time over
-its total work; a fitted line ``t = a + b x work`` on request). The real
-run's step ``s`` is then ``t_opt + sum over its micro-batches of (a + b x work) + the first
+A measure trial runs a few micro-steps per optimizer step (``rules.measure_grad_acc``: at least
+24 timed on varied lengths); the row is for ``grad_acc`` G. The trainer's own pair order
+(``train/order.py``) lays out what every micro-batch of both runs holds (:func:`step_layout`:
+its FLOPs over the positions the kernels compute, padding included, and its real tokens). The
+short trial's micro-step times are fitted (:func:`fit_micro_steps`, :data:`FITS`), and the real
+run's step ``s`` is ``t_opt + the fitted time of each of its micro-batches + the first
 micro-step's offset`` (it writes fresh gradient buffers) ``+ the synchronising one's`` (several
 workers: the gradient all-reduce, once per step). The row's step time is the median over the
-real run's measured steps, and its p10-p90 interval those steps' spread widened by the fit's own
-relative error e (p10 / (1 + e), p90 x (1 + e): :class:`Extrapolated`).
+real run's measured steps, its tokens/s their real tokens over their time, and its p10-p90
+interval those steps' spread widened by the fit's own relative error e (p10 / (1 + e),
+p90 x (1 + e): :class:`Extrapolated`).
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ class MicroStepFit:
     first_offset_ms: float
     sync_offset_ms: float
     optimizer_ms: float
-    rel_error: float  # RMS relative residual of the fitted micro-steps
+    rel_error: float  # the fitted price's relative standard error: RMS residual / sqrt(micro-steps)
 
     def micro_ms(self, work: float) -> float:
         return self.intercept_ms + self.per_flop_ms * work
@@ -127,12 +127,21 @@ def _ratio(points: list[tuple[float, float]]) -> tuple[float, float]:
     return 0.0, sum(t for _, t in kept) / sum(w for w, _ in kept)
 
 
-#: How the micro-step times are fitted: ``ratio`` (default) prices a micro-step by the short
-#: run's total time over its total work, per kind of micro-step; ``line`` fits a + b x work.
-FITS = {"ratio": _ratio, "line": _line}
+def _median(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(the median micro-step, 0): every micro-step of the real run costs the short run's median."""
+    return statistics.median(t for _, t in points), 0.0
 
 
-def fit_micro_steps(steps: Sequence[StepRecord], works: Works, world: int, how: str = "ratio") -> MicroStepFit | None:
+#: How the micro-step times are fitted. ``median``: every micro-step costs the
+#: short run's median one (its work ignored); ``ratio``: the short run's time over its work,
+#: times each real micro-batch's work; ``line``: a + b x work. On the H200 (Qwen2-3B shape,
+#: long-tailed chat pairs at 2,048 tokens; benchmarks/results/extrapolation_h200/) a micro-step's
+#: time did not follow its FLOPs at these sizes, and with 24 timed micro-steps the median was
+#: the closest of the three.
+FITS = {"median": _median, "ratio": _ratio, "line": _line}
+
+
+def fit_micro_steps(steps: Sequence[StepRecord], works: Works, world: int, how: str = "median") -> MicroStepFit | None:
     """The fit from a measure trial's measured typical steps (their ``micro_ms``) and the works of
     its micro-batches (:func:`step_layout` of the configuration it ran; rank 0's, whose times the
     steps carry); None when no step recorded its micro-steps."""
@@ -152,7 +161,7 @@ def fit_micro_steps(steps: Sequence[StepRecord], works: Works, world: int, how: 
         """What a kind of micro-step (the first, the synchronising one) adds to the fitted one."""
         if not points or points is fitted:
             return 0.0
-        if how == "ratio":
+        if how != "line":  # the mean difference: an offset a long run pays every step
             return (sum(t for _, t in points) - sum(intercept + slope * w for w, _ in points)) / len(points)
         return statistics.median(t - (intercept + slope * w) for w, t in points)
 
@@ -160,8 +169,10 @@ def fit_micro_steps(steps: Sequence[StepRecord], works: Works, world: int, how: 
     residuals = [(t - intercept - slope * w - off) / max(1e-9, intercept + slope * w + off)
                  for points, off in ((first, first_offset), (middle, 0.0), (last, sync_offset)) for w, t in points]
     optimizer = statistics.median(s.step_time_ms - sum(ms) for s, ms in timed)
+    # The fit's own error: the residuals' RMS over the square root of how many it fitted (the
+    # standard error of a mean price), what a real run of many micro-steps is uncertain by.
     return MicroStepFit(intercept, slope, first_offset, sync_offset, optimizer,
-                        math.sqrt(statistics.fmean(r * r for r in residuals)))
+                        math.sqrt(statistics.fmean(r * r for r in residuals) / len(residuals)))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ import math
 from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.plan.extrapolate import Extrapolated
 from dpo_sweep.plan.rules import extrapolate_step_ms, fit_step_time
 from dpo_sweep.records import PENDING, TIMING_COLUMNS, StepRecord, TrialResult
 
@@ -45,23 +44,20 @@ def fitted_step_ms(steps: Sequence[StepRecord], ran_grad_acc: int, grad_acc: int
 
 
 def _time_columns(measured: TrialResult, steps: Sequence[StepRecord], ran_grad_acc: int,
-                  grad_acc: int, predicted: Extrapolated | None) -> dict:
+                  grad_acc: int) -> dict:
     if grad_acc == ran_grad_acc or measured.status != "ok":
         return {"step_time_source": "measured" if measured.status == "ok" else ""}
-    work = grad_acc / ran_grad_acc  # tokens per step, when their pairs are not known
-    if predicted is not None:  # on the pairs of the row's own steps (plan/extrapolate.py)
-        step_ms, p10, p90, tokens_per_s = predicted.step_ms, predicted.p10_ms, predicted.p90_ms, predicted.tokens_per_s
-    else:  # t_opt + grad_acc x the measured micro-step (the data's lengths are not known)
-        step_ms = fitted_step_ms(steps, ran_grad_acc, grad_acc)
-        ratio = step_ms / measured.step_time_ms  # the spread and the rate scale with the step
-        p10, p90 = measured.step_time_p10_ms * ratio, measured.step_time_p90_ms * ratio
-        tokens_per_s = measured.tokens_per_s * work / ratio
-    return {"step_time_ms": step_ms, "step_time_p10_ms": p10, "step_time_p90_ms": p90, "tokens_per_s": tokens_per_s,
-            "mfu": measured.mfu * tokens_per_s / measured.tokens_per_s, "step_time_source": "extrapolated"}
+    step_ms = fitted_step_ms(steps, ran_grad_acc, grad_acc)
+    ratio = step_ms / measured.step_time_ms  # the spread and the rates scale with the step
+    work = grad_acc / ran_grad_acc           # tokens and FLOPs per step
+    return {"step_time_ms": step_ms, "step_time_p10_ms": measured.step_time_p10_ms * ratio,
+            "step_time_p90_ms": measured.step_time_p90_ms * ratio,
+            "tokens_per_s": measured.tokens_per_s * work / ratio, "mfu": measured.mfu * work / ratio,
+            "step_time_source": "extrapolated"}
 
 
 def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepRecord], *, ran_grad_acc: int,
-               measured_by: str, predicted_peak_gb: float, predicted: Extrapolated | None = None) -> TrialResult:
+               measured_by: str, predicted_peak_gb: float) -> TrialResult:
     """``cfg``'s row from the measurement ``measured`` (taken at ``ran_grad_acc`` micro-steps per
     step by trial ``measured_by``): its knobs, the measurement's memory, the time at its grad_acc.
     A row measured by another trial carries no start-up or measuring time of its own (it cost none)."""
@@ -70,7 +66,7 @@ def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepReco
         measured, trial_id=cfg.trial_id, **cfg.knobs(), loss_type=cfg.train.loss,
         predicted_peak_gb=predicted_peak_gb, measured_by=measured_by, stability_from="",
         **{c: getattr(measured, c) if own else math.nan for c in TIMING_COLUMNS},
-        extra=cfg.swept_columns(), **_time_columns(measured, steps, ran_grad_acc, cfg.grad_acc, predicted),
+        extra=cfg.swept_columns(), **_time_columns(measured, steps, ran_grad_acc, cfg.grad_acc),
     )
 
 

@@ -44,8 +44,7 @@ from typing import Callable, Mapping, Sequence
 from dpo_sweep import budget
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
-from dpo_sweep.plan.extrapolate import Extrapolated, Layout, MicroStepFit, extrapolate, fit_micro_steps, step_layout
-from dpo_sweep.plan.memory import MemoryEstimate, model_shape, planning_device, predict_peak_gb
+from dpo_sweep.plan.memory import MemoryEstimate, planning_device, predict_peak_gb
 from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, pending_stability, shared_row, with_stability
 from dpo_sweep.plan.runoff import (RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, frontier_ties,
                                    runoff_cap, timed_row)
@@ -95,7 +94,6 @@ class _Group:
     result: TrialResult | None = None
     steps: tuple[StepRecord, ...] = ()
     saved: dict[str, TrialResult] = field(default_factory=dict)  # rows a resumed sweep restored, by trial id
-    fit: MicroStepFit | None = None  # its micro-step times over their work (plan/extrapolate.py)
 
 
 @dataclass
@@ -129,7 +127,6 @@ class SweepPlan:
         self.budget_gb = budget_gb
         self.margin = margin
         self._estimate = estimate or DataEstimate(lengths or {})
-        self._lengths = dict(lengths or {})  # the step-time extrapolation lays out each run's pairs
         self._order = {t.trial_id: i for i, t in enumerate(trials)}
         self._cfgs = {t.trial_id: t for t in trials}
         if full_grid:
@@ -193,7 +190,6 @@ class SweepPlan:
         else:
             group = self._groups[job.key]
             group.state, group.result, group.steps = "done", result, tuple(steps)
-            group.fit = self._micro_fit(job.cfg, steps) if result.status == "ok" else None
             if result.status == "ok" and math.isfinite(result.peak_mem_gb):
                 self._measurements.append(Measurement(job.cfg, result.peak_mem_gb))
                 self._calibration = calibrate(self._measurements, self._estimate)
@@ -333,31 +329,8 @@ class SweepPlan:
             return group.saved[cfg.trial_id].step_time_ms
         if cfg.grad_acc == group.ran_grad_acc:
             return group.result.step_time_ms
-        predicted = self._extrapolated(cfg, group)
-        ms = predicted.step_ms if predicted else fitted_step_ms(group.steps, group.ran_grad_acc, cfg.grad_acc)
+        ms = fitted_step_ms(group.steps, group.ran_grad_acc, cfg.grad_acc)
         return ms if math.isfinite(ms) else math.inf
-
-    def _layout(self, cfg: TrialConfig) -> Layout | None:
-        """What ``cfg``'s steps hold, or None when its data's lengths or model shape are unknown."""
-        lengths = self._lengths.get(cfg.trial_id)
-        if lengths is None:
-            return None
-        try:
-            return step_layout(cfg, lengths, model_shape(cfg.model))
-        except (OSError, ValueError, KeyError):
-            return None
-
-    def _micro_fit(self, ran: TrialConfig, steps: Sequence[StepRecord]) -> MicroStepFit | None:
-        """The measure trial ``ran``'s micro-step times over the work of its micro-batches."""
-        layout = self._layout(ran)
-        return fit_micro_steps(steps, layout.works, ran.resources.workers_per_trial) if layout else None
-
-    def _extrapolated(self, cfg: TrialConfig, group: _Group) -> Extrapolated | None:
-        """``cfg``'s step time on the pairs of its own steps, from its group's short measurement."""
-        if group.fit is None or cfg.grad_acc == group.ran_grad_acc:
-            return None
-        layout = self._layout(cfg)
-        return extrapolate(group.fit, cfg, layout) if layout else None
 
     def _next_learning(self) -> Job | None:
         needing = {self._learning_keys[t] for t in self.unfinished()}
@@ -472,8 +445,7 @@ class SweepPlan:
         if m.trial_id in group.saved:
             return group.saved[m.trial_id]
         row = shared_row(m, group.result, group.steps, ran_grad_acc=group.ran_grad_acc,
-                         measured_by=group.measuring.trial_id, predicted_peak_gb=group.predicted_gb,
-                         predicted=self._extrapolated(m, group))
+                         measured_by=group.measuring.trial_id, predicted_peak_gb=group.predicted_gb)
         runoff = self._runoff_times.get((self._group_of[m.trial_id], m.grad_acc))
         return timed_row(row, runoff) if runoff is not None and row.status == "ok" else row
 

@@ -79,7 +79,7 @@ def test_with_several_workers_the_synchronising_micro_step_counts_once_per_step(
                                 peak_mem_gb=1.0, reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-1.0,
                                 logps_rejected=-1.0, kl=0.0, measured=s > 1,
                                 micro_ms=",".join(f"{m:.6f}" for m in micro)))
-    fit = fit_micro_steps(steps, layout.works, world=2)
+    fit = fit_micro_steps(steps, layout.works, world=2, how="ratio")
     predicted = extrapolate(fit, full, step_layout(full, lengths, SHAPE))
     # at most one sync per step: well under 31 syncs (G - 1) of 30 ms each on top
     per_step_micro = [max(sum(true_micro_ms(w, j == 0) for j, w in enumerate(rank)) for rank in step)
@@ -101,5 +101,5 @@ def test_a_stalled_micro_step_of_the_short_run_is_left_out_of_the_price():
         steps.append(StepRecord(trial_id="t", step=s, loss=0.6, grad_norm=1.0, step_time_ms=T_OPT + sum(micro),
                                 peak_mem_gb=1.0, reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-1.0,
                                 logps_rejected=-1.0, kl=0.0, measured=s > 2, micro_ms=",".join(map(str, micro))))
-    fit = fit_micro_steps(steps, layout.works, world=1)
+    fit = fit_micro_steps(steps, layout.works, world=1, how="ratio")
     assert fit.per_flop_ms * 1e12 == pytest.approx(B_MS_PER_TFLOP, rel=1e-9)
