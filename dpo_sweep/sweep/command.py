@@ -37,6 +37,7 @@ from dpo_sweep.train.lengths import write_data_json
 from dpo_sweep import space as space_mod
 from dpo_sweep.errors import UserError
 from dpo_sweep.sweep.console import say
+from dpo_sweep.sweep.folder_lock import FolderLock
 from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finished_trial_ids, prepare_output,
                                          save_environment)
 from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, connect_ray, print_dashboard,
@@ -167,6 +168,12 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent: {args.max_concurrent} is not allowed; give 1 or more")
     out_dir = Path(args.output) if args.output else default_output_dir(sp.name)
+    preflight.check_output_dir(out_dir)  # a file given as the folder: said before the lock makes it
+    with FolderLock(out_dir):  # exit 2 when another sweep writes there (folder_lock.py)
+        return _sweep(args, release, sp, out_dir)
+
+
+def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, out_dir: Path) -> int:
     total = len(sp.trials)
     # A resumed sweep with every row written starts no Ray (a look only: prepare_output decides).
     nothing_to_run = bool(args.resume) and finished_trial_ids(out_dir) >= {t.trial_id for t in sp.trials}
