@@ -40,40 +40,62 @@ def holder_text(path: Path) -> str:
 
 class FolderLock:
     """``with FolderLock(out_dir):`` holds the directory for this process (see the module doc);
-    raises UserError when another process holds it."""
+    raises UserError when another process holds it. Leaving the block removes the lock file, and
+    the folders that entering created when they are still empty: a refused sweep leaves nothing."""
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
         self.path = out_dir / LOCK_FILE
         self._fh: IO[str] | None = None
+        self._created: list[Path] = []
 
     def __enter__(self) -> FolderLock:
+        self._created = [p for p in (self.out_dir, *self.out_dir.parents) if not p.exists()]
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        # "a": opening must not empty a file whose holder's details a refusal reads.
-        fh = self.path.open("a+")
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.close()
-            raise UserError(
-                f"--output {self.out_dir} is in use by another sweep: {holder_text(self.path)}. Two sweeps "
-                f"in one folder would write every configuration twice; wait for that one to end (or stop "
-                f"it), or give another --output") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                             "command": shlex.join(["dpo-sweep", *sys.argv[1:]]),
-                             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}) + "\n")
-        fh.flush()
-        self._fh = fh
+        while self._fh is None:
+            # "a": opening must not empty a file whose holder's details a refusal reads.
+            fh = self.path.open("a+")
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.close()
+                self._remove_created()
+                raise UserError(
+                    f"--output {self.out_dir} is in use by another sweep: {holder_text(self.path)}. Two "
+                    "sweeps in one folder would write every configuration twice; wait for that one to end "
+                    "(or stop it), or give another --output") from None
+            if self._is_the_file(fh):
+                self._fh = fh
+            else:  # its holder removed it between our open and our lock: lock the new one
+                fh.close()
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                   "command": shlex.join(["dpo-sweep", *sys.argv[1:]]),
+                                   "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}) + "\n")
+        self._fh.flush()
         return self
+
+    def _is_the_file(self, fh: IO[str]) -> bool:
+        try:
+            return os.path.samestat(os.fstat(fh.fileno()), os.stat(self.path))
+        except FileNotFoundError:
+            return False
+
+    def _remove_created(self) -> None:
+        for folder in self._created:  # the deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: something else lives there now
+                return
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._fh is not None:
-            # Emptied first: a reader that opens it after the unlock finds no stale holder.
-            self._fh.seek(0)
-            self._fh.truncate()
-            fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
-            self._fh.close()
-            self._fh = None
+        if self._fh is None:
+            return
+        # Removed while held: a process waiting on this file finds it gone and opens a new one.
+        self.path.unlink(missing_ok=True)
+        fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+        self._fh.close()
+        self._fh = None
+        self._remove_created()
