@@ -74,6 +74,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.space}: valid, {len(sp.trials)} trial(s)")
     for summary in data:
         print(summary.line())
+        for note in summary.notes():
+            print(note)
     from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (README)
     from dpo_sweep.plan.schedule import plan_labels
 

@@ -117,7 +117,7 @@ def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Pat
 def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs) -> set[str]:
     """After the preflight: its lines and notes, the results directory (earlier results kept or set aside),
     environment.json (the preflight's look at this machine) and data.json; the trial ids to skip."""
-    say("\n".join(s.line() for s in checked.data))
+    say("\n".join(line for s in checked.data for line in (s.line(), *s.notes())))
     for note in checked.notes:
         say(note)
     done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume))
