@@ -13,7 +13,7 @@ import copy
 import itertools
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,8 @@ class Space:
     spec: SweepSpace
     trials: tuple[TrialConfig, ...]
     source: str
+    #: The mapping it was parsed from, ``--set`` overrides applied (what DIR/space.yaml records).
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def name(self) -> str:
@@ -299,6 +301,11 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
 
 def load_raw(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        spaces = sorted(q.name for q in p.glob("*.yaml"))[:3]
+        hint = f" (it holds {', '.join(spaces)})" if spaces else ""
+        raise SpaceError(f"{path}: this is a directory, not a space file; give a YAML file{hint}, "
+                         "e.g. search_spaces/quickstart.yaml")
     if not p.is_file():
         raise SpaceError(f"{path}: no such space file")
     try:
@@ -324,7 +331,7 @@ def parse(raw: dict[str, Any], source: str = "space") -> Space:
         raise SpaceError(_format_validation(source, err)) from None
     except TypeError as err:  # e.g. a section given as a list instead of a mapping
         raise SpaceError(f"{source}: {err}") from None
-    return Space(spec=spec, trials=expand(spec, source), source=source)
+    return Space(spec=spec, trials=expand(spec, source), source=source, raw=raw)
 
 
 def parse_section(cls: type[BaseModel], raw: dict[str, Any], key: str, source: str = "space") -> Any:

@@ -56,9 +56,10 @@ def _drop_damaged_rows(out_dir: Path) -> set[str]:
     return {d.trial_id for d in table.damaged}
 
 
-def prepare_output(space_path: Path, out_dir: Path, resume: bool) -> set[str]:
-    """Create ``out_dir``, copy the space file to ``DIR/space.yaml`` and return the trial ids to
-    skip. Without ``--resume`` earlier results are moved to ``DIR/previous-<time>/``, not lost."""
+def prepare_output(space_path: Path, out_dir: Path, resume: bool, space_text: str | None = None) -> set[str]:
+    """Create ``out_dir``, copy the space file to ``DIR/space.yaml`` (``space_text``: write that
+    instead, the settings ``--set`` changed) and return the trial ids to skip. Without
+    ``--resume`` earlier results are moved to ``DIR/previous-<time>/``, not lost."""
     out_dir.mkdir(parents=True, exist_ok=True)
     done: set[str] = set()
     if resume:
@@ -74,7 +75,9 @@ def prepare_output(space_path: Path, out_dir: Path, resume: bool) -> set[str]:
                 shutil.move(str(p), aside / p.name)
             print(f"earlier results moved to {aside} (use --resume to continue a sweep instead)")
     target = out_dir / "space.yaml"
-    if space_path.resolve() != target.resolve():
+    if space_text is not None:
+        target.write_text(space_text)
+    elif space_path.resolve() != target.resolve():
         shutil.copyfile(space_path, target)
     return done
 
