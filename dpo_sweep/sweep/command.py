@@ -40,6 +40,7 @@ from dpo_sweep import space as space_mod
 from dpo_sweep.errors import UserError
 from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.folder_lock import FolderLock
+from dpo_sweep.sweep.local_cluster import stop_guard
 from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finished_trial_ids, prepare_output,
                                          save_environment)
 from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, connect_ray, print_dashboard,
@@ -157,6 +158,7 @@ class RayRelease:
             if conn is not None and conn.started_here:
                 stop_local_autoscaler()
                 ray.shutdown()
+                stop_guard(conn.guard)  # what the shutdown left of the cluster
 
         self._thread = threading.Thread(target=release, name="ray-release")
         self._thread.start()
