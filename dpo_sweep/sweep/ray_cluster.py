@@ -49,6 +49,9 @@ RAY_TRAIN_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    # The dashboard's Train page (Train V2: /api/train/v2/runs/v1): each trial's Train run by its trial id;
+    # without it the page answers 500 ("Train state data is not available").
+    "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",
 }
 
 

@@ -1,0 +1,70 @@
+"""What the Ray dashboard shows of a healthy sweep on the Ray Train path (`warm_workers: false`):
+each trial's Train run under its trial id (/api/train/v2/runs/v1, the Train V2 runs the Train page reads, answers), a reports actor named
+after it, and not one FAILED task. Polled while the sweep runs: its cluster ends with it."""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+from sweep_cluster import auth_env, http_get, read_csv, start_sweep, stop_process, write_space
+
+import urllib.error
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "dashboard-test"
+
+
+def _get(url: str) -> tuple[int, str]:
+    """``http_get``; (0, "") once the sweep's cluster (and its dashboard) is going down."""
+    try:
+        return http_get(url, TOKEN)
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+def test_a_train_path_sweep_shows_its_trials_by_id_and_no_failed_task(tmp_path):
+    space = write_space(tmp_path / "dash.yaml", "dash", """\
+        micro_batch: [2]
+        checkpoint_level: [none, L1]
+        """, train_extra=", learning_steps: 3")
+    space.write_text(space.read_text().replace("cpus_per_worker: 0.5}", "cpus_per_worker: 0.5, warm_workers: false}"))
+    out = tmp_path / "out"
+    log = tmp_path / "run.log"
+    proc = start_sweep([str(space), "--output", str(out)], auth_env(TOKEN), log)
+    failed, runs_status, runs_text, actors_text = set(), None, "", ""
+    try:
+        deadline = time.time() + 300
+        url = None
+        while time.time() < deadline and proc.poll() is None:
+            if url is None:
+                found = re.search(r"Ray dashboard: (http://\S+)", log.read_text())
+                url = found.group(1) if found else None
+            if url is not None:
+                status, body = _get(f"{url}/api/train/v2/runs/v1")
+                if status == 200:
+                    runs_status, runs_text = status, body if "train-" in body else runs_text
+                elif runs_status is None and status:
+                    runs_status = status
+                status, body = _get(f"{url}/api/v0/tasks?limit=2000&detail=false")
+                if status == 200:
+                    tasks = json.loads(body)["data"]["result"]["result"]
+                    failed |= {(t["name"], t["task_id"]) for t in tasks if t["state"] == "FAILED"}
+                status, body = _get(f"{url}/api/v0/actors?limit=2000")
+                if status == 200 and "reports-train-" in body:
+                    actors_text = body
+            time.sleep(1)
+        rc = proc.wait(timeout=120)
+    finally:
+        stop_process(proc)
+    text = log.read_text()
+    assert rc == 0, text[-3000:]
+    rows = read_csv(out / "results.csv")
+    assert sorted(r["status"] for r in rows) == ["ok", "ok"], rows
+    assert runs_status == 200, (runs_status, runs_text[:500])
+    for row in rows:
+        assert f"train-{row['trial_id']}-" in runs_text, runs_text[:2000]
+    assert failed == set(), (len(failed), sorted(failed)[:5])
+    assert "reports-train-" in actors_text
