@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--max-concurrent", type=int, help="trials running at once (default: from GPUs)")
     r.add_argument("--no-dashboard", action="store_true", help="start Ray without its dashboard")
     r.add_argument("--memory-budget-gb", type=float, help="budget for the recommendation")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="change the space file's settings, as validate and trial take them, e.g. "
+                   "--set train.steps=8 --set micro_batch=2 (repeatable; DIR/space.yaml records the result)")
     r.add_argument("--full-grid", action="store_true",
                    help="run every configuration in full: no pruning, shared measurements or short accumulation")
     _safety_margin_flag(r)
@@ -74,6 +77,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.space}: valid, {len(sp.trials)} trial(s)")
     for summary in data:
         print(summary.line())
+        for note in summary.notes():
+            print(note)
     from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (README)
     from dpo_sweep.plan.schedule import plan_labels
 

@@ -51,9 +51,21 @@ class DataSummary:
     lengths: LengthProfile | None = None
     shape: dict[str, Any] | None = None
 
+    layout: str = ""  # how the rows read (train.data.layout_text); "" for synthetic pairs
+    identical: int = 0  # pairs with the same chosen and rejected response
+
     def line(self) -> str:
         return (f"data {self.source}: {self.pairs} pair(s) with the {self.model} tokenizer at max_length "
-                f"{self.max_length} ({self.truncated} truncated, {self.dropped} dropped)")
+                f"{self.max_length} ({self.truncated} truncated, {self.dropped} dropped)"
+                + (f"; read as {self.layout}" if self.layout else ""))
+
+    def notes(self) -> list[str]:
+        """What the data holds that trains nothing, one ``note:`` line each."""
+        if not self.identical:
+            return []
+        return [f"note: data {self.source}: {self.identical} pair(s) have identical chosen and rejected "
+                "responses; they carry no preference (their DPO gradient is zero): remove them or fix "
+                "their responses"]
 
 
 # --- output folder ----------------------------------------------------------------------------
@@ -196,7 +208,8 @@ def check_data(trials: Iterable[TrialConfig], models: CheckedModels,
             summaries[key] = DataSummary(ds.source, cfg.model.label(), cfg.train.max_length, len(ds),
                                          ds.truncated, ds.dropped, _max_token_id(ds), key, lengths,
                                          data_shape(ds, lengths, model=cfg.model.label(),
-                                                    max_length=cfg.train.max_length))
+                                                    max_length=cfg.train.max_length),
+                                         layout=ds.layout, identical=ds.identical)
         check_fill(cfg, summaries[key])
         check_vocab(cfg, summaries[key], models.vocab_sizes[cfg.model.label()])
     return tuple(summaries.values())

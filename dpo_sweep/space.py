@@ -71,6 +71,8 @@ class Space:
     renamed: dict[str, str] = field(default_factory=dict)
     """Trial ids of earlier versions -> this version's, for trials whose id changed (a swept
     model is named in the id): ``--resume`` renames the rows of an older results dir."""
+    #: The mapping it was parsed from, ``--set`` overrides applied (what DIR/space.yaml records).
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def name(self) -> str:
@@ -325,6 +327,11 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
 
 def load_raw(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        spaces = sorted(q.name for q in p.glob("*.yaml"))[:3]
+        hint = f" (it holds {', '.join(spaces)})" if spaces else ""
+        raise SpaceError(f"{path}: this is a directory, not a space file; give a YAML file{hint}, "
+                         "e.g. search_spaces/quickstart.yaml")
     if not p.is_file():
         raise SpaceError(f"{path}: no such space file")
     try:
@@ -351,7 +358,7 @@ def parse(raw: dict[str, Any], source: str = "space") -> Space:
     except TypeError as err:  # e.g. a section given as a list instead of a mapping
         raise SpaceError(f"{source}: {err}") from None
     trials, renamed = expand_with_renames(spec, source)
-    return Space(spec=spec, trials=trials, source=source, renamed=renamed)
+    return Space(spec=spec, trials=trials, source=source, renamed=renamed, raw=raw)
 
 
 def parse_section(cls: type[BaseModel], raw: dict[str, Any], key: str, source: str = "space") -> Any:

@@ -94,14 +94,18 @@ def slope(values: Sequence[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in enumerate(values)) / sxx
 
 
+#: The fewest values :func:`detrended_std` gives a spread of (a line through 2 points fits exactly).
+MIN_STD_VALUES = 3
+
+
 def detrended_std(values: Sequence[float]) -> float:
     """Spread of values around their least-squares line: sqrt(sum(residual^2) / (n - 2)).
 
     This is ``loss_std``: a loss that falls steadily has a std of 0, a loss that jumps around its
-    trend does not. NaN with fewer than 3 values (a line through 2 points fits exactly).
+    trend does not. NaN with fewer than :data:`MIN_STD_VALUES` values.
     """
     n = len(values)
-    if n < 3 or not _finite(values):
+    if n < MIN_STD_VALUES or not _finite(values):
         return math.nan
     b = slope(values)
     mx, my = (n - 1) / 2, sum(values) / n

@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from dpo_sweep import noise
+from dpo_sweep.stability import MIN_STD_VALUES
 from dpo_sweep.analysis.noise_floor import same_maths_columns, same_maths_key
 from dpo_sweep.analysis.tables import fmt_sig, is_finite
 
@@ -169,3 +170,20 @@ def left_out_sentence(rows: pd.DataFrame, loss_std: str, limit: float | None) ->
 def all_diverging(rows: pd.DataFrame) -> bool:
     """True when ``rows`` is not empty and every one of them is ``diverging``."""
     return bool(len(rows)) and bool(_is_diverging(rows).all())
+
+
+def no_loss_std_sentence(analysed: pd.DataFrame) -> str:
+    """Why ``ok`` rows are off the frontier for want of a loss std (it is an objective: such a row
+    cannot be compared), and the fix; "" when every ok row has one or none needs it."""
+    ok = analysed[analysed["status"] == "ok"]
+    lacking = ok[~ok["eligible"].astype(bool) & ok["loss_std"].isna()]
+    if lacking.empty:
+        return ""
+    own = lacking[lacking["stability_from"].isin(["", *lacking["trial_id"]])]
+    measured = sorted({int(v) for v in own.get("measured_steps", pd.Series(dtype=float)) if is_finite(v) and v > 0})
+    ran = f"; they measured {' or '.join(map(str, measured))}" if measured else ""
+    return (f" {len(lacking)} of {len(ok)} completed trial(s) have no loss std, so they cannot be compared "
+            f"on it and are not on the frontier: a loss std is the spread of the loss around its trend "
+            f"line, which needs at least {MIN_STD_VALUES} measured steps (after train.warmup_steps){ran}. "
+            f"Give train.steps (and train.learning_steps, when set) at least warmup_steps + "
+            f"{MIN_STD_VALUES}, or leave loss_std out of the objectives.")

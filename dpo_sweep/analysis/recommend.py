@@ -30,8 +30,8 @@ import pandas as pd
 from dpo_sweep import budget, noise
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
-                                        left_out_sentence, listed, shared_measurement_sentence, tie_sentence,
-                                        tied_faster)
+                                        left_out_sentence, listed, no_loss_std_sentence, shared_measurement_sentence,
+                                        tie_sentence, tied_faster)
 from dpo_sweep.analysis.tables import fmt_setting, is_finite, varying_columns
 from dpo_sweep.errors import UserError
 
@@ -301,6 +301,7 @@ def recommend(
     reason += shared_measurement_sentence(winner, ranked[sharing_measurement(ranked, winner.to_frame().T)])
     if off_frontier:
         reason += " No frontier configuration qualifies, so the choice falls on a measured one off it."
+    reason += no_loss_std_sentence(analysed)
     runner_up = None
     if second is not None:
         cost = runner_up_cost(winner, second)

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweep.errors import UserError  # standard library only
-from dpo_sweep.records import ENVIRONMENT_FILE, RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS, StepRecord, TrialResult
+from dpo_sweep.records import (ENVIRONMENT_FILE, RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS, StepRecord, TrialResult,
+                               damaged_text, read_csv_table)
 
 #: Columns without which no frontier can be computed; every other contract column is optional
 #: when loading (a missing one is filled with NaN or "" so old or hand-made files still load).
@@ -26,9 +27,22 @@ _TEXT_COLUMNS = ("trial_id", "status", "model", "checkpoint_level", "error", "me
                  "stability_precision", "stability_note", "timed_by")
 
 
+def _refuse_damaged(path: Path) -> None:
+    """UserError naming every record of ``path`` that is no whole row (a cut-off last line): read
+    as it is, a cut ``tokens_per_s`` of 4061 reads 40, and the cells after the cut are blank."""
+    damaged = read_csv_table(path).damaged
+    if damaged:
+        raise UserError(
+            f"{damaged_text(path, damaged)}. This is what a kill or a full disk during an append "
+            "leaves; nothing from such a line is shown. `dpo-sweep run SPACE.yaml --output "
+            f"{path.parent} --resume` runs its trial again and repairs the file (or delete the line "
+            "to analyse the other rows)")
+
+
 def _read_csv(path: Path) -> "Any":
     import pandas as pd
 
+    _refuse_damaged(path)
     try:
         return pd.read_csv(path, dtype={c: "string" for c in _TEXT_COLUMNS}, keep_default_na=False,
                            na_values=["", "nan", "NaN"])

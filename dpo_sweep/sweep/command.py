@@ -25,18 +25,22 @@ the same way before their first step, 2 bad input, 130 Ctrl-C (finished rows kep
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import ray
+import yaml
 
 from dpo_sweep import preflight
 from dpo_sweep.train.lengths import write_data_json
 from dpo_sweep import space as space_mod
 from dpo_sweep.errors import UserError
 from dpo_sweep.sweep.console import say
+from dpo_sweep.sweep.folder_lock import FolderLock
+from dpo_sweep.sweep.local_cluster import stop_guard
 from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finished_trial_ids, prepare_output,
                                          save_environment)
 from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, connect_ray, print_dashboard,
@@ -104,7 +108,7 @@ def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Pat
     is not a result; ``dpo-sweep report DIR`` analyses the rows there are)."""
     stopping = _stopping()
     if summary.stopped == stopping.INTERRUPTED:
-        say(stopping.interrupted_line(summary.finished, total, stopping.resume_command(args.space, str(out_dir))))
+        say(stopping.interrupted_line(summary.finished, total, stopping.resume_command(args.space, str(out_dir), args.overrides)))
         return EXIT_INTERRUPTED
     print(f"error: the first {summary.ran} trial(s) all failed "
           f"before their first step with the same cause; the sweep stopped, "
@@ -113,13 +117,23 @@ def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Pat
     return 1
 
 
-def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs, renamed: dict[str, str]) -> set[str]:
+def _space_record(args: argparse.Namespace, sp: space_mod.Space) -> str | None:
+    """DIR/space.yaml's text when ``--set`` changed the file's settings: the ones the sweep ran,
+    which ``dpo-sweep report`` reads there; None: a copy of the file."""
+    if not args.overrides:
+        return None
+    sets = " ".join(f"--set {shlex.quote(item)}" for item in args.overrides)
+    return f"# {args.space} with {sets}\n" + yaml.safe_dump(sp.raw, sort_keys=False)
+
+
+def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs, sp: space_mod.Space) -> set[str]:
     """After the preflight: its lines and notes, the results directory (earlier results kept or set aside),
     environment.json (the preflight's look at this machine) and data.json; the trial ids to skip."""
-    say("\n".join(s.line() for s in checked.data))
+    say("\n".join(line for s in checked.data for line in (s.line(), *s.notes())))
     for note in checked.notes:
         say(note)
-    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume), renamed=renamed)
+    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume), renamed=sp.renamed,
+                              space_text=_space_record(args, sp))
     save_environment(out_dir, say, checked.environment)
     write_data_json(out_dir, [s.shape for s in checked.data if s.shape is not None])  # the report's data shape
     return done_ids
@@ -144,6 +158,7 @@ class RayRelease:
             if conn is not None and conn.started_here:
                 stop_local_autoscaler()
                 ray.shutdown()
+                stop_guard(conn.guard)  # what the shutdown left of the cluster
 
         self._thread = threading.Thread(target=release, name="ray-release")
         self._thread.start()
@@ -163,10 +178,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, release: RayRelease) -> int:
-    sp = space_mod.load(args.space)  # UserError -> exit 2, before anything starts
+    sp = space_mod.load(args.space, args.overrides)  # UserError -> exit 2, before anything starts
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent: {args.max_concurrent} is not allowed; give 1 or more")
     out_dir = Path(args.output) if args.output else default_output_dir(sp.name)
+    preflight.check_output_dir(out_dir)  # a file given as the folder: said before the lock makes it
+    with FolderLock(out_dir):  # exit 2 when another sweep writes there (folder_lock.py)
+        return _sweep(args, release, sp, out_dir)
+
+
+def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, out_dir: Path) -> int:
     total = len(sp.trials)
     # A resumed sweep with every row written starts no Ray (a look only: prepare_output decides).
     nothing_to_run = bool(args.resume) and finished_trial_ids(out_dir) >= {t.trial_id for t in sp.trials}
@@ -190,7 +211,7 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
             import_tune()
             checked = pending.result()
         remember_shapes(checked.shapes)  # the plan's memory model: built there, not here
-        done_ids = _prepare(args, out_dir, checked, sp.renamed)
+        done_ids = _prepare(args, out_dir, checked, sp)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
             _analyse(out_dir, args, say, sp.spec)
@@ -207,7 +228,7 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
     except KeyboardInterrupt:  # before the trials start, or a second Ctrl-C: rows on disk are kept
         stopping = _stopping()
         say(stopping.interrupted_line(len(finished_trial_ids(out_dir)), total,
-                                      stopping.resume_command(args.space, str(out_dir))))
+                                      stopping.resume_command(args.space, str(out_dir), args.overrides)))
         return EXIT_INTERRUPTED
     finally:
         release.start(pool, conn)  # also ends the trials still running when the sweep stopped early

@@ -292,31 +292,37 @@ def tune_trainable(param: dict[str, Any]) -> None:
 
 
 def _fit_in_train_workers(loop_config: dict[str, Any], use_gpu: bool, storage_path: str) -> dict[str, Any]:
-    """The trial in fresh Ray Train workers (``TorchTrainer.fit()``); how it ended."""
+    """The trial in fresh Ray Train workers (``TorchTrainer.fit()``), its reports forwarded to Tune
+    (:mod:`~dpo_sweep.sweep.train_relay`); how it ended. The Train run is named after the trial."""
+    from ray import tune
     from ray.train import FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     from dpo_sweep.sweep.torch_backend import LazyTorchConfig
+    from dpo_sweep.sweep.train_relay import fit_and_forward
 
     cfg: TrialConfig = loop_config["trial"]
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config=loop_config,
-        # Ray's TorchConfig would make every trial's fresh controller process import torch first.
-        torch_config=LazyTorchConfig(),
-        scaling_config=scaling_config(cfg, use_gpu),
-        run_config=RunConfig(
-            name=f"train-{cfg.trial_id}-{int(loop_config['trial_start'])}",
-            storage_path=storage_path,
-            # An OOM or a crash is this trial's result: never retry it.
-            failure_config=FailureConfig(max_failures=0),
-            callbacks=[TuneReportCallback()],
-        ),
-    )
+    name = f"train-{cfg.trial_id}-{int(loop_config['trial_start'])}"
+
+    def fit(callback: Any) -> None:
+        TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config=loop_config,
+            # Ray's TorchConfig would make every trial's fresh controller process import torch first.
+            torch_config=LazyTorchConfig(),
+            scaling_config=scaling_config(cfg, use_gpu),
+            run_config=RunConfig(
+                name=name,
+                storage_path=storage_path,
+                # An OOM or a crash is this trial's result: never retry it.
+                failure_config=FailureConfig(max_failures=0),
+                callbacks=[callback],
+            ),
+        ).fit()
+
     summary: dict[str, Any] = {"status": "finished", "error": ""}
     try:
-        trainer.fit()
+        fit_and_forward(fit, f"reports-{name}", tune.report)
     except Exception as exc:  # noqa: BLE001 - every failure becomes this trial's status
         summary["status"], summary["error"] = classify_failure(exc)
         summary["peak_mem_gb"] = failure_peak(exc)

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from dpo_sweep.records import (PENDING, RESULTS_COLUMNS, STEPS_COLUMNS, TrialResult, read_csv_rows, results_from_rows,
-                              rewrite_csv, write_environment_json)
+from dpo_sweep.records import (PENDING, RESULTS_COLUMNS, STEPS_COLUMNS, TrialResult, damaged_text, read_csv_rows,
+                               read_csv_table, results_from_rows, rewrite_csv, write_environment_json)
 
 RESULTS_FILE = "results.csv"
 STEPS_FILE = "steps.csv"
@@ -50,14 +50,15 @@ def referenced_trial_ids(out_dir: Path) -> set[str]:
 
 def _drop_orphan_steps(out_dir: Path, keep_ids: set[str]) -> None:
     """A sweep killed between writing a trial's steps and its summary row leaves step rows of a
-    trial that will run again: drop them so that steps.csv holds every trial exactly once."""
+    trial that will run again: drop them (and a cut-off line) so that steps.csv holds every trial
+    exactly once."""
     path = out_dir / STEPS_FILE
-    rows = read_csv_rows(path)
-    kept = [r for r in rows if r.get("trial_id") in keep_ids]
-    if len(kept) == len(rows):
+    table = read_csv_table(path)
+    kept = [r for r in table.rows if r.get("trial_id") in keep_ids]
+    if len(kept) == len(table.rows) and not table.damaged:
         return
     # The file's own columns too: one written by an older version keeps every cell it had.
-    rewrite_csv(path, kept, STEPS_COLUMNS + [c for c in rows[0] if c not in STEPS_COLUMNS])
+    rewrite_csv(path, kept, STEPS_COLUMNS + [c for c in table.header if c not in STEPS_COLUMNS])
 
 
 #: Columns that hold a trial id (a row's own, or the trial whose measurement it carries).
@@ -89,18 +90,33 @@ def rename_trials(out_dir: Path, renamed: Mapping[str, str]) -> int:
     return count
 
 
-def prepare_output(space_path: Path, out_dir: Path, resume: bool,
-                   renamed: Mapping[str, str] | None = None) -> set[str]:
-    """Create ``out_dir``, copy the space file to ``DIR/space.yaml`` and return the trial ids to
-    skip. Without ``--resume`` earlier results are moved to ``DIR/previous-<time>/``, not lost;
-    with it, rows under an older version's ids (``renamed``: old -> new) take the new ones."""
+def _drop_damaged_rows(out_dir: Path) -> set[str]:
+    """Rewrite results.csv without its damaged records (a line cut off by a kill or a full disk
+    during an append: :func:`~dpo_sweep.records.read_csv_table`), saying which; their trials are
+    not finished, so they run again. Returns the trial ids those records name."""
+    path = out_dir / RESULTS_FILE
+    table = read_csv_table(path)
+    if not table.damaged:
+        return set()
+    rewrite_csv(path, table.rows, table.header)
+    print(f"resume: {damaged_text(path, table.damaged)}; dropped, {len(table.damaged)} trial(s) run again")
+    return {d.trial_id for d in table.damaged}
+
+
+def prepare_output(space_path: Path, out_dir: Path, resume: bool, renamed: Mapping[str, str] | None = None,
+                   space_text: str | None = None) -> set[str]:
+    """Create ``out_dir``, copy the space file to ``DIR/space.yaml`` (``space_text``: write that
+    instead, the settings ``--set`` changed) and return the trial ids to skip. Without
+    ``--resume`` earlier results are moved to ``DIR/previous-<time>/``, not lost; with it, rows
+    under an older version's ids (``renamed``: old -> new) take the new ones."""
     out_dir.mkdir(parents=True, exist_ok=True)
     done: set[str] = set()
     if resume:
         if renamed and rename_trials(out_dir, renamed):
             print(f"resume: trial ids in {out_dir} renamed to name each swept model")
+        rerun = _drop_damaged_rows(out_dir)
         done = finished_trial_ids(out_dir)
-        _drop_orphan_steps(out_dir, done | referenced_trial_ids(out_dir))
+        _drop_orphan_steps(out_dir, (done | referenced_trial_ids(out_dir)) - (rerun - done))
     else:
         old = [p for p in (out_dir / RESULTS_FILE, out_dir / STEPS_FILE) if p.exists()]
         if old:
@@ -110,7 +126,9 @@ def prepare_output(space_path: Path, out_dir: Path, resume: bool,
                 shutil.move(str(p), aside / p.name)
             print(f"earlier results moved to {aside} (use --resume to continue a sweep instead)")
     target = out_dir / "space.yaml"
-    if space_path.resolve() != target.resolve():
+    if space_text is not None:
+        target.write_text(space_text)
+    elif space_path.resolve() != target.resolve():
         shutil.copyfile(space_path, target)
     return done
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import ray
 
 from dpo_sweep.sweep.console import say
+from dpo_sweep.sweep.local_cluster import LOOPBACK, loopback_only, start_guard
 
 
 class InfrastructureError(RuntimeError):
@@ -24,6 +26,8 @@ class RayConnection:
     dashboard_url: str | None
     token_auth: bool
     started_here: bool  # ray.init() was called by this run (so this run shuts it down)
+    #: The watcher that ends a local cluster's processes with this one (local_cluster.py).
+    guard: subprocess.Popen | None = field(default=None, compare=False)
 
 
 def _token_auth_enabled() -> bool:
@@ -45,6 +49,9 @@ RAY_TRAIN_ENV = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    # The dashboard's Train page (Train V2: /api/train/v2/runs/v1): each trial's Train run by its trial id;
+    # without it the page answers 500 ("Train state data is not available").
+    "RAY_TRAIN_ENABLE_STATE_TRACKING": "1",
 }
 
 
@@ -85,6 +92,7 @@ def connect_ray(address: str | None, dashboard: bool, train: bool = True) -> Ray
         url = ray._private.worker.get_dashboard_url() if dashboard else None  # noqa: SLF001
         return RayConnection(_with_scheme(url), _token_auth_enabled(), started_here=False)
     address = address or os.environ.get("RAY_ADDRESS") or None
+    guard = None
     try:
         runtime_env = job_runtime_env(joined=bool(address), train=train)
         quiet = quiet_driver_settings()
@@ -95,12 +103,16 @@ def connect_ray(address: str | None, dashboard: bool, train: bool = True) -> Ray
         else:
             # "local": always a new cluster. A bare ray.init() would join whatever cluster
             # `ray start` last recorded in /tmp/ray (and hang if that one is gone).
-            ctx = ray.init(address="local", include_dashboard=dashboard, runtime_env=runtime_env, **quiet)
+            # Reachable from this machine only, and gone soon after this process (local_cluster.py).
+            with loopback_only():
+                ctx = ray.init(address="local", include_dashboard=dashboard, runtime_env=runtime_env,
+                               _node_ip_address=LOOPBACK, dashboard_host=LOOPBACK, **quiet)
+            guard = start_guard()
     except Exception as err:  # noqa: BLE001
         where = f"the Ray cluster at {address}" if address else "a local Ray cluster"
         raise InfrastructureError(f"could not connect to {where}: {err}") from err
     url = getattr(ctx, "dashboard_url", None) if dashboard or address else None
-    return RayConnection(_with_scheme(url), _token_auth_enabled(), started_here=True)
+    return RayConnection(_with_scheme(url), _token_auth_enabled(), started_here=True, guard=guard)
 
 
 def stop_local_autoscaler() -> None:

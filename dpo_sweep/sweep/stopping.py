@@ -139,6 +139,8 @@ def interrupted_line(finished: int, total: int, resume_command: str) -> str:
     return f"interrupted: {finished} of {total} trials finished; continue with: {resume_command}"
 
 
-def resume_command(space_path: str, out_dir: str) -> str:
-    """The command that continues this sweep (paths quoted for a shell where they need it)."""
-    return f"dpo-sweep run {shlex.quote(space_path)} --output {shlex.quote(out_dir)} --resume"
+def resume_command(space_path: str, out_dir: str, overrides: Sequence[str] = ()) -> str:
+    """The command that continues this sweep, with its ``--set`` overrides (quoted for a shell
+    where they need it)."""
+    sets = "".join(f" --set {shlex.quote(item)}" for item in overrides)
+    return f"dpo-sweep run {shlex.quote(space_path)}{sets} --output {shlex.quote(out_dir)} --resume"

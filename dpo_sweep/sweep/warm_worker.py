@@ -224,7 +224,8 @@ def run_in_warm_worker(loop_config: dict[str, Any], pool_name: str) -> dict[str,
     summary: dict[str, Any] = {"status": "finished", "error": ""}
     replace = False
     try:
-        for ref in worker.run.remote(loop_config):
+        # Named after the trial: the dashboard's task list shows which trial a worker runs.
+        for ref in worker.run.options(name=f"trial {loop_config['trial'].trial_id}").remote(loop_config):
             item = ray.get(ref)
             if _FAILURE in item:
                 summary.update(status=item[_FAILURE]["status"], error=item[_FAILURE]["error"],

@@ -48,6 +48,8 @@ class PairDataset:
     source: str
     dropped: int = 0
     truncated: int = 0
+    layout: str = ""  # how the rows read (:func:`layout_text`); "" for synthetic pairs
+    identical: int = 0  # pairs whose chosen and rejected responses are the same text: no preference
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -360,6 +362,29 @@ def check_rows(src: SourceRows, spec: DataSpec) -> None:
         check_row_types({rename.get(k, k): v for k, v in raw.items()}, src.where(n))
 
 
+def layout_text(chat_rows: int, plain_rows: int, implicit_prompts: int, columns: dict[str, str],
+                templated: bool) -> str:
+    """How the rows were read, for the data line: plain strings or chat messages (and how those
+    were rendered: a tokenizer without a chat template gets the plain ``<|role|>`` rendering),
+    where the prompt came from, and the ``data.columns`` mapping."""
+    rows = chat_rows + plain_rows
+    if chat_rows and plain_rows:
+        kind = f"{plain_rows} row(s) of plain strings and {chat_rows} of chat messages"
+    else:
+        kind = "chat messages" if chat_rows else "plain strings"
+    parts = [kind]
+    if chat_rows:
+        parts.append("rendered with the tokenizer's chat template" if templated else
+                     "rendered as plain '<|role|>' text: the tokenizer has no chat template")
+    if implicit_prompts == rows:
+        parts.append("prompt: the shared start of chosen and rejected")
+    elif implicit_prompts:
+        parts.append(f"prompt: a column, or in {implicit_prompts} row(s) the shared start of chosen and rejected")
+    if columns:
+        parts.append("columns mapped by data.columns (" + ", ".join(f"{k}: {v}" for k, v in columns.items()) + ")")
+    return "; ".join(parts)
+
+
 def tokenize_rows(src: SourceRows, spec: DataSpec, tokenizer: Any, max_length: int) -> PairDataset:
     """Normalise, tokenize and truncate rows into a :class:`PairDataset`."""
     rows, source = src.rows, src.source
@@ -367,10 +392,15 @@ def tokenize_rows(src: SourceRows, spec: DataSpec, tokenizer: Any, max_length: i
     bos = tokenizer.bos_token_id
     eos = tokenizer.eos_token_id
     pairs, dropped, truncated = [], 0, 0
+    chat_rows = plain_rows = implicit_prompts = identical = 0
     for n, raw in enumerate(rows):
         row = {rename.get(k, k): v for k, v in raw.items()}
         where = src.where(n)
         prompt, chosen, rejected, chat = normalise_row(row, tokenizer, where)
+        chat_rows += chat
+        plain_rows += not chat
+        implicit_prompts += row.get("prompt") is None
+        identical += chosen == rejected
         p = _encode(tokenizer, prompt)
         if bos is not None and not (p and p[0] == bos) and not chat:
             p = [bos] + p
@@ -393,7 +423,10 @@ def tokenize_rows(src: SourceRows, spec: DataSpec, tokenizer: Any, max_length: i
             f"a response would keep fewer than {spec.min_response_tokens} tokens); raise "
             "train.max_length or lower data.min_response_tokens / data.min_prompt_tokens"
         )
-    return PairDataset(tuple(pairs), source, dropped=dropped, truncated=truncated)
+    layout = layout_text(chat_rows, plain_rows, implicit_prompts, dict(spec.columns),
+                         bool(getattr(tokenizer, "chat_template", None)))
+    return PairDataset(tuple(pairs), source, dropped=dropped, truncated=truncated, layout=layout,
+                       identical=identical)
 
 
 def synthetic_length(rng: random.Random, median: int, syn: SyntheticData) -> int:
