@@ -31,6 +31,7 @@ from dpo_sweep.config import (
     TrainSpec,
     TrialConfig,
     refused_adaptive_clip,
+    refused_cuda_lever,
     refused_attention,
 )
 from dpo_sweep.errors import SpaceError
@@ -285,6 +286,9 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
         if refused:
             raise SpaceError(f"{source}: search.checkpoint_level {point['checkpoint_level']!r}: {refused}")
         refused = refused_adaptive_clip(train, spec.resources)
+        if refused:
+            raise SpaceError(f"{source}: {refused}")
+        refused = refused_cuda_lever(train, spec.resources)
         if refused:
             raise SpaceError(f"{source}: {refused}")
         trial_id = _trial_id(index, point, {k: getattr(train, k) for k in train_over})
