@@ -17,8 +17,10 @@ casts           autocast's cached bf16 copy   bf16-mixed: autograd keeps    one 
                                               linear for its input grad     (not saved)
 activations     checkpointing.py's regions    + each adapter's saved tensors outside the
                                               checkpointed regions: its rank-r output, and with
-                                              lora_dropout its dropped input and mask; the lean
-                                              MLP is not used on an adapted MLP (lean.py)
+                                              lora_dropout its dropped input and mask (CUDA's
+                                              fused dropout: a bool mask); the lean
+                                              MLP is not used on an adapted MLP (lean.py); a
+                                              stock norm's frozen weight needs no normalised copy
 ==============  =============================================================================
 
 LoRA on a target of ``in x out`` adds ``r x (in + out)`` parameters per layer. Pure functions of
@@ -83,7 +85,7 @@ def _region_targets(level: str) -> tuple[str, ...]:
 
 
 def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, autocast: bool,
-                lean: bool) -> LeverBytes:
+                lean: bool, liger: bool = False) -> LeverBytes:
     """The lever-dependent parts of ``cfg``'s memory (``s``: the model's ModelShape)."""
     t = cfg.train
     trainable = trainable_params(cfg, s)
@@ -110,6 +112,11 @@ def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, a
                 for x in kept)
     if lean and cfg.checkpoint_level == "none" and set(_MLP_TARGETS) & set(t.lora_targets):
         saved += 2 * activation_bytes * s.intermediate  # the stock MLP's silu(gate) and product
+    saved_total = s.n_layers * saved
+    if not (lean or liger) and cfg.checkpoint_level != "full":
+        # A stock RMSNorm with a frozen weight keeps no normalised tensor for the weight's gradient:
+        # its float32 input and rstd only, as the lean one (2 norms a layer and the final one).
+        saved_total -= (2 * s.n_layers + 1) * (weight_bytes * s.hidden - 4)
     return LeverBytes(trainable=trainable, weights=base + adapters, grads=adapters, optimizer=optimizer,
                       reference_copy=False, lm_head_grad=False, cast_params=cast_params, transient=transient,
-                      saved_per_token=s.n_layers * saved)
+                      saved_per_token=saved_total)

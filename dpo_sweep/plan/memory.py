@@ -286,7 +286,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     tokens, seq_len = worst_micro_batch(cfg, lengths)
     kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len)
 
-    lev = lever_bytes(cfg, s, b.weight, b.activation, b.autocast, lean)  # adapter and optimizer (levers.py)
+    lev = lever_bytes(cfg, s, b.weight, b.activation, b.autocast, lean, liger)  # adapter and optimizer (levers.py)
     weights = lev.weights / shard
     grads = lev.grads / shard
     buckets = grads if (world > 1 and shard == 1) else 0.0  # DDP's gradient buckets, from construction on
