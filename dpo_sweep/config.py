@@ -87,13 +87,6 @@ def refused_cuda_lever(train: TrainSpec, resources: ResourcesSpec) -> str | None
             "or run on a GPU")
 
 
-def lever_packages(train: TrainSpec) -> list[str]:
-    """The packages ``train``'s adapter and optimizer need (LEVER_PACKAGES), in order, once each."""
-    needed = [pkg for (field, value), pkgs in LEVER_PACKAGES.items() if getattr(train, field) == value
-              for pkg in pkgs]
-    return list(dict.fromkeys(needed))
-
-
 LossType = Literal["sigmoid", "ipo", "hinge"]
 LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16"]

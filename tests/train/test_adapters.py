@@ -200,3 +200,29 @@ def test_qlora_base_is_nf4_and_step_one_is_ln2():
     losses.mean().backward()
     grads = [p.grad for n, p in model.named_parameters() if "lora_A" in n or "lora_B" in n]
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("command", ["validate", "trial"])
+@pytest.mark.parametrize("lever", ["adapter=qlora", "optimizer=adamw_8bit"])
+def test_cuda_levers_exit_2_with_one_line_on_a_machine_without_a_gpu(tmp_path, capsys, monkeypatch, command, lever):
+    from dpo_sweep.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(adapters.importlib.util, "find_spec", lambda name: object())  # torchao "installed"
+    args = [command, "search_spaces/quickstart.yaml", "--set", lever]
+    rc = main(args + (["--output", str(tmp_path / "t")] if command == "trial" else []))
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "runs on a CUDA GPU only (torchao) and this machine has none" in err
+    assert "Traceback" not in err
+
+
+def test_a_missing_torchao_exits_2_naming_its_pip_install(tmp_path, capsys, monkeypatch):
+    from dpo_sweep import preflight
+    from dpo_sweep.cli import main
+
+    real = preflight.importlib.util.find_spec
+    monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name: None if name == "torchao" else real(name))
+    rc = main(["validate", "search_spaces/quickstart.yaml", "--set", "optimizer=adamw_4bit"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "train.optimizer: adamw_4bit needs the torchao package" in err and "pip install torchao" in err
