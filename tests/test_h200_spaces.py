@@ -86,3 +86,19 @@ def test_header_gives_the_run_command_and_the_script_reads_its_flags(name):
     assert got == EXAMPLES[name]
     args = cli._parser().parse_args(["run", f"search_spaces/{name}.yaml", *got])  # flags `run` knows
     assert args.full_grid == ("--full-grid" in got)
+
+
+def test_levers_space_is_the_seed_table_times_adapter_and_optimizer():
+    table, levers = _raw("seed-table-llama-3-8b-80gb"), _raw("seed-table-llama-3-8b-80gb-levers")
+    assert levers["search"] == {**table["search"], "adapter": ["full", "lora", "qlora"],
+                                "optimizer": ["adamw", "adamw_8bit"]}
+    lora = ("lora_r", "lora_alpha", "lora_dropout")
+    assert _without(levers, ("name",), ("search",), *(("train", k) for k in lora)) == _without(table, ("name",), ("search",))
+    trials = space_mod.load(SPACES / "seed-table-llama-3-8b-80gb-levers.yaml").trials
+    assert len(trials) == 36
+    # Full fine-tuning with AdamW: the seed table's plan; with the levers more configurations fit.
+    plans = dict(zip((t.trial_id for t in trials), _plans("seed-table-llama-3-8b-80gb-levers")))
+    full = [plans[t.trial_id] for t in trials if (t.train.adapter, t.train.optimizer) == ("full", "adamw")]
+    assert full.count("run at grad_acc 2, time extrapolated") == 2
+    lora = [plans[t.trial_id] for t in trials if t.train.adapter == "lora"]
+    assert not any(p.startswith("pruned") for p in lora)  # lora mb 16 L1 77.5 GB is the largest
