@@ -238,7 +238,7 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
         reward_accuracy=means["rewards/accuracies"], reward_margin=means["rewards/margins"],
         logps_chosen=means["logps/chosen"], logps_rejected=means["logps/rejected"], kl=means["kl"],
         rewards_chosen=means["rewards/chosen"], rewards_rejected=means["rewards/rejected"],
-        tokens_per_s=tokens / (step_time_ms / 1e3), lr=setup.scheduler.get_last_lr()[0],
+        tokens_per_s=tokens / (step_time_ms / 1e3), lr=float(setup.scheduler.get_last_lr()[0]),
         measured=step > cfg.train.warmup_steps, micro_step_ms=micro_step_ms, optimizer_ms=optimizer_ms,
         logratio_mean=means["logratio_mean"], logratio_std=means["logratio_std"], beta=beta, grad_acc=grad_acc,
         max_seq_len=int(_max_over_workers(setup, max_seq_len)), padding_frac=means["padding_frac"],

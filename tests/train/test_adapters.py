@@ -226,3 +226,20 @@ def test_a_missing_torchao_exits_2_naming_its_pip_install(tmp_path, capsys, monk
     rc = main(["validate", "search_spaces/quickstart.yaml", "--set", "optimizer=adamw_4bit"])
     err = capsys.readouterr().err
     assert rc == 2 and "train.optimizer: adamw_4bit needs the torchao package" in err and "pip install torchao" in err
+
+
+def test_an_optimizer_with_a_tensor_lr_still_writes_a_number(monkeypatch, tmp_path):
+    """torchao's low-bit AdamW keeps each group's lr as a tensor, which LambdaLR then reports: the
+    step rows must still carry a float (steps.csv is read back as numbers)."""
+    from dpo_sweep import records
+    from dpo_sweep.train import setup as setup_mod
+
+    def tensor_lr_adamw(params, train, device):
+        return torch.optim.AdamW(params, lr=torch.tensor(train.lr), foreach=False)
+
+    monkeypatch.setattr(setup_mod, "build_optimizer", tensor_lr_adamw)
+    out = run_trial(make_cfg(micro_batch=2, steps=2, lr_schedule="linear"), log=None)
+    assert out.result.status == "ok", out.result.error
+    assert all(type(s.lr) is float for s in out.steps)
+    records.write_steps(tmp_path, out.steps)
+    assert all(float(row["lr"]) >= 0 for row in records.read_csv_rows(tmp_path / "steps.csv"))
