@@ -13,6 +13,7 @@ from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.model import build_model
+from tests.plan.test_plan_memory import saved_bytes_per_token
 from tests.testkit import make_cfg
 
 
@@ -57,19 +58,7 @@ def _lora_saved_bytes_per_token(level: str, lean: bool, dropout: float, pairs: i
     if lean:
         apply_lean_ops(model)
     apply_checkpoint_level(model, level)
-    model.train()
-    n = 2 * pairs
-    ids = torch.randint(0, 512, (n, seq))
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        SequenceLogProbs(model, 1024)(ids, None, torch.arange(seq).expand(n, seq), torch.ones(n, seq, dtype=torch.bool))
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    return sum(b for ptr, b in storages.items() if ptr not in params) / (n * seq)
+    return saved_bytes_per_token(model.train(), pairs, seq)
 
 
 @pytest.mark.parametrize("level,lean,dropout", [("none", True, 0.0), ("none", False, 0.0), ("L1", True, 0.0),
