@@ -11,7 +11,6 @@ from dpo_sweep.plan.memory import GB, element_bytes, model_saved_bytes_per_token
 from dpo_sweep.train.adapters import apply_adapter
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.lean import apply_lean_ops
-from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.model import build_model
 from tests.plan.test_plan_memory import saved_bytes_per_token
 from tests.testkit import make_cfg
