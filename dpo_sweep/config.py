@@ -69,6 +69,27 @@ LEVER_PACKAGES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 
+def refused_optimizer_in_backward(train: TrainSpec, grad_acc: int, resources: ResourcesSpec) -> str | None:
+    """Why ``train.optimizer_in_backward`` is refused here; None when it is off or goes together."""
+    if not train.optimizer_in_backward:
+        return None
+    conflicts = [what for what, bad in (
+        (f"grad_acc {grad_acc} (each micro-step's gradients would be stepped on alone)", grad_acc > 1),
+        ("train.grad_acc_schedule: seed (it accumulates)", train.grad_acc_schedule != "constant"),
+        (f"train.max_grad_norm {train.max_grad_norm} (a global clip needs every gradient at once)",
+         train.max_grad_norm is not None),
+        ("train.adaptive_clip (it clips before the step)", train.adaptive_clip),
+        ("train.precision: fp16 (the loss scaler unscales every gradient before the step)",
+         train.precision == "fp16"),
+        (f"resources.workers_per_trial {resources.workers_per_trial} (the gradients are all-reduced "
+         "after backward)", resources.workers_per_trial > 1)) if bad]
+    if not conflicts:
+        return None
+    return (f"train.optimizer_in_backward: true is refused with {'; '.join(conflicts)}; use grad_acc 1, "
+            "max_grad_norm: null, adaptive_clip: false, a precision other than fp16 and one worker, or "
+            "optimizer_in_backward: false")
+
+
 def cuda_levers(train: TrainSpec) -> list[str]:
     """``field: value`` of each of ``train``'s levers that needs a CUDA GPU (CUDA_LEVERS)."""
     return [f"{field}: {getattr(train, field)}" for field, value in CUDA_LEVERS
@@ -319,6 +340,12 @@ class TrainSpec(_Strict):
         DEFAULT_LORA_TARGETS, min_length=1,
         description="Module names that get adapters (peft target_modules); default every linear "
         "layer of the decoder, not the lm_head.",
+    )
+    optimizer_in_backward: bool = Field(
+        False,
+        description="Step each parameter in its post-accumulate-grad hook, so gradients are never all "
+        "alive at once. Needs grad_acc 1, max_grad_norm null, no adaptive_clip, no fp16 loss scaling, "
+        "one worker; the step's grad_norm is still reported.",
     )
     optimizer: OptimizerName = Field(
         "adamw",

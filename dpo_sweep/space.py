@@ -32,6 +32,7 @@ from dpo_sweep.config import (
     TrialConfig,
     refused_adaptive_clip,
     refused_cuda_lever,
+    refused_optimizer_in_backward,
     refused_attention,
 )
 from dpo_sweep.errors import SpaceError
@@ -289,6 +290,9 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
         if refused:
             raise SpaceError(f"{source}: {refused}")
         refused = refused_cuda_lever(train, spec.resources)
+        if refused:
+            raise SpaceError(f"{source}: {refused}")
+        refused = refused_optimizer_in_backward(train, point["grad_acc"], spec.resources)
         if refused:
             raise SpaceError(f"{source}: {refused}")
         trial_id = _trial_id(index, point, {k: getattr(train, k) for k in train_over})

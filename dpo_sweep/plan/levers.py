@@ -23,6 +23,9 @@ activations     checkpointing.py's regions    + each adapter's saved tensors out
                                               stock norm's frozen weight needs no normalised copy
 ==============  =============================================================================
 
+With ``optimizer_in_backward`` each gradient is stepped on and freed as it is made: at most the
+largest one is alive (``largest_grad``) instead of all of them at the end of backward.
+
 LoRA on a target of ``in x out`` adds ``r x (in + out)`` parameters per layer. Pure functions of
 the config and the model's shape; memory.py adds them up.
 """
@@ -72,6 +75,7 @@ class LeverBytes:
     cast_params: int          # autocast / autograd keep a bf16 copy of these weights (bf16-mixed)
     transient: float          # alive while one linear runs (QLoRA's dequantised weight)
     saved_per_token: float    # the adapters' own saved tensors per token, all layers
+    largest_grad: float = 0.0  # the largest single gradient (optimizer_in_backward: the most alive at once)
 
 
 def _region_targets(level: str) -> tuple[str, ...]:
@@ -92,11 +96,13 @@ def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, a
     per_param_state = OPTIMIZER_STATE_BYTES.get(t.optimizer, 2 * weight_bytes)
     optimizer = trainable * per_param_state
     linears = s.attn_proj_params + s.mlp_params
+    dims = _target_dims(s)
     if t.adapter == "full":
+        largest = max(s.vocab * s.hidden, s.hidden * s.intermediate, s.hidden * s.q_dim)
         return LeverBytes(trainable=trainable, weights=s.n_params * weight_bytes, grads=trainable * weight_bytes,
                           optimizer=optimizer, reference_copy=True, lm_head_grad=True,
                           cast_params=s.attn_proj_params + (0 if lean else s.mlp_params), transient=0.0,
-                          saved_per_token=0.0)
+                          saved_per_token=0.0, largest_grad=largest * weight_bytes)
     adapters = trainable * weight_bytes
     if t.adapter == "qlora":
         base = (s.n_params - linears) * weight_bytes + linears * NF4_BYTES_PER_PARAM
@@ -106,7 +112,7 @@ def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, a
         base = s.n_params * weight_bytes
         cast_params = linears
         transient = 0.0
-    dims = _target_dims(s)
+    widest = max((max(dims[x]) for x in t.lora_targets if x in dims), default=0)  # of one adapter's A or B
     kept = [x for x in t.lora_targets if x in _region_targets(cfg.checkpoint_level) and x in dims]
     saved = sum(t.lora_r * activation_bytes + (dims[x][0] * (activation_bytes + 1) if t.lora_dropout else 0)
                 for x in kept)
@@ -119,4 +125,4 @@ def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, a
         saved_total -= (2 * s.n_layers + 1) * (weight_bytes * s.hidden - 4)
     return LeverBytes(trainable=trainable, weights=base + adapters, grads=adapters, optimizer=optimizer,
                       reference_copy=False, lm_head_grad=False, cast_params=cast_params, transient=transient,
-                      saved_per_token=saved_total)
+                      saved_per_token=saved_total, largest_grad=t.lora_r * widest * weight_bytes)

@@ -18,7 +18,8 @@ Parts and where they come from (``dpo_sweep/train``):
 weights      ``n_params x`` weight bytes (``model.weight_dtype``: bf16 for ``bf16``, else fp32);
              LoRA / QLoRA: plus the adapters, QLoRA's decoder linears in NF4 (plan/levers.py)
 grads        gradients in the weights' dtype, of the trained parameters only (LoRA: the adapters);
-             DDP adds its buckets (a copy of them, always alive)
+             DDP adds its buckets (a copy of them, always alive); ``optimizer_in_backward``: the
+             largest one only, each freed by its own step in backward
 optimizer    fused AdamW: two states per trained parameter in the weights' dtype; low-bit AdamW
              (``train.optimizer``) its 8- or 4-bit states (plan/levers.py)
 reference    a live reference is a second copy of the weights (none with adapters: the
@@ -290,7 +291,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     weights = lev.weights / shard
     grads = lev.grads / shard
     buckets = grads if (world > 1 and shard == 1) else 0.0  # DDP's gradient buckets, from construction on
-    grads_all = grads + buckets
+    grads_all = grads + buckets if not t.optimizer_in_backward else lev.largest_grad  # in backward: one at a time
     optimizer = lev.optimizer / shard
     reference = s.n_params * b.weight if t.reference == "live" and lev.reference_copy else 0.0  # FSDP does not shard it
     casts = (lev.cast_params * 2 / shard if b.autocast else 0.0) + lev.transient

@@ -22,8 +22,8 @@ train.seed                               yes*  *except for fixed-length syntheti
                                                order sets which pairs share a padded micro-batch
 resources.*                              yes   workers, parallelism, the memory cap, CPUs
 train.adapter, lora_r, lora_alpha,       yes   frozen base, adapters' parameters and saved
-lora_dropout, lora_targets, optimizer          tensors, NF4 weights, optimizer state bytes
-                                               (lora_alpha too: conservative, a scalar)
+lora_dropout, lora_targets, optimizer,         tensors, NF4 weights, optimizer state bytes,
+optimizer_in_backward                          gradients alive (lora_alpha too: conservative)
 micro_batch, checkpoint_level            yes   activations and recompute
 grad_acc                                 as    ``short_grad_acc``: 1 vs >= 2 changes the peak;
                                                the step time is extrapolated (t_opt + G t_micro)

@@ -153,3 +153,42 @@ def refuse_cpu_levers(train: TrainSpec, device: torch.device) -> None:
     if levers and device.type != "cuda":
         raise UserError(f"train.{', train.'.join(levers)} runs on a CUDA GPU only (torchao); this trial "
                         f"runs on {device}: use adapter: lora or full and optimizer: adamw")
+
+
+class InBackwardOptimizer(torch.optim.Optimizer):
+    """``train.optimizer_in_backward``: one optimizer per parameter, stepped in that parameter's
+    post-accumulate-grad hook, so each gradient is freed as soon as it is made and all of them are
+    never alive at once. The trial's scheduler and scaler see this object: its ``param_groups``
+    are the per-parameter optimizers' own groups (a schedule's lr reaches them), and ``step`` /
+    ``zero_grad`` have nothing left to do. The gradient norm is summed in the hooks, before each
+    step (:meth:`take_grad_norm`). Valid with one micro-step per optimizer step, no global
+    clipping and no loss scaling only (config.refused_optimizer_in_backward)."""
+
+    def __init__(self, params: tuple[nn.Parameter, ...], train: TrainSpec, device: torch.device):
+        self._inner = [build_optimizer((p,), train, device) for p in params]
+        # Optimizer.__init__ is not called: the groups are the inner optimizers' (the same dicts).
+        self.param_groups = [g for opt in self._inner for g in opt.param_groups]
+        self.defaults = dict(self._inner[0].defaults) if self._inner else {}
+        self.state = {}
+        self._sq_norm = torch.zeros((), dtype=torch.float32, device=device)
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook(opt)) for p, opt in zip(params, self._inner)]
+
+    def _hook(self, opt: torch.optim.Optimizer):
+        def step_now(p: torch.Tensor) -> None:
+            self._sq_norm += p.grad.detach().float().pow(2).sum()
+            opt.step()
+            opt.zero_grad(set_to_none=True)  # this gradient's memory is free for the rest of backward
+        return step_now
+
+    def take_grad_norm(self) -> torch.Tensor:
+        """The total gradient norm of the step just taken (and reset for the next)."""
+        norm = self._sq_norm.sqrt()
+        self._sq_norm = torch.zeros_like(self._sq_norm)
+        return norm
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # every parameter stepped in backward already
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # the hooks freed every gradient
+        return None

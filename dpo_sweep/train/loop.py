@@ -44,6 +44,7 @@ from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCou
 from dpo_sweep.telemetry.flops import NO_TOKENS
 from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
 from dpo_sweep.train import evaluation, knobs, metrics
+from dpo_sweep.train.adapters import InBackwardOptimizer
 from dpo_sweep.train.batching import MicroBatch, flop_token_counts
 from dpo_sweep.train.loss import dpo_loss
 from dpo_sweep.train.setup import (
@@ -284,7 +285,10 @@ def _optimizer_step(setup: TrialSetup) -> torch.Tensor:
     if setup.adaptive_clip is not None:
         setup.adaptive_clip.clip_()  # per parameter, before the total-norm clip
     max_norm = setup.cfg.train.max_grad_norm
-    grad_norm = torch.nn.utils.clip_grad_norm_(setup.params, max_norm if max_norm is not None else float("inf"))
+    if isinstance(setup.optimizer, InBackwardOptimizer):  # stepped in backward; no clip (refused)
+        grad_norm = setup.optimizer.take_grad_norm()
+    else:
+        grad_norm = torch.nn.utils.clip_grad_norm_(setup.params, max_norm if max_norm is not None else float("inf"))
     setup.scaler.step(setup.optimizer)
     setup.scaler.update()
     if setup.ema is not None:

@@ -24,7 +24,8 @@ from dpo_sweep.config import TrainSpec, TrialConfig
 from dpo_sweep.errors import DataError
 from dpo_sweep.telemetry import DecoderShape
 from dpo_sweep.train import knobs
-from dpo_sweep.train.adapters import AdaptersOff, apply_adapter, build_optimizer, reference_view, refuse_cpu_levers
+from dpo_sweep.train.adapters import (AdaptersOff, InBackwardOptimizer, apply_adapter, build_optimizer, reference_view,
+                                     refuse_cpu_levers)
 from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, usable_pairs, worst_case_batches
 from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
 from dpo_sweep.train.data import PairDataset, data_key, load_pairs
@@ -198,7 +199,8 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
     policy.train()
     policy_logps = _wrap_parallel(cfg, SequenceLogProbs(policy, train.logp_chunk_tokens), device, world)
     params = tuple(p for p in policy_logps.parameters() if p.requires_grad)
-    optimizer = build_optimizer(params, train, device)
+    optimizer = (InBackwardOptimizer(params, train, device) if train.optimizer_in_backward
+                 else build_optimizer(params, train, device))
     say(f"[{cfg.trial_id}] model {cfg.model.label()}: {built.n_params / 1e6:.1f}M params, "
         f"{train.precision}, attention {built.attn_implementation}{', liger' if built.liger_kernel else ''}"
         f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "

@@ -116,3 +116,15 @@ def test_memory_model_predicts_the_levers(adapter):
     print(f"1B {adapter}: predicted {est.total_gb:.3f} GB {({k: round(v, 3) for k, v in est.parts().items()})}, "
           f"measured {out.result.peak_mem_gb:.3f} GB")
     assert out.result.peak_mem_gb == pytest.approx(est.total_gb, rel=0.20)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw_8bit"])
+def test_optimizer_in_backward_on_gpu_matches_stepping_after(optimizer):
+    from dpo_sweep.train.loop import run_trial
+
+    kw = dict(optimizer=optimizer, max_grad_norm=None, steps=4, precision="fp32")
+    after = run_trial(lever_cfg(**kw), log=None)
+    during = run_trial(lever_cfg(optimizer_in_backward=True, **kw), log=None)
+    _check_run(during, f"tiny full {optimizer} in backward")
+    print(f"peak after {after.result.torch_peak_alloc_gb:.4f} GB, in backward {during.result.torch_peak_alloc_gb:.4f} GB")
+    assert [s.loss for s in during.steps] == pytest.approx([s.loss for s in after.steps], rel=1e-5)
