@@ -126,3 +126,14 @@ def test_pruning_never_crosses_adapter_or_optimizer_families():
     # within one family it still prunes: a bigger LoRA trial than a LoRA OOM
     lora_oom = _cfg(3, micro_batch=4, checkpoint_level="L1", grad_acc=2, adapter="lora")
     assert rules.dominates_in_memory(_cfg(4, **bigger, adapter="lora"), lora_oom)
+
+
+def test_a_pruned_row_says_what_it_would_have_trained():
+    from dpo_sweep.plan.schedule import SweepPlan
+    from tests.plan.test_plan_schedule import drive, estimate
+
+    trials = [_cfg(i, micro_batch=mb, adapter="lora", lora_r=4) for i, mb in enumerate((1, 2, 4))]
+    _, rows = drive(SweepPlan(trials, estimate=estimate, budget_gb=18.5))  # mb 4: 27 GB, pruned
+    pruned = rows[trials[2].trial_id]
+    assert pruned.status == "pruned" and (pruned.adapter, pruned.optimizer) == ("lora", "adamw")
+    assert pruned.trainable_params == lora_params(model_shape(trials[2].model), DEFAULT_LORA_TARGETS, 4)
