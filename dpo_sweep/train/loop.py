@@ -366,6 +366,14 @@ def _sum_over_workers(setup: TrialSetup, counts: TokenCounts) -> TokenCounts:
     return TokenCounts(*(int(v) for v in total.tolist()))
 
 
+def _lean_mlp_used(cfg: TrialConfig) -> bool:
+    """Whether lean ops' MLP runs: not on an MLP with adapters, nor on QLoRA's NF4 weights (lean.py)."""
+    if not cfg.model.lean_ops or cfg.train.adapter == "full":
+        return cfg.model.lean_ops
+    mlp_adapted = bool({"gate_proj", "up_proj", "down_proj"} & set(cfg.train.lora_targets))
+    return cfg.train.adapter == "lora" and not mlp_adapted
+
+
 def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, clock: TrialClock, *,
               status: str, error: str, mem_source: str, signals: dict[str, float | int | str | None]) -> TrialResult:
     """The trial's results.csv row from its steps (medians and means over the measured ones);
@@ -384,7 +392,7 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
     counts = _sum_over_workers(setup, sum((out.flop_counts for out in measured), NO_TOKENS))
     flops = dpo_step_flops(shape=setup.shape, counts=counts, level=cfg.checkpoint_level,
                            reference=cfg.train.reference, chunked_head=cfg.train.logp_chunk_tokens > 0,
-                           lean_mlp=cfg.model.lean_ops) / max(1, len(measured))
+                           lean_mlp=_lean_mlp_used(cfg), frozen_base=cfg.train.adapter != "full") / max(1, len(measured))
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(),
