@@ -29,6 +29,7 @@ import pandas as pd
 
 from dpo_sweep import noise
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
+from dpo_sweep.analysis.levers import lever_sentence
 from dpo_sweep.analysis.reasons import (amount, exactness_sentence, failure_summary, interval, listed,
                                         shared_measurement_sentence, tie_sentence, tied_faster)
 from dpo_sweep.analysis.tables import is_finite
@@ -38,7 +39,7 @@ DEFAULT_SAFETY_MARGIN = 0.05
 #: Strongest checkpointing first: the order in which a smaller-memory configuration is "cheaper".
 _LEVEL_STRENGTH = {"full": 0, "L3": 1, "L2": 2, "L1": 3, "none": 4}
 CONFIG_KEYS = ("micro_batch", "checkpoint_level", "grad_acc", "beta", "effective_batch",
-               "num_workers", "seq_len", "model")
+               "num_workers", "seq_len", "model", "adapter", "optimizer")
 METRIC_KEYS = ("peak_mem_gb", "step_time_ms", "tokens_per_s", "loss_std")
 #: How tied rows rank by their stability verdict (stability.py); no verdict ("") ranks last.
 VERDICT_RANK = {"stable": 0, "noisy": 1}
@@ -121,8 +122,10 @@ def config_of(row: pd.Series) -> dict[str, Any]:
 def describe(row: pd.Series) -> str:
     """``t3 (micro_batch 4, checkpoint L1, grad_acc 2, beta 0.1)``."""
     c = config_of(row)
+    levers = "".join(f", {k} {c[k]}" for k, plain in (("adapter", "full"), ("optimizer", "adamw"))
+                     if c.get(k) not in ("", plain))  # only where a lever is on
     return (f"{row['trial_id']} (micro_batch {c['micro_batch']}, checkpoint {c['checkpoint_level']}, "
-            f"grad_acc {c['grad_acc']}, beta {_g(c['beta'])})")
+            f"grad_acc {c['grad_acc']}, beta {_g(c['beta'])}{levers})")
 
 
 def _g(value: Any, digits: int = 4) -> str:
@@ -294,6 +297,7 @@ def recommend(
         reason += f" No other {pool_name} qualifies, so there is no runner-up."
     if unstable_ids:
         reason += (f" Left out for a loss std above the normal range: {', '.join(unstable_ids)}.")
+    reason += lever_sentence(analysed, winner)
     return Recommendation(trial_id=str(winner["trial_id"]), config=config_of(winner), reason=reason,
                           runner_up=runner_up, metrics=_metrics(winner), **common)
 
@@ -363,4 +367,5 @@ def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
     elif row is not None:
         why += (f" No trial completed; the cheapest configuration tried is {describe(row)} "
                 f"(status {row['status']}).") + failure_summary(df)
+    why += lever_sentence(df, None)
     return Recommendation(trial_id=None, config={}, reason=why, runner_up=None, cheapest=cheapest, **common)
