@@ -128,3 +128,21 @@ def test_optimizer_in_backward_on_gpu_matches_stepping_after(optimizer):
     _check_run(during, f"tiny full {optimizer} in backward")
     print(f"peak after {after.result.torch_peak_alloc_gb:.4f} GB, in backward {during.result.torch_peak_alloc_gb:.4f} GB")
     assert [s.loss for s in during.steps] == pytest.approx([s.loss for s in after.steps], rel=1e-5)
+
+
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_adapters_with_liger_kernel_agree_with_stock_modules(adapter):
+    pytest.importorskip("liger_kernel")
+    from dpo_sweep.train.loop import run_trial
+
+    def cfg(liger):
+        return make_cfg(resources={"use_gpu": True}, device="cuda", precision="bf16", max_length=128, steps=3,
+                        warmup_steps=1, micro_batch=2, adapter=adapter,
+                        model={"preset": "tiny-llama", "attn_implementation": "sdpa", "liger_kernel": liger},
+                        data={"synthetic": {"pairs": 16, "prompt_tokens": 60, "response_tokens": 60}})
+
+    stock = run_trial(cfg(False), log=None)
+    fused = run_trial(cfg(True), log=None)
+    _check_run(fused, f"tiny {adapter} liger")
+    assert fused.result.liger_kernel and not stock.result.liger_kernel
+    assert [s.loss for s in fused.steps] == pytest.approx([s.loss for s in stock.steps], rel=5e-3)
