@@ -65,3 +65,13 @@ def test_a_results_csv_without_the_lever_columns_loads_as_full_adamw(tmp_path):
     df = load_results(out)
     assert (df.loc[0, "adapter"], df.loc[0, "optimizer"]) == ("full", "adamw")
     assert math.isnan(df.loc[0, "trainable_params"])
+
+
+def test_the_trials_table_shows_each_rows_levers(tmp_path):
+    from dpo_sweep.analysis import tables
+
+    df = analyse_frontier(frame(tmp_path, seed_table_like()), OBJS)
+    adapter, optimizer = tables.TRIALS_HEADER.index("adapter"), tables.TRIALS_HEADER.index("optimizer")
+    got = {row[0]: (row[adapter], row[optimizer]) for row in tables.trial_rows(df)}
+    assert got == {"full-l1": ("full", "adamw"), "full-l2": ("full", "adamw"), "lora-l2": ("lora", "adamw"),
+                   "lora-l1": ("lora", "adamw"), "qlora-l2": ("qlora", "adamw")}
