@@ -102,3 +102,18 @@ def test_levers_space_is_the_seed_table_times_adapter_and_optimizer():
     assert full.count("run at grad_acc 2, time extrapolated") == 2
     lora = [plans[t.trial_id] for t in trials if t.train.adapter == "lora"]
     assert not any(p.startswith("pruned") for p in lora)  # lora mb 16 L1 77.5 GB is the largest
+
+
+def test_levers_space_cpu_smoke_runs_a_lora_trial(tmp_path, capsys):
+    """The header's CPU smoke command, as written there, with an output folder added."""
+    import shlex
+
+    from dpo_sweep.records import read_csv_rows
+
+    text = (SPACES / "seed-table-llama-3-8b-80gb-levers.yaml").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("#   dpo-sweep trial "))
+    args = shlex.split(line.removeprefix("#   dpo-sweep "))
+    assert cli.main(args + ["--output", str(tmp_path)]) == 0, capsys.readouterr().err
+    row = read_csv_rows(tmp_path / "results.csv")[0]
+    assert (row["status"], row["adapter"], row["optimizer"]) == ("ok", "lora", "adamw")
+    assert 0 < int(row["trainable_params"]) < 100_000  # the tiny model's adapters, not its 0.9M weights
