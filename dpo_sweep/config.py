@@ -49,20 +49,16 @@ def refused_adaptive_clip(train: TrainSpec, resources: ResourcesSpec) -> str | N
 
 
 Adapter = Literal["full", "lora", "qlora"]
-ADAPTERS: tuple[str, ...] = get_args(Adapter)
 OptimizerName = Literal["adamw", "adamw_8bit", "adamw_4bit"]
-OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 #: The decoder's linear layers (Llama/Qwen2/Mistral names) that LoRA adapts by default: all of
 #: them, never the lm_head (its weight is the chunked head's, frozen: train/logprobs.py).
 DEFAULT_LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                          "down_proj")
-#: Levers that run only on a CUDA GPU, and the package each needs (its pip install).
-CUDA_LEVERS: dict[tuple[str, str], str] = {
-    ("adapter", "qlora"): "torchao",  # NF4 base weights (torchao's NF4Tensor)
-    ("optimizer", "adamw_8bit"): "torchao",  # torchao.optim.AdamW8bit
-    ("optimizer", "adamw_4bit"): "torchao",  # torchao.optim.AdamW4bit
-}
-#: The package each lever needs, by (field, value): LoRA and QLoRA need peft.
+#: (field, value) of the levers that run only on a CUDA GPU: torchao's NF4 base weights and its
+#: low-bit AdamW (torchao.optim.AdamW8bit / AdamW4bit).
+CUDA_LEVERS: tuple[tuple[str, str], ...] = (("adapter", "qlora"), ("optimizer", "adamw_8bit"),
+                                            ("optimizer", "adamw_4bit"))
+#: The packages each lever needs (what the preflight names in its pip install), by (field, value).
 LEVER_PACKAGES: dict[tuple[str, str], tuple[str, ...]] = {
     ("adapter", "lora"): ("peft",), ("adapter", "qlora"): ("peft", "torchao"),
     ("optimizer", "adamw_8bit"): ("torchao",), ("optimizer", "adamw_4bit"): ("torchao",),

@@ -175,9 +175,9 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
                 say: Logger, since: float) -> TrialSetup:
     """Models (policy, reference), checkpoint level, parallel wrapper, optimizer and batches."""
     train = cfg.train
+    refuse_cpu_levers(train, device)
     built = build_model(cfg.model, train.precision, device, seed=train.seed)
     policy = built.model
-    refuse_cpu_levers(train, device)
     peft_model = apply_adapter(policy, train)  # LoRA/QLoRA: the reference is the adapters-off policy
     reference = ref_table = None
     if train.reference == "live" and peft_model is None:
