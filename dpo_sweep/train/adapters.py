@@ -24,6 +24,8 @@ from the NF4 weights, not from the original model (docs/memory-levers.md).
 (``torchao.optim.AdamW8bit`` / ``AdamW4bit``: both moments stored in 8 or 4 bits with a scale per
 block of 256 / 128 values; each parameter's update is a torch.compile'd function, compiled in
 the first steps). Both low-bit ones run on CUDA only (config.CUDA_LEVERS).
+``train.optimizer_in_backward``: that optimizer per parameter, stepped in its gradient hook
+(:class:`InBackwardOptimizer`).
 """
 from __future__ import annotations
 
