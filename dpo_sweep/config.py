@@ -48,6 +48,62 @@ def refused_adaptive_clip(train: TrainSpec, resources: ResourcesSpec) -> str | N
             "parallelism: ddp, one worker, or adaptive_clip: false")
 
 
+Adapter = Literal["full", "lora", "qlora"]
+OptimizerName = Literal["adamw", "adamw_8bit", "adamw_4bit"]
+#: The decoder's linear layers (Llama/Qwen2/Mistral names) that LoRA adapts by default: all of
+#: them, never the lm_head (its weight is the chunked head's, frozen: train/logprobs.py).
+DEFAULT_LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                         "down_proj")
+#: (field, value) of the levers that run only on a CUDA GPU: torchao's NF4 base weights and its
+#: low-bit AdamW (torchao.optim.AdamW8bit / AdamW4bit).
+CUDA_LEVERS: tuple[tuple[str, str], ...] = (("adapter", "qlora"), ("optimizer", "adamw_8bit"),
+                                            ("optimizer", "adamw_4bit"))
+#: The packages each lever needs (what the preflight names in its pip install), by (field, value).
+LEVER_PACKAGES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("adapter", "lora"): ("peft",), ("adapter", "qlora"): ("peft", "torchao"),
+    ("optimizer", "adamw_8bit"): ("torchao",), ("optimizer", "adamw_4bit"): ("torchao",),
+}
+
+
+def refused_optimizer_in_backward(train: TrainSpec, grad_acc: int, resources: ResourcesSpec) -> str | None:
+    """Why ``train.optimizer_in_backward`` is refused here; None when it is off or goes together."""
+    if not train.optimizer_in_backward:
+        return None
+    conflicts = [what for what, bad in (
+        (f"grad_acc {grad_acc} (each micro-step's gradients would be stepped on alone)", grad_acc > 1),
+        ("train.grad_acc_schedule: seed (it accumulates)", train.grad_acc_schedule != "constant"),
+        (f"train.max_grad_norm {train.max_grad_norm} (a global clip needs every gradient at once)",
+         train.max_grad_norm is not None),
+        ("train.adaptive_clip (it clips before the step)", train.adaptive_clip),
+        ("train.precision: fp16 (the loss scaler unscales every gradient before the step)",
+         train.precision == "fp16"),
+        (f"resources.workers_per_trial {resources.workers_per_trial} (the gradients are all-reduced "
+         "after backward)", resources.workers_per_trial > 1)) if bad]
+    if not conflicts:
+        return None
+    return (f"train.optimizer_in_backward: true is refused with {'; '.join(conflicts)}; use grad_acc 1, "
+            "max_grad_norm: null, adaptive_clip: false, a precision other than fp16 and one worker, or "
+            "optimizer_in_backward: false")
+
+
+def cuda_levers(train: TrainSpec) -> list[str]:
+    """``field: value`` of each of ``train``'s levers that needs a CUDA GPU (CUDA_LEVERS)."""
+    return [f"{field}: {getattr(train, field)}" for field, value in CUDA_LEVERS
+            if getattr(train, field) == value]
+
+
+def refused_cuda_lever(train: TrainSpec, resources: ResourcesSpec) -> str | None:
+    """Why ``train``'s levers are refused with a CPU device; None when they go together."""
+    levers = cuda_levers(train)
+    on_cpu = train.device == "cpu" or resources.use_gpu is False
+    if not levers or not on_cpu:
+        return None
+    where = "train.device: cpu" if train.device == "cpu" else "resources.use_gpu: false"
+    return (f"train.{', train.'.join(levers)} is refused with {where}: torchao's NF4 weights and low-bit "
+            "AdamW run on a CUDA GPU only; use adapter: lora or full and optimizer: adamw on the CPU, "
+            "or run on a GPU")
+
+
 LossType = Literal["sigmoid", "ipo", "hinge"]
 LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16"]
@@ -264,6 +320,34 @@ class TrainSpec(_Strict):
         "(fp32 master weights and AdamW state, bf16 autocast: updates of lr ~1e-5 round away in pure "
         "bf16), any other precision stays.",
     )
+    adapter: Adapter = Field(
+        "full",
+        description="full: every weight trained; lora: peft LoRA adapters on lora_targets, the base "
+        "frozen, the reference the same model with its adapters disabled (no copy); qlora: lora on a "
+        "base whose decoder linear weights are torchao NF4 (4-bit), compute in bf16 (CUDA only).",
+    )
+    lora_r: int = Field(16, ge=1, description="LoRA rank (adapter: lora or qlora).")
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA scale numerator: updates scaled by alpha / r.")
+    lora_dropout: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="Dropout on each adapter's input (0: none, and no extra saved tensor per target).",
+    )
+    lora_targets: tuple[str, ...] = Field(
+        DEFAULT_LORA_TARGETS, min_length=1,
+        description="Module names that get adapters (peft target_modules); default every linear "
+        "layer of the decoder, not the lm_head.",
+    )
+    optimizer_in_backward: bool = Field(
+        False,
+        description="Step each parameter in its post-accumulate-grad hook, so gradients are never all "
+        "alive at once. Needs grad_acc 1, max_grad_norm null, no adaptive_clip, no fp16 loss scaling, "
+        "one worker; the step's grad_norm is still reported.",
+    )
+    optimizer: OptimizerName = Field(
+        "adamw",
+        description="adamw: torch AdamW (fused on CUDA); adamw_8bit / adamw_4bit: torchao's low-bit "
+        "AdamW (states in 8 or 4 bits, blockwise scaled; CUDA only).",
+    )
     seed: int = Field(0, description="Seed for weights, data order and dropout.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
     fail_at_step: int | None = Field(
@@ -281,6 +365,12 @@ class TrainSpec(_Strict):
             raise ValueError(
                 f"train.warmup_steps ({self.warmup_steps}) must be smaller than train.steps "
                 f"({self.steps}): at least one step must be measured"
+            )
+        if {"lm_head", "embed_tokens"} & set(self.lora_targets):
+            raise ValueError(
+                f"train.lora_targets {list(self.lora_targets)}: lm_head and embed_tokens cannot take "
+                "adapters (the chunked log-prob head reads the lm_head weight itself); list decoder "
+                f"linear layers, e.g. {', '.join(DEFAULT_LORA_TARGETS)}"
             )
         if self.label_smoothing and self.loss != "sigmoid":
             raise ValueError(
@@ -306,10 +396,11 @@ class TrainSpec(_Strict):
 #: another meaning has the name (steps: the steps that ran; device: the torch device used).
 SWEPT_TRAIN_COLUMN: dict[str, str] = {
     "loss": "loss_type", "max_length": "seq_len", "precision": "precision", "reference": "reference",
+    "adapter": "adapter", "optimizer": "optimizer",
     "steps": "train_steps", "device": "train_device",
 }
 #: Swept train fields that the result row already carries in its own column.
-_CARRIED_TRAIN_FIELDS = ("loss", "max_length", "precision", "reference")
+_CARRIED_TRAIN_FIELDS = ("loss", "max_length", "precision", "reference", "adapter", "optimizer")
 
 
 class SamplerSpec(_Strict):

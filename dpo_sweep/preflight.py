@@ -20,12 +20,13 @@ A failed check is a :class:`UserError`: exit 2, the file, line or field named, a
 """
 from __future__ import annotations
 
+import importlib.util
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from dpo_sweep.config import ModelSpec, TrialConfig, distinct_models
+from dpo_sweep.config import LEVER_PACKAGES, ModelSpec, TrialConfig, cuda_levers, distinct_models
 from dpo_sweep.errors import DataError, UserError
 # standard library only: cheap to import
 from dpo_sweep.train.data import (DataKey, PairDataset, SourceRows, TokenizerKey, check_rows, data_key, load_pairs,
@@ -243,16 +244,38 @@ def check_files(trials: Iterable[TrialConfig], out_dir: Path | None = None) -> C
     return CheckedFiles(rows)
 
 
+def check_levers(trials: Iterable[TrialConfig]) -> None:
+    """The memory levers' packages are installed (peft for LoRA/QLoRA, torchao for QLoRA and the
+    low-bit AdamW), and a lever that runs on CUDA only has a GPU on this machine: the machine that
+    runs the command (a sweep whose workers are on other machines is checked where it starts)."""
+    trials = tuple(trials)
+    for field, value, package in sorted({(f, getattr(t.train, f), pkg) for t in trials
+                                         for (f, v), pkgs in LEVER_PACKAGES.items() if getattr(t.train, f) == v
+                                         for pkg in pkgs}):
+        if importlib.util.find_spec(package) is None:
+            raise UserError(f"train.{field}: {value} needs the {package} package, which is not installed; "
+                            f"pip install {package}")
+    levers = sorted({lever for t in trials for lever in cuda_levers(t.train)})
+    if levers:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError(f"train.{', train.'.join(levers)} runs on a CUDA GPU only (torchao) and this machine "
+                            "has none; use adapter: lora or full and optimizer: adamw here, or run on a GPU")
+
+
 def check_inputs(trials: tuple[TrialConfig, ...], out_dir: Path | None = None,
                  files: CheckedFiles | None = None) -> tuple[DataSummary, ...]:
     """Everything ``validate`` and ``run`` check before any trial (the file checks first: they are
     the cheapest; ``files``: they were made already). Returns what the data gave, for the command
     to print."""
     files = check_files(trials, out_dir) if files is None else files
+    check_levers(trials)
     return check_data(trials, check_models(trials), files)
 
 
 def check_trial(cfg: TrialConfig, out_dir: Path) -> None:
-    """What ``trial`` checks before it trains: the output folder and the model's files."""
+    """What ``trial`` checks before it trains: the output folder, the model's files, the levers."""
     check_output_dir(out_dir)
     check_models([cfg])
+    check_levers([cfg])

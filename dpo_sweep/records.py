@@ -101,6 +101,10 @@ class TrialResult:
     attn_implementation: str = ""
     liger_kernel: bool = False
     lean_ops: bool = False
+    # Memory levers (train.adapter, train.optimizer): what was trained and how.
+    adapter: str = ""                  # full | lora | qlora
+    optimizer: str = ""                # adamw | adamw_8bit | adamw_4bit
+    trainable_params: int | None = None  # parameters the optimizer steps (LoRA: the adapters only)
     device: str = ""
     steps: int = 0
     measured_steps: int = 0
@@ -335,6 +339,7 @@ def failed_result(cfg: "TrialConfig", status: str, error: str, steps: Iterable[S
         trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=error,
         peak_mem_gb=peak_up_to_failure_gb((s.peak_mem_gb for s in steps), failing_peak_gb),
         loss_type=cfg.train.loss, precision=cfg.train.precision, reference=cfg.train.reference,
+        adapter=cfg.train.adapter, optimizer=cfg.train.optimizer,
         attn_implementation=cfg.model.attn_implementation, steps=len(steps), **timing,
     )
 

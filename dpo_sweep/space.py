@@ -31,6 +31,8 @@ from dpo_sweep.config import (
     TrainSpec,
     TrialConfig,
     refused_adaptive_clip,
+    refused_cuda_lever,
+    refused_optimizer_in_backward,
     refused_attention,
 )
 from dpo_sweep.errors import SpaceError
@@ -309,6 +311,12 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
         if refused:
             raise SpaceError(f"{source}: search.checkpoint_level {point['checkpoint_level']!r}: {refused}")
         refused = refused_adaptive_clip(train, spec.resources)
+        if refused:
+            raise SpaceError(f"{source}: {refused}")
+        refused = refused_cuda_lever(train, spec.resources)
+        if refused:
+            raise SpaceError(f"{source}: {refused}")
+        refused = refused_optimizer_in_backward(train, point["grad_acc"], spec.resources)
         if refused:
             raise SpaceError(f"{source}: {refused}")
         swept_values = {k: getattr(train, k) for k in train_over}

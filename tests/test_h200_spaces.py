@@ -86,3 +86,34 @@ def test_header_gives_the_run_command_and_the_script_reads_its_flags(name):
     assert got == EXAMPLES[name]
     args = cli._parser().parse_args(["run", f"search_spaces/{name}.yaml", *got])  # flags `run` knows
     assert args.full_grid == ("--full-grid" in got)
+
+
+def test_levers_space_is_the_seed_table_times_adapter_and_optimizer():
+    table, levers = _raw("seed-table-llama-3-8b-80gb"), _raw("seed-table-llama-3-8b-80gb-levers")
+    assert levers["search"] == {**table["search"], "adapter": ["full", "lora", "qlora"],
+                                "optimizer": ["adamw", "adamw_8bit"]}
+    lora = ("lora_r", "lora_alpha", "lora_dropout")
+    assert _without(levers, ("name",), ("search",), *(("train", k) for k in lora)) == _without(table, ("name",), ("search",))
+    trials = space_mod.load(SPACES / "seed-table-llama-3-8b-80gb-levers.yaml").trials
+    assert len(trials) == 36
+    # Full fine-tuning with AdamW: the seed table's plan; with the levers more configurations fit.
+    plans = dict(zip((t.trial_id for t in trials), _plans("seed-table-llama-3-8b-80gb-levers")))
+    full = [plans[t.trial_id] for t in trials if (t.train.adapter, t.train.optimizer) == ("full", "adamw")]
+    assert full.count("run at grad_acc 2, time extrapolated") == 2
+    lora = [plans[t.trial_id] for t in trials if t.train.adapter == "lora"]
+    assert not any(p.startswith("pruned") for p in lora)  # lora mb 16 L1 77.5 GB is the largest
+
+
+def test_levers_space_cpu_smoke_runs_a_lora_trial(tmp_path, capsys):
+    """The header's CPU smoke command, as written there, with an output folder added."""
+    import shlex
+
+    from dpo_sweep.records import read_csv_rows
+
+    text = (SPACES / "seed-table-llama-3-8b-80gb-levers.yaml").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("#   dpo-sweep trial "))
+    args = shlex.split(line.removeprefix("#   dpo-sweep "))
+    assert cli.main(args + ["--output", str(tmp_path)]) == 0, capsys.readouterr().err
+    row = read_csv_rows(tmp_path / "results.csv")[0]
+    assert (row["status"], row["adapter"], row["optimizer"]) == ("ok", "lora", "adamw")
+    assert int(row["trainable_params"]) == 4 * 16 * 2336  # r 16 on the tiny model's 7 linears x 4 layers, not its 0.9M weights

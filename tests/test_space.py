@@ -113,13 +113,35 @@ def test_duplicates_exit_2_from_the_cli(tmp_path, capsys):
 
 
 def test_every_train_field_has_a_results_column_of_its_own():
-    carried = {"loss": "loss_type", "max_length": "seq_len", "precision": "precision", "reference": "reference"}
+    carried = {"loss": "loss_type", "max_length": "seq_len", "precision": "precision", "reference": "reference",
+               "adapter": "adapter", "optimizer": "optimizer"}
     for name in TrainSpec.model_fields:
         column = SWEPT_TRAIN_COLUMN.get(name, name)
         if name in carried:
             assert column == carried[name] and column in RESULTS_COLUMNS
         else:
             assert column not in RESULTS_COLUMNS, f"train.{name} would overwrite results column {column}"
+
+
+def test_swept_adapter_and_optimizer_are_the_rows_own_columns_not_extra_ones():
+    trials = space_mod.parse(with_search(adapter=["full", "lora"], lora_r=[4, 8])).trials
+    assert len(trials) == 4 * 12
+    assert collections.Counter((t.train.adapter, t.train.lora_r) for t in trials) == {
+        ("full", 4): 12, ("full", 8): 12, ("lora", 4): 12, ("lora", 8): 12}
+    assert all(set(t.swept_columns()) == {"lora_r"} for t in trials)  # adapter: the row's own column
+    assert any(t.trial_id.endswith("_adapter-lora_lora_r-4") for t in trials)
+
+
+def test_cuda_levers_on_a_cpu_space_are_refused_at_validation():
+    for lever in ({"adapter": ["qlora"]}, {"optimizer": ["adamw", "adamw_8bit"]}):
+        for where in ({"train": {"device": "cpu"}}, {"resources": {"use_gpu": False}}):
+            raw = with_search(**lever)
+            for section, values in where.items():
+                raw[section] = {**raw[section], **values}
+            with pytest.raises(SpaceError, match=r"is refused with (train.device: cpu|resources.use_gpu: false): "
+                                                 r"torchao's NF4 weights and low-bit AdamW run on a CUDA GPU only"):
+                space_mod.parse(raw)
+    space_mod.parse(with_search(adapter=["qlora"]))  # use_gpu auto: the preflight decides
 
 
 def test_trial_writes_swept_train_fields_as_columns(tmp_path, capsys):

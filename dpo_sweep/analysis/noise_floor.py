@@ -25,13 +25,17 @@ from dpo_sweep.analysis.tables import POOLED_COLUMN, fmt_sig, swept_train_column
 
 #: Columns that set the maths of a trial's updates (besides the swept train columns).
 SAME_MATHS_COLUMNS = ("model", "seq_len", "effective_batch", "beta", "loss_type", "precision", "reference")
+#: The memory levers' columns, which set the maths too (what is trained, how it is stepped); a
+#: frame without them (made by hand) is read as one family, as a results.csv without them loads.
+LEVER_COLUMNS = ("adapter", "optimizer")
 NOISE_FLOOR_HEADER = ("effective batch", "beta", "trials (micro_batch x checkpoint x grad_acc)",
                       "steps compared", "max |delta loss|", "loss std range")
 
 
 def same_maths_columns(df: pd.DataFrame) -> list[str]:
     """The columns of ``df`` that set a row's maths: :data:`SAME_MATHS_COLUMNS` and the swept ones."""
-    return [c for c in SAME_MATHS_COLUMNS if c in df.columns] + swept_train_columns(df)
+    return list(dict.fromkeys([c for c in (*SAME_MATHS_COLUMNS, *LEVER_COLUMNS) if c in df.columns]
+                              + swept_train_columns(df)))
 
 
 def same_maths_key(df: pd.DataFrame) -> pd.Series:

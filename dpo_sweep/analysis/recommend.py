@@ -29,6 +29,7 @@ import pandas as pd
 
 from dpo_sweep import budget, noise
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
+from dpo_sweep.analysis.levers import lever_sentence
 from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
                                         left_out_sentence, listed, no_loss_std_sentence, shared_measurement_sentence,
                                         tie_sentence, tied_faster)
@@ -39,7 +40,7 @@ DEFAULT_SAFETY_MARGIN = 0.05
 #: Strongest checkpointing first: the order in which a smaller-memory configuration is "cheaper".
 _LEVEL_STRENGTH = {"full": 0, "L3": 1, "L2": 2, "L1": 3, "none": 4}
 CONFIG_KEYS = ("micro_batch", "checkpoint_level", "grad_acc", "beta", "effective_batch",
-               "num_workers", "seq_len", "model")
+               "num_workers", "seq_len", "model", "adapter", "optimizer")
 METRIC_KEYS = ("peak_mem_gb", "step_time_ms", "tokens_per_s", "loss_std")
 #: How tied rows rank by their stability verdict (stability.py); no verdict ("") ranks last.
 VERDICT_RANK = {"stable": 0, "noisy": 1}
@@ -137,8 +138,10 @@ def describe(row: pd.Series, varying: tuple[str, ...] = ()) -> str:
     (``, model llama-3.2-1b, lr 2e-05``)."""
     c = config_of(row)
     extra = "".join(f", {k} {fmt_setting(row.get(k))}" for k in varying)
+    levers = "".join(f", {k} {c[k]}" for k, plain in (("adapter", "full"), ("optimizer", "adamw"))
+                     if k not in varying and c.get(k) not in ("", None, plain))  # only where a lever is on
     return (f"{row['trial_id']} (micro_batch {c['micro_batch']}, checkpoint {c['checkpoint_level']}, "
-            f"grad_acc {c['grad_acc']}, beta {_g(c['beta'])}{extra})")
+            f"grad_acc {c['grad_acc']}, beta {_g(c['beta'])}{extra}{levers})")
 
 
 def _g(value: Any, digits: int = 4) -> str:
@@ -311,6 +314,7 @@ def recommend(
     else:
         reason += f" No other {pool_name} qualifies, so there is no runner-up."
     reason += left_out_sentence(left_out, POOLED_COLUMN, limit)
+    reason += lever_sentence(analysed, winner)
     return Recommendation(trial_id=str(winner["trial_id"]), config=config_of(winner, varying), reason=reason,
                           runner_up=runner_up, metrics=_metrics(winner), **common)
 
@@ -392,4 +396,5 @@ def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
     elif row is not None and not measured:
         why += (f" No trial completed; the cheapest configuration tried is {describe(row, common['varying'])} "
                 f"(status {row['status']}).") + failure_summary(df)
+    why += lever_sentence(df, None)
     return Recommendation(trial_id=None, config={}, reason=why, runner_up=None, cheapest=cheapest, **common)

@@ -24,7 +24,11 @@ ANALYSIS_REQUIRED_COLUMNS: tuple[str, ...] = (
 _TEXT_COLUMNS = ("trial_id", "status", "model", "checkpoint_level", "error", "mem_source",
                  "loss_type", "precision", "reference", "attn_implementation", "device", "stability",
                  "measured_by", "step_time_source", "stability_from",
-                 "stability_precision", "stability_note", "timed_by")
+                 "stability_precision", "stability_note", "timed_by", "adapter", "optimizer")
+
+#: Columns that a results.csv written before they existed lacks, and the value every such row had:
+#: every trial then trained all weights with torch's AdamW.
+_MISSING_DEFAULTS: dict[str, str] = {"adapter": "full", "optimizer": "adamw"}
 
 
 def _refuse_damaged(path: Path) -> None:
@@ -155,7 +159,7 @@ def load_results(out_dir: str | Path) -> "Any":
     _refuse_unreadable(path, df, kinds, allowed={"status": STATUSES})
     for col in RESULTS_COLUMNS:
         if col not in df.columns:
-            df[col] = "" if col in _TEXT_COLUMNS else math.nan
+            df[col] = _MISSING_DEFAULTS.get(col, "" if col in _TEXT_COLUMNS else math.nan)
     for col in _TEXT_COLUMNS:
         df[col] = df[col].fillna("").astype(str)
     df["status"] = df["status"].str.strip().str.lower()

@@ -32,7 +32,7 @@ DERIVED_COLUMNS = (POOLED_COLUMN, "eligible", "throughput_low", "throughput_high
                    "frontier_distance", "frontier_rank")
 TRIALS_HEADER: tuple[str, ...] = (
     "trial", "status", "model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta",
-    "effective batch", "peak memory (GB)", "predicted peak (GB)", "torch peak alloc (GB)", "step time (ms)",
+    "effective batch", "adapter", "optimizer", "peak memory (GB)", "predicted peak (GB)", "torch peak alloc (GB)", "step time (ms)",
     "step time p10 (ms)", "step time p90 (ms)", "tokens/s", "MFU", "loss mean", "loss std", "grad norm",
     "reward accuracy", "frontier rank", "distance to frontier", "measured by", "error",
 )
@@ -134,7 +134,8 @@ def trial_rows(analysed: pd.DataFrame) -> list[list[str]]:
         rows.append([
             str(r["trial_id"]), str(r["status"]), str(r["model"]), fmt_int(r["seq_len"]),
             fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]),
-            fmt_beta(r["beta"]), fmt_int(r["effective_batch"]), fmt_float(r["peak_mem_gb"], 2),
+            fmt_beta(r["beta"]), fmt_int(r["effective_batch"]), str(r.get("adapter") or "full"),
+            str(r.get("optimizer") or "adamw"), fmt_float(r["peak_mem_gb"], 2),
             fmt_float(r.get("predicted_peak_gb"), 2), fmt_float(r["torch_peak_alloc_gb"], 2), fmt_float(r["step_time_ms"], 1),
             fmt_float(r["step_time_p10_ms"], 1), fmt_float(r["step_time_p90_ms"], 1), fmt_sig(r["tokens_per_s"], 4), fmt_sig(r["mfu"], 3),
             fmt_sig(r["loss_mean"], 4), fmt_sig(r["loss_std"], 3), fmt_sig(r["grad_norm_mean"], 3),

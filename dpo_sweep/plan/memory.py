@@ -17,10 +17,15 @@ The peak is the largest of three moments of an optimizer step, each a sum of par
 Parts and where they come from (``dpo_sweep/train``):
 
 ===========  ===============================================================================
-weights      ``n_params x`` weight bytes (``model.weight_dtype``: bf16 for ``bf16``, else fp32)
-grads        gradients in the weights' dtype; DDP adds its buckets (a copy of them, always alive)
-optimizer    fused AdamW: two states per parameter in the weights' dtype
-reference    a live reference is a second copy of the weights; a precomputed table is on the CPU
+weights      ``n_params x`` weight bytes (``model.weight_dtype``: bf16 for ``bf16``, else fp32);
+             LoRA / QLoRA: plus the adapters, QLoRA's decoder linears in NF4 (plan/levers.py)
+grads        gradients in the weights' dtype, of the trained parameters only (LoRA: the adapters);
+             DDP adds its buckets (a copy of them, always alive); ``optimizer_in_backward``: the
+             largest one only, each freed by its own step in backward
+optimizer    fused AdamW: two states per trained parameter in the weights' dtype; low-bit AdamW
+             (``train.optimizer``) its 8- or 4-bit states (plan/levers.py)
+reference    a live reference is a second copy of the weights (none with adapters: the
+             adapters-off policy is the reference); a precomputed table is on the CPU
 ema          ``train.ema_decay``: a float32 copy of the trained weights (``knobs.WeightEma``)
 casts        bf16-mixed / fp16: autocast caches a bf16 copy of each trained weight it casts (the
              attention projections; the MLP too without lean ops)
@@ -53,6 +58,7 @@ import functools
 from dataclasses import dataclass, fields
 
 from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.plan.levers import lever_bytes
 from dpo_sweep.train.lengths import LengthProfile
 from dpo_sweep.train import liger as liger_rule
 
@@ -290,20 +296,21 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     tokens, seq_len = worst_micro_batch(cfg, lengths)
     kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len)
 
-    weights = s.n_params * b.weight / shard
-    buckets = weights if (world > 1 and shard == 1) else 0.0  # DDP's gradient buckets, from construction on
-    grads_all = weights + buckets
-    optimizer = 2 * weights
-    reference = s.n_params * b.weight if t.reference == "live" else 0.0  # FSDP does not shard it
-    cast_params = s.attn_proj_params + (0 if lean else s.mlp_params)
-    casts = cast_params * 2 / shard if b.autocast else 0.0
-    ema = 4.0 * s.n_params / shard if t.ema_decay is not None else 0.0
+    lev = lever_bytes(cfg, s, b.weight, b.activation, b.autocast, lean, liger)  # adapter and optimizer (levers.py)
+    weights = lev.weights / shard
+    grads = lev.grads / shard
+    buckets = grads if (world > 1 and shard == 1) else 0.0  # DDP's gradient buckets, from construction on
+    grads_all = grads + buckets if not t.optimizer_in_backward else lev.largest_grad  # in backward: one at a time
+    optimizer = lev.optimizer / shard
+    reference = s.n_params * b.weight if t.reference == "live" and lev.reference_copy else 0.0  # FSDP does not shard it
+    casts = (lev.cast_params * 2 / shard if b.autocast else 0.0) + lev.transient
+    ema = 4.0 * lev.trainable / shard if t.ema_decay is not None else 0.0
     static = weights + optimizer + reference + ema + casts
-    per_token = model_saved_bytes_per_token(s, b, cfg.checkpoint_level, **kw)
+    per_token = model_saved_bytes_per_token(s, b, cfg.checkpoint_level, **kw) + lev.saved_per_token
     activations = tokens * per_token
-    head = _head_bytes(s, b, tokens, t.logp_chunk_tokens)
+    head = _head_bytes(s, b, tokens, t.logp_chunk_tokens) - (0.0 if lev.lm_head_grad else s.vocab * s.hidden * b.weight)
     end_transient = max(tokens * last_layer_bytes_per_token(s, b, **kw),
-                        s.vocab * s.hidden * b.weight if s.tied else 0.0)  # tied: the embedding's grad
+                        s.vocab * s.hidden * b.weight if s.tied and lev.lm_head_grad else 0.0)  # tied: the embedding's grad
     grads_in_step = grads_all if cfg.grad_acc >= 2 else buckets
     moments = {
         "backward start": (grads_in_step, activations, head),

@@ -21,6 +21,9 @@ fail_rank
 train.seed                               yes*  *except for fixed-length synthetic data: the data
                                                order sets which pairs share a padded micro-batch
 resources.*                              yes   workers, parallelism, the memory cap, CPUs
+train.adapter, lora_r, lora_alpha,       yes   frozen base, adapters' parameters and saved
+lora_dropout, lora_targets, optimizer,         tensors, NF4 weights, optimizer state bytes,
+optimizer_in_backward                          gradients alive (lora_alpha too: conservative)
 micro_batch, checkpoint_level            yes   activations and recompute
 grad_acc                                 as    ``short_grad_acc``: 1 vs >= 2 changes the peak;
                                                the step time is extrapolated (t_opt + G t_micro)
@@ -66,6 +69,8 @@ LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("train", "beta_schedule"), ("train", "adaptive_clip"), ("train", "adaptive_clip_window"),
     ("train", "ema_decay"), ("train", "grad_acc_schedule"),  # the stability knobs (train/knobs.py)
     ("train", "learning_steps"), ("train", "learning_precision"),
+    ("train", "adapter"), ("train", "lora_r"), ("train", "lora_alpha"), ("train", "lora_dropout"),
+    ("train", "lora_targets"), ("train", "optimizer"),  # what is trained and how it is stepped
 )
 #: Checkpoint levels from most activations kept to fewest (README: none > L1 > L2 >= L3 > full).
 LEVELS_BY_MEMORY: tuple[str, ...] = ("none", "L1", "L2", "L3", "full")

@@ -44,7 +44,8 @@ from typing import Callable, Mapping, Sequence
 from dpo_sweep import budget
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
-from dpo_sweep.plan.memory import MemoryEstimate, planning_device, predict_peak_gb
+from dpo_sweep.plan.levers import trainable_params
+from dpo_sweep.plan.memory import MemoryEstimate, model_shape, planning_device, predict_peak_gb
 from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, pending_stability, shared_row, with_stability
 from dpo_sweep.plan.runoff import (RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, frontier_ties,
                                    runoff_cap, timed_row)
@@ -298,7 +299,8 @@ class SweepPlan:
             group.predicted_gb = self.predict(group.measuring)
         for m in group.members:
             row = failed_result(m, "pruned", reason)
-            self._emit(replace(row, predicted_peak_gb=group.predicted_gb, extra=m.swept_columns()))
+            self._emit(replace(row, predicted_peak_gb=group.predicted_gb, trainable_params=_trainable(m),
+                               extra=m.swept_columns()))
 
     # --- learning trials ---------------------------------------------------------------------
 
@@ -506,3 +508,12 @@ def _without_eval(cfg: TrialConfig) -> TrialConfig:
     steps (``train.evaluate``; 0.17-0.35 s of a 1B trial on the H200), whose ``eval_loss`` no row
     would take."""
     return cfg.model_copy(update={"train": cfg.train.model_copy(update={"evaluate": False})})
+
+
+def _trainable(cfg: TrialConfig) -> int | None:
+    """The parameters ``cfg`` would train (plan/levers.py), for a row that never built its model;
+    None when the model's shape cannot be read here."""
+    try:
+        return trainable_params(cfg, model_shape(cfg.model))
+    except (OSError, ValueError, KeyError):
+        return None

@@ -24,7 +24,8 @@ from dpo_sweep.report.data_shape import data_shape_section
 ERROR_SUMMARY_CHARS = 160
 #: Set-up columns of the all-trials table that are stated once above it when every trial has the
 #: same value (one model, one beta ...), so the columns that vary have the room.
-SHARED_COLUMNS = ("model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta", "effective batch")
+SHARED_COLUMNS = ("model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta", "effective batch",
+                  "adapter", "optimizer")
 #: Trials named per status in the failure summary before "and N more".
 MAX_IDS_PER_FAILURE = 10
 

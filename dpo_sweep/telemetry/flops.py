@@ -167,24 +167,30 @@ def recompute_flops(fwd: ForwardFlops, level: str, lean_mlp: bool) -> float:
     return sum(getattr(fwd, part) for part in parts)
 
 
-def policy_training_flops(fwd: ForwardFlops, level: str, *, chunked_head: bool, lean_mlp: bool) -> float:
-    """Forward + backward (+ recompute) of the policy over the tokens of ``fwd``."""
-    backward = 2.0 * (fwd.total() - fwd.attention) + ATTENTION_BACKWARD_FACTOR * fwd.attention
+def policy_training_flops(fwd: ForwardFlops, level: str, *, chunked_head: bool, lean_mlp: bool,
+                          frozen_base: bool = False) -> float:
+    """Forward + backward (+ recompute) of the policy over the tokens of ``fwd``. ``frozen_base``
+    (LoRA/QLoRA): the weights get no gradient, so a linear's backward is its input gradient only
+    (one forward's matmuls, not two); the adapters' rank-r matmuls are left out (< 1 % at r 16)."""
+    weight_grads = 0.0 if frozen_base else 1.0
+    backward = (1.0 + weight_grads) * (fwd.total() - fwd.attention) + ATTENTION_BACKWARD_FACTOR * fwd.attention
     head_recompute = fwd.head if chunked_head else 0.0
     return fwd.total() + backward + recompute_flops(fwd, level, lean_mlp) + head_recompute
 
 
 def dpo_step_flops(*, shape: DecoderShape, counts: TokenCounts, level: str, reference: str,
-                   chunked_head: bool, lean_mlp: bool) -> float:
+                   chunked_head: bool, lean_mlp: bool, frozen_base: bool = False) -> float:
     """Model FLOPs of the DPO micro-steps over ``counts``: the policy's forward, backward and
     recompute, and the reference forward unless ``reference == "precomputed"``.
 
     ``counts``: every micro-batch of the steps counted, every worker if MFU is over several GPUs.
-    ``chunked_head``: ``logp_chunk_tokens > 0``; ``lean_mlp``: ``model.lean_ops``.
+    ``chunked_head``: ``logp_chunk_tokens > 0``; ``lean_mlp``: ``model.lean_ops``; ``frozen_base``:
+    ``train.adapter`` is lora or qlora.
     """
     fwd = forward_flops(shape, counts)
     reference_forward = 0.0 if reference == "precomputed" else fwd.total()
-    return policy_training_flops(fwd, level, chunked_head=chunked_head, lean_mlp=lean_mlp) + reference_forward
+    return policy_training_flops(fwd, level, chunked_head=chunked_head, lean_mlp=lean_mlp,
+                                 frozen_base=frozen_base) + reference_forward
 
 
 def _normalise_gpu_name(gpu_name: str) -> str:

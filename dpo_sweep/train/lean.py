@@ -103,14 +103,16 @@ class LeanSwiGLU(torch.autograd.Function):
         silu_mul, silu_mul_backward = ctx.fused or (_torch_silu_mul, _torch_silu_mul_backward)
         h = silu_mul(g, u)                           # recomputed: element-wise, no matmul
         flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-        dwd = (flat(dy).t() @ flat(h)).to(wd.dtype)
+        # A frozen weight (LoRA's base on a layer without adapters) gets no gradient: no matmul for it.
+        need_wg, need_wu, need_wd = ctx.needs_input_grad[1:4]
+        dwd = (flat(dy).t() @ flat(h)).to(wd.dtype) if need_wd else None
         del h
         dh = dy @ wd.to(cdt)
         dg, du = silu_mul_backward(g, u, dh)
         del dh
         dx = dg @ wg.to(cdt) + du @ wu.to(cdt)
-        dwg = (flat(dg).t() @ flat(x)).to(wg.dtype)
-        dwu = (flat(du).t() @ flat(x)).to(wu.dtype)
+        dwg = (flat(dg).t() @ flat(x)).to(wg.dtype) if need_wg else None
+        dwu = (flat(du).t() @ flat(x)).to(wu.dtype) if need_wu else None
         bias = [flat(t).sum(0) if has else None for t, has in zip((dg, du, dy), ctx.has_bias)]
         return dx.to(ctx.x_dtype), dwg, dwu, dwd, *bias, None, None
 
@@ -137,7 +139,10 @@ def _is_hf_rmsnorm(m: nn.Module) -> bool:
 def _is_swiglu_mlp(m: nn.Module) -> bool:
     act = getattr(m, "act_fn", None)
     silu = isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
-    return silu and all(isinstance(getattr(m, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
+    # Plain nn.Linear with plain weights only: a peft LoRA layer is not one (the lean forward would
+    # read its base weight and skip the adapter), nor is a linear with an NF4 weight (QLoRA).
+    linears = [getattr(m, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    return silu and all(type(x) is nn.Linear and type(x.weight) in (torch.Tensor, nn.Parameter) for x in linears)
 
 
 def apply_lean_ops(model: nn.Module, fused_kernels: bool = False) -> dict[str, int]:

@@ -44,6 +44,7 @@ from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCou
 from dpo_sweep.telemetry.flops import NO_TOKENS
 from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
 from dpo_sweep.train import evaluation, knobs, metrics
+from dpo_sweep.train.adapters import InBackwardOptimizer
 from dpo_sweep.train.batching import MicroBatch, flop_token_counts
 from dpo_sweep.train.loss import dpo_loss
 from dpo_sweep.train.reference import missing_rows
@@ -240,7 +241,7 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
         reward_accuracy=means["rewards/accuracies"], reward_margin=means["rewards/margins"],
         logps_chosen=means["logps/chosen"], logps_rejected=means["logps/rejected"], kl=means["kl"],
         rewards_chosen=means["rewards/chosen"], rewards_rejected=means["rewards/rejected"],
-        tokens_per_s=tokens / (step_time_ms / 1e3), lr=setup.scheduler.get_last_lr()[0],
+        tokens_per_s=tokens / (step_time_ms / 1e3), lr=float(setup.scheduler.get_last_lr()[0]),
         measured=step > cfg.train.warmup_steps, micro_step_ms=micro_step_ms, optimizer_ms=optimizer_ms,
         logratio_mean=means["logratio_mean"], logratio_std=means["logratio_std"], beta=beta, grad_acc=grad_acc,
         micro_ms=",".join(f"{ms:.3f}" for ms in durations_ms[:-1]),
@@ -290,7 +291,10 @@ def _optimizer_step(setup: TrialSetup) -> torch.Tensor:
     if setup.adaptive_clip is not None:
         setup.adaptive_clip.clip_()  # per parameter, before the total-norm clip
     max_norm = setup.cfg.train.max_grad_norm
-    grad_norm = torch.nn.utils.clip_grad_norm_(setup.params, max_norm if max_norm is not None else float("inf"))
+    if isinstance(setup.optimizer, InBackwardOptimizer):  # stepped in backward; no clip (refused)
+        grad_norm = setup.optimizer.take_grad_norm()
+    else:
+        grad_norm = torch.nn.utils.clip_grad_norm_(setup.params, max_norm if max_norm is not None else float("inf"))
     setup.scaler.step(setup.optimizer)
     setup.scaler.update()
     if setup.ema is not None:
@@ -368,6 +372,14 @@ def _sum_over_workers(setup: TrialSetup, counts: TokenCounts) -> TokenCounts:
     return TokenCounts(*(int(v) for v in total.tolist()))
 
 
+def _lean_mlp_used(cfg: TrialConfig) -> bool:
+    """Whether lean ops' MLP runs: not on an MLP with adapters, nor on QLoRA's NF4 weights (lean.py)."""
+    if not cfg.model.lean_ops or cfg.train.adapter == "full":
+        return cfg.model.lean_ops
+    mlp_adapted = bool({"gate_proj", "up_proj", "down_proj"} & set(cfg.train.lora_targets))
+    return cfg.train.adapter == "lora" and not mlp_adapted
+
+
 def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, clock: TrialClock, *,
               status: str, error: str, mem_source: str, signals: dict[str, float | int | str | None]) -> TrialResult:
     """The trial's results.csv row from its steps (medians and means over the measured ones);
@@ -386,7 +398,7 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
     counts = _sum_over_workers(setup, sum((out.flop_counts for out in measured), NO_TOKENS))
     flops = dpo_step_flops(shape=setup.shape, counts=counts, level=cfg.checkpoint_level,
                            reference=cfg.train.reference, chunked_head=cfg.train.logp_chunk_tokens > 0,
-                           lean_mlp=cfg.model.lean_ops) / max(1, len(measured))
+                           lean_mlp=_lean_mlp_used(cfg), frozen_base=cfg.train.adapter != "full") / max(1, len(measured))
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return TrialResult(
         trial_id=cfg.trial_id, status=status, **cfg.knobs(),
@@ -403,7 +415,8 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
         reward_margin=metrics.mean([r.reward_margin for r in measured_records]),
         error=error, mem_source=mem_source, loss_type=cfg.train.loss, precision=cfg.train.precision,
         reference=cfg.train.reference, attn_implementation=setup.built.attn_implementation,
-        liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops, device=str(device),
+        liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops, adapter=cfg.train.adapter,
+        optimizer=cfg.train.optimizer, trainable_params=sum(p.numel() for p in setup.params), device=str(device),
         steps=len(records), measured_steps=len(measured), pairs_used=setup.data.usable_pairs,
         pairs_dropped=setup.data.pairs.dropped, startup_s=clock.startup_s(), measure_s=clock.measure_s(),
         **clock.startup_split(),

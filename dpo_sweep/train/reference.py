@@ -45,11 +45,12 @@ def pairs_read(cfg: TrialConfig, ds: PairDataset, world: int, rank: int) -> list
 
 
 def table_key(cfg: TrialConfig) -> str:
-    """What the reference values depend on besides the data: the weights (the model spec, and the
-    seed that initialises a preset), the forward's arithmetic (precision, attention, liger, lean
-    ops, the log-prob head's chunking) and how a pair is laid out (padding side, packing)."""
+    """What the reference values depend on besides the data: the weights (the model spec, the
+    seed that initialises a preset, the adapter: QLoRA's reference is the quantised base), the
+    forward's arithmetic (precision, attention, liger, lean ops, the log-prob head's chunking)
+    and how a pair is laid out (padding side, packing)."""
     t = cfg.train
-    return "|".join(map(str, (cfg.model.model_dump_json(), t.precision, t.seed, t.logp_chunk_tokens,
+    return "|".join(map(str, (cfg.model.model_dump_json(), t.precision, t.seed, t.adapter, t.logp_chunk_tokens,
                               t.padding_side, t.padding_free)))
 
 

@@ -21,10 +21,12 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from dpo_sweep.config import TrialConfig
+from dpo_sweep.config import TrainSpec, TrialConfig
 from dpo_sweep.errors import DataError
 from dpo_sweep.telemetry import DecoderShape
 from dpo_sweep.train import knobs
+from dpo_sweep.train.adapters import (AdaptersOff, InBackwardOptimizer, apply_adapter, build_optimizer, reference_view,
+                                     refuse_cpu_levers)
 from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, worst_case_batches
 from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
 from dpo_sweep.train.data import PairDataset, data_key, load_pairs
@@ -180,10 +182,12 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
                 say: Logger, since: float) -> TrialSetup:
     """Models (policy, reference), checkpoint level, parallel wrapper, optimizer and batches."""
     train = cfg.train
+    refuse_cpu_levers(train, device)
     built = build_model(cfg.model, train.precision, device, seed=train.seed)
     policy = built.model
+    peft_model = apply_adapter(policy, train)  # LoRA/QLoRA: the reference is the adapters-off policy
     reference = ref_table = None
-    if train.reference == "live":
+    if train.reference == "live" and peft_model is None:
         frozen = freeze_reference(copy.deepcopy(policy))  # before any checkpoint patching
         if cfg.model.lean_ops:
             # The same forward arithmetic as the policy's, so both agree exactly at step 1.
@@ -191,21 +195,24 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         reference = SequenceLogProbs(frozen, train.logp_chunk_tokens)
     if cfg.model.lean_ops:
         apply_lean_ops(policy, fused_kernels=built.liger_kernel)
+    if train.reference == "live" and peft_model is not None:
+        reference = AdaptersOff(SequenceLogProbs(policy, train.logp_chunk_tokens), peft_model)
     if train.reference == "precomputed":
         # Before the first update the policy *is* the reference: no copy of the weights needed.
         policy.eval()
-        ref_table = _reference_table(SequenceLogProbs(policy, train.logp_chunk_tokens), data, cfg, device,
-                                     world, rank, say, since)
+        ref_table = _reference_table(reference_view(SequenceLogProbs(policy, train.logp_chunk_tokens), peft_model),
+                                     data, cfg, device, world, rank, say, since)
     apply_checkpoint_level(policy, cfg.checkpoint_level)  # after the model is on its device
     policy.train()
     policy_logps = _wrap_parallel(cfg, SequenceLogProbs(policy, train.logp_chunk_tokens), device, world)
     params = tuple(p for p in policy_logps.parameters() if p.requires_grad)
-    optimizer = torch.optim.AdamW(params, lr=train.lr, betas=train.adam_betas, eps=train.adam_eps,
-                                  weight_decay=train.weight_decay, fused=device.type == "cuda")
+    optimizer = (InBackwardOptimizer(params, train, device) if train.optimizer_in_backward
+                 else build_optimizer(params, train, device))
     say(f"[{cfg.trial_id}] model {cfg.model.label()}: {built.n_params / 1e6:.1f}M params, "
         f"{train.precision}, attention {built.attn_implementation}{', liger' if built.liger_kernel else ''}"
         f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "
-        f"reference {train.reference}, device {device}, {world} worker(s) [{time.perf_counter() - since:.1f} s]")
+        f"reference {train.reference}, {_lever_words(train, params)}, device {device}, {world} worker(s) "
+        f"[{time.perf_counter() - since:.1f} s]")
     return TrialSetup(
         cfg=cfg, device=device, world=world, rank=rank, data=data, built=built, policy=policy_logps,
         params=params, reference=reference, ref_table=ref_table, optimizer=optimizer,
@@ -222,6 +229,12 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         adaptive_clip=knobs.AdaptiveClip(params, train.adaptive_clip_window) if train.adaptive_clip else None,
         ema=knobs.WeightEma(params, train.ema_decay) if train.ema_decay is not None else None,
     )
+
+
+def _lever_words(train: TrainSpec, params: tuple[nn.Parameter, ...]) -> str:
+    """``adapter lora r 16, optimizer adamw, 1,234,567 trainable`` for the build's log line."""
+    adapter = train.adapter if train.adapter == "full" else f"{train.adapter} r {train.lora_r}"
+    return f"adapter {adapter}, optimizer {train.optimizer}, {sum(p.numel() for p in params):,} trainable"
 
 
 def autocast(cfg: TrialConfig, device: torch.device) -> contextlib.AbstractContextManager:

@@ -74,3 +74,13 @@ def test_report_notes_state_the_noise_floor(tmp_path):
                              commands.results.load_steps(out_dir))
     assert any(n.startswith("Noise floor: s1, s2 are the same maths") and "0.003 over 2 steps" in n
                for n in data.notes)
+
+
+def test_adapter_and_optimizer_split_the_same_maths(tmp_path):
+    """A LoRA row and a full fine-tuning row of one split are not the same maths: their loss
+    stds are not pooled."""
+    trials = [trial("full", 10.0, 100.0, 0.01, mb=1, ga=2, seed=0),
+              dataclasses.replace(trial("lora", 10.0, 100.0, 0.02, mb=2, ga=1, seed=0), adapter="lora"),
+              dataclasses.replace(trial("8bit", 10.0, 100.0, 0.03, mb=2, ga=1, seed=0), optimizer="adamw_8bit")]
+    out = analyse_frontier(frame(tmp_path, trials), OBJS).set_index("trial_id")
+    assert out["loss_std_pooled"].to_dict() == pytest.approx({"full": 0.01, "lora": 0.02, "8bit": 0.03})

@@ -67,7 +67,11 @@ def _saved_bytes_per_token(level: str, lean: bool, pairs: int = 2, seq: int = 64
     if lean:
         apply_lean_ops(model)
     apply_checkpoint_level(model, level)
-    model.train()
+    return saved_bytes_per_token(model.train(), pairs, seq)
+
+
+def saved_bytes_per_token(model, pairs: int = 2, seq: int = 64) -> float:
+    """Bytes autograd saves in one forward of ``model`` (parameters excluded), per token."""
     n = 2 * pairs
     ids = torch.randint(0, 512, (n, seq))
     response = torch.ones(n, seq, dtype=torch.bool)  # every token a response token: the model's worst case

@@ -157,7 +157,7 @@ def test_trials_table_states_columns_shared_by_every_trial_once(tmp_path):
     _, data = build(tmp_path, llama_sweep(), budget=40.0)
     table = data.trials_table
     assert table.shared == [("model", "meta-llama/Llama-3.2-1B-Instruct"), ("seq_len", "128"),
-                            ("beta", "0.1"), ("effective batch", "16")]
+                            ("beta", "0.1"), ("effective batch", "16"), ("adapter", "full"), ("optimizer", "adamw")]
     assert {"model", "seq_len", "beta", "effective batch"}.isdisjoint(table.header)
     assert {"micro_batch", "checkpoint", "grad_acc"} <= set(table.header)  # these vary
     assert all(len(row) == len(table.header) for row in table.rows)

@@ -105,3 +105,14 @@ def test_mfu_is_nan_when_unknowable(gpu_name, step_time_s):
 def test_mfu_refuses_zero_gpus():
     with pytest.raises(ValueError, match="n_gpus"):
         mfu(1e12, 1.0, "NVIDIA H200", n_gpus=0)
+
+
+def test_dpo_step_flops_with_a_frozen_base_has_no_weight_gradients():
+    counts = TokenCounts(tokens=5, causal_pairs=9, head_rows=2)
+    total = 4912.0
+    # LoRA/QLoRA: a linear's backward is the input gradient only (1 x), attention's stays 2.5 x
+    policy = total + (total - 432) + 2.5 * 432 + 160
+    got = dpo_step_flops(shape=TOY, counts=counts, level="none", reference="precomputed", chunked_head=True,
+                         lean_mlp=False, frozen_base=True)
+    assert got == policy
+

@@ -225,3 +225,69 @@ def test_l4_and_unknown_refused():
         _check_levels(["L4"])
     with pytest.raises(SpaceError, match="allowed: none, L1, L2, L3, full"):
         _check_levels(["L9"])
+
+
+# --- with LoRA adapters (peft): the levels patch the layers through the peft wrapper ----------
+
+def lora_policy(level: str, lean: bool):
+    """The tiny model with LoRA on every decoder linear (B non-zero), ``level`` and lean ops
+    applied as build_trial applies them; its peft model switches the adapters."""
+    from dpo_sweep.config import TrainSpec
+    from dpo_sweep.train.adapters import apply_adapter
+
+    model = build_model(ModelSpec(preset="tiny-llama"), "fp32", CPU, seed=0).model
+    peft_model = apply_adapter(model, TrainSpec(adapter="lora", lora_r=4, lora_alpha=8.0))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    if lean:
+        apply_lean_ops(model)
+    apply_checkpoint_level(model, level)
+    return model.train(), peft_model
+
+
+def lora_loss_and_grads(level: str, lean: bool, batch, pad: bool):
+    from dpo_sweep.train.adapters import AdaptersOff
+
+    model, peft_model = lora_policy(level, lean)
+    mask = batch.attention_mask if pad else None
+    args = (batch.input_ids, mask, batch.position_ids, batch.response_mask)
+    logps = SequenceLogProbs(model, 16)(*args)[0]
+    with torch.no_grad():
+        ref = AdaptersOff(SequenceLogProbs(model, 16), peft_model)(*args)[0]
+    b = batch.pairs
+    loss = dpo_loss(logps[:b], logps[b:], ref[:b], ref[b:], 0.1)[0].mean()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("lean", [False, True], ids=["stock", "lean"])
+@pytest.mark.parametrize("pad", [True, False], ids=["padded", "unpadded"])
+@pytest.mark.parametrize("level", ["L1", "L2", "L3", "full"])
+def test_level_with_lora_matches_none(level, pad, lean):
+    batch = batch_of(pad, n=4)
+    want_loss, want_grads = lora_loss_and_grads("none", False, batch, pad)
+    got_loss, got_grads = lora_loss_and_grads(level, lean, batch, pad)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-6, atol=1e-7)
+    # Gradients for the adapters only (the base is frozen), two per adapted linear.
+    assert got_grads.keys() == want_grads.keys() and len(got_grads) == 2 * 7 * 4
+    assert all("lora_" in n for n in got_grads)
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("level, mlp_calls", [("none", 1), ("L1", 2), ("L2", 2), ("full", 2)])
+def test_levels_with_lora_really_recompute(level, mlp_calls):
+    """The levels find the decoder layers through the peft wrapper: count one MLP's forwards."""
+    model, _ = lora_policy(level, lean=False)
+    calls = []
+    # A pre-hook on the region's first linear: non-reentrant recompute stops once the last saved
+    # tensor it needs is rebuilt, so the region's last module may never finish its re-run.
+    model.model.layers[0].mlp.gate_proj.register_forward_pre_hook(lambda *a: calls.append(1))
+    batch = batch_of(pad=True)
+    logps = SequenceLogProbs(model, 16)(batch.input_ids, batch.attention_mask, batch.position_ids,
+                                        batch.response_mask)[0]
+    logps.sum().backward()
+    assert len(calls) == mlp_calls

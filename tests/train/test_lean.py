@@ -8,6 +8,7 @@ from dpo_sweep.config import ModelSpec
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.loop import run_trial
 from dpo_sweep.train.model import build_model
+from testkit import AtenOps
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def grads_of(module, x):
     x = x.clone().requires_grad_(True)
     y = module(x)
     (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
-    return y.detach(), x.grad, {n: p.grad.clone() for n, p in module.named_parameters()}
+    return y.detach(), x.grad, {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("part", ["input_layernorm", "mlp"])
@@ -85,3 +86,39 @@ def test_liger_auto_is_off_on_cpu_and_true_is_refused_there():
     assert resolve_liger(ModelSpec(preset="tiny-llama", liger_kernel=False), cpu) is False
     with pytest.raises(UserError, match="liger_kernel: true needs a CUDA GPU"):
         resolve_liger(ModelSpec(preset="tiny-llama", liger_kernel=True), cpu)
+
+
+def test_lean_mlp_with_frozen_weights_matches_stock_and_makes_no_weight_grads(layer):
+    """A frozen MLP (LoRA's base where the MLP has no adapters): the same input gradient, no
+    gradient for the weights, and no matmul spent on them."""
+    stock = copy.deepcopy(layer.mlp).requires_grad_(False)
+    lean = copy.deepcopy(stock)
+    apply_lean_ops(lean)
+    x = torch.randn(3, 5, 128, dtype=torch.float32)
+    ys, gs, ws = grads_of(stock, x)
+    ops = AtenOps()
+    with ops:
+        yl, gl, wl = grads_of(lean, x)
+    torch.testing.assert_close(yl, ys, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gl, gs, rtol=1e-5, atol=1e-6)
+    assert ws == wl == {}
+    # forward: gate, up, down; backward: d down-input and d x (two): no weight-gradient matmul
+    assert sum(n.startswith(("aten.mm", "aten.addmm", "aten.bmm")) for n in ops.names) == 6
+
+
+def test_lean_mlp_skips_peft_lora_layers_and_tensor_subclass_weights(layer):
+    from dpo_sweep.config import TrainSpec
+    from dpo_sweep.train.adapters import apply_adapter
+
+    m = build_model(ModelSpec(preset="tiny-llama"), "fp32", torch.device("cpu"), seed=0).model
+    apply_adapter(m, TrainSpec(adapter="lora", lora_targets=("q_proj", "down_proj")))
+    counts = apply_lean_ops(m)
+    assert counts["swiglu"] == 0 and counts["rmsnorm"] == 9  # every MLP has an adapted down_proj
+
+    class Subclass(torch.Tensor):  # stands for an NF4 weight
+        pass
+
+    mlp = copy.deepcopy(layer.mlp)
+    mlp.gate_proj.weight = torch.nn.Parameter(mlp.gate_proj.weight.detach().as_subclass(Subclass),
+                                              requires_grad=False)
+    assert apply_lean_ops(mlp)["swiglu"] == 0
