@@ -31,7 +31,8 @@ def seed_table_like():
 def test_the_winner_names_its_levers_and_the_reason_compares_the_families(tmp_path):
     rec = recommend(analyse_frontier(frame(tmp_path, seed_table_like()), OBJS), memory_budget_gb=80.0)
     assert rec.trial_id == "lora-l1" and rec.config["adapter"] == "lora" and rec.config["optimizer"] == "adamw"
-    assert rec.reason.startswith("lora-l1 (micro_batch 4, checkpoint L1, grad_acc 1, beta 0.1, adapter lora)")
+    # sweep_frames.trial gives each row its own seed: a varying column, named
+    assert rec.reason.startswith("lora-l1 (micro_batch 4, checkpoint L1, grad_acc 1, beta 0.1, seed lora-l1, adapter lora)")
     assert (" Across the levers: full fine-tuning + adamw needs at least 81.2 GB here (full-l1, ran out of "
             "memory); QLoRA + adamw peaks at 20.1 GB at 3,846 tokens/s at best (qlora-l2).") in rec.reason
 
