@@ -14,6 +14,7 @@ import pandas as pd
 from dpo_sweep.analysis import noise_floor, tables
 from dpo_sweep.analysis.pareto import Objective
 from dpo_sweep.analysis.recommend import Recommendation
+from dpo_sweep.analysis.winner import RECOMMENDED_FILE, Winner, trl_text
 from dpo_sweep.records import STATUSES
 from dpo_sweep.report import figures
 from dpo_sweep.report.data_shape import data_shape_section
@@ -84,6 +85,10 @@ class ReportData:
     notes: list[str]
     data_shape: list[str] = field(default_factory=list)
     """The data's lengths, truncated/dropped pairs and padding (data.json, results.csv)."""
+    use_it: list[str] = field(default_factory=list)
+    """How to run the winner: the recommended.yaml commands (or why there is none)."""
+    trl_code: str = ""
+    """The winner as TRL DPOConfig arguments, with what TRL cannot express ("" without a winner)."""
 
 
 def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -214,7 +219,8 @@ def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Obje
 def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Objective, ...],
                       steps: pd.DataFrame | None = None,
                       environment: dict[str, Any] | None = None,
-                      datasets: list[dict[str, Any]] | None = None) -> ReportData:
+                      datasets: list[dict[str, Any]] | None = None,
+                      winner: Winner | None = None) -> ReportData:
     """Assemble the report from the analysed frame (pareto.analyse_frontier) and a recommendation."""
     notes = ["GB = 1e9 bytes (not GiB) everywhere in this report."]
     # With nothing completed the scatter and the panels would be empty axes (or OOM marks on
@@ -276,4 +282,16 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         environment=flatten(environment) if environment else [],
         notes=notes,
         data_shape=shape.lines,
+        use_it=_use_it(winner),
+        trl_code=trl_text(winner.trl_arguments, winner.trl_gaps) if winner and winner.trial else "",
     )
+
+
+def _use_it(winner: Winner | None) -> list[str]:
+    if winner is None or (winner.trial is None and not winner.note):
+        return []
+    if winner.trial is None:
+        return [f"No {RECOMMENDED_FILE}: {winner.note}."]
+    return [f"{RECOMMENDED_FILE}, next to this report, is the winner with every setting pinned: "
+            f"`dpo-sweep validate {RECOMMENDED_FILE}` checks it, `dpo-sweep trial {RECOMMENDED_FILE}` runs it once.",
+            "The same configuration as TRL DPOConfig arguments (lines starting # name what TRL cannot express):"]
