@@ -261,7 +261,8 @@ def format_recommendation(rec: Recommendation) -> str:
         c, m = rec.config, rec.metrics
         head = (f"recommended: {rec.trial_id}  micro_batch={c['micro_batch']} "
                 f"checkpoint_level={c['checkpoint_level']} grad_acc={c['grad_acc']} "
-                f"beta={tables.fmt_beta(c['beta'])}\n"
+                f"beta={tables.fmt_beta(c['beta'])}"
+                + "".join(f" {k}={tables.fmt_setting(c[k])}" for k in tables.swept_train_fields(c)) + "\n"
                 f"  peak {tables.fmt_float(m.get('peak_mem_gb'), 2)} GB, "
                 f"{tables.fmt_float(m.get('step_time_ms'), 1)} ms/step, "
                 f"{amount(m.get('tokens_per_s'))} tokens/s, "

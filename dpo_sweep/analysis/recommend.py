@@ -31,7 +31,7 @@ from dpo_sweep import noise
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.reasons import (amount, exactness_sentence, failure_summary, interval, listed,
                                         shared_measurement_sentence, tie_sentence, tied_faster)
-from dpo_sweep.analysis.tables import is_finite
+from dpo_sweep.analysis.tables import is_finite, swept_train_fields
 from dpo_sweep.errors import UserError
 
 DEFAULT_SAFETY_MARGIN = 0.05
@@ -115,6 +115,10 @@ def config_of(row: pd.Series) -> dict[str, Any]:
             out[key] = float(value) if is_finite(value) else None
         else:
             out[key] = "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+    for key in swept_train_fields(row.index):  # lr, seed, adaptive_clip ...: the winner's too
+        value = row[key]
+        value = value.item() if isinstance(value, np.generic) else value
+        out[key] = None if value is pd.NA or (isinstance(value, float) and math.isnan(value)) else value
     return out
 
 
