@@ -34,7 +34,7 @@ TRIALS_HEADER: tuple[str, ...] = (
     "trial", "status", "model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta",
     "effective batch", "peak memory (GB)", "predicted peak (GB)", "torch peak alloc (GB)", "step time (ms)",
     "step time p10-p90 (ms)", "tokens/s", "MFU", "loss mean", "loss std", "grad norm",
-    "reward accuracy", "frontier rank", "distance to frontier", "measured by", "time from", "stability from",
+    "reward accuracy", "frontier rank (distance)", "measured by", "time from", "stability from",
     "error",
 )
 _NO_MEASUREMENT = {"oom": "OOM", "error": "error", "pruned": "pruned"}
@@ -172,11 +172,18 @@ def trial_rows(analysed: pd.DataFrame) -> list[list[str]]:
             fmt_float(r["torch_peak_alloc_gb"], 2), _step_time(r),
             _time_range(r), fmt_sig(r["tokens_per_s"], 4), fmt_sig(r["mfu"], 3),
             fmt_sig(r["loss_mean"], 4), fmt_sig(r["loss_std"], 3), *([_verdict(r)] if verdicts else []),
-            fmt_sig(r["grad_norm_mean"], 3), fmt_sig(r["reward_accuracy"], 3), fmt_int(rank) if is_finite(rank) else "-",
-            fmt_sig(r.get("frontier_distance"), 3), _measured_by(r), _time_from(r), _stability_from(r),
+            fmt_sig(r["grad_norm_mean"], 3), fmt_sig(r["reward_accuracy"], 3), _rank(rank, r.get("frontier_distance")),
+            _measured_by(r), _time_from(r), _stability_from(r),
             str(r["error"]),
         ])
     return rows
+
+
+def _rank(rank: Any, distance: Any) -> str:
+    """``1`` on the frontier, ``3 (0.042)`` off it: the rank and the scaled distance to the frontier."""
+    if not is_finite(rank):
+        return "-"
+    return fmt_int(rank) if not is_finite(distance) or float(distance) == 0 else f"{fmt_int(rank)} ({fmt_sig(distance, 2)})"
 
 
 def _time_range(r: Any) -> str:

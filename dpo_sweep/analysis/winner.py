@@ -197,6 +197,15 @@ def trl_text(args: dict[str, Any], gaps: list[str]) -> str:
     return "\n".join(lines)
 
 
+def without_step_time(raw: dict[str, Any]) -> dict[str, Any]:
+    """A results dir's space copy without ``objectives.step_time``, an objective of older versions
+    that the analysis reads as throughput (and a space file to run refuses)."""
+    objectives = raw.get("objectives")
+    if isinstance(objectives, dict) and "step_time" in objectives:
+        return {**raw, "objectives": {k: v for k, v in objectives.items() if k != "step_time"}}
+    return raw
+
+
 def winner_of(results_dir: Path, row: pd.Series | None, objectives: dict[str, Any] | None = None) -> Winner:
     """The winner of ``results_dir`` (``row``: its results row; None: nothing was recommended)."""
     if row is None:
@@ -205,13 +214,15 @@ def winner_of(results_dir: Path, row: pd.Series | None, objectives: dict[str, An
     if not path.is_file():
         return Winner(None, note=f"{path} is absent (results.csv only), so the winner's other settings are unknown")
     try:
-        trials = space_mod.load(path).trials
+        trials = space_mod.parse(without_step_time(space_mod.load_raw(path)), str(path)).trials
     except SpaceError as err:
         return Winner(None, note=f"{path} no longer validates, so the winner cannot be pinned: "
                       + str(err).splitlines()[-1].strip())
     trial = find_trial(trials, row)
     if trial is None:
         return Winner(None, note=f"no trial of {path} matches {row.get('trial_id')}: the space file changed")
+    if objectives and "step_time" in objectives:  # the older time objective, as the analysis read it
+        objectives = {**without_step_time({"objectives": objectives})["objectives"], "throughput": "max"}
     args, gaps = trl_config(trial, row)
     text = space_text(pinned_space(trial, row, objectives), trial, results_dir)
     return Winner(trial, text, args, gaps)

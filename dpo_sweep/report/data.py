@@ -27,6 +27,8 @@ ERROR_SUMMARY_CHARS = 160
 #: Columns of the all-trials table kept even when every trial has the same value; any other column
 #: with one value for all (one model, one beta, no MFU on a CPU ...) is stated once above the table,
 #: so the columns that vary have the room at 1280 px.
+#: Columns whose ``-`` means the row's own measurement, not a missing value.
+_OWN_WHEN_EMPTY = ("measured by", "stability from")
 _ALWAYS_SHOWN = ("trial", "status", "peak memory (GB)", "step time (ms)", "tokens/s", "loss std")
 #: Trials named per status in the failure summary before "and N more".
 MAX_IDS_PER_FAILURE = 10
@@ -149,8 +151,10 @@ def _trial_table(analysed: pd.DataFrame, short_ids: dict[str, str], row_classes:
         notes.append(error_cell(row[error_col]))
     header, rows, shared = _drop_shared_columns(
         [h for i, h in enumerate(full_header) if i != error_col], rows)
-    return Table(header, rows, row_classes, row_notes=notes, shared=[(c, v) for c, v in shared if v != "-"],
-                 empty=[c for c, v in shared if v == "-"])
+    own = {c: "each trial's own" for c in _OWN_WHEN_EMPTY}  # "-" in these columns: the row's own measurement
+    return Table(header, rows, row_classes, row_notes=notes,
+                 shared=[(c, own.get(c, v) if v == "-" else v) for c, v in shared if v != "-" or c in own],
+                 empty=[c for c, v in shared if v == "-" and c not in own])
 
 
 def _drop_shared_columns(header: list[str], rows: list[list[Cell]]

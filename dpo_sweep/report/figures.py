@@ -72,12 +72,14 @@ def level_order(levels: Any) -> list[str]:
 
 
 def trial_label(row: pd.Series) -> str:
-    """Short escaped label: ``t3 mb4 L1 ga2 β0.1``."""
+    """Short escaped label: ``t003 mb4 L1 ga2 β0.1 lr 2e-05`` (the id's index, its knobs and swept
+    train fields; the full id is in the tables)."""
     def _i(v: Any) -> str:
         return str(int(v)) if num(v) is not None else "?"
     beta = f"{float(row['beta']):g}" if num(row["beta"]) is not None else "?"
-    return esc(f"{row['trial_id']} mb{_i(row['micro_batch'])} {row['checkpoint_level']} "
-               f"ga{_i(row['grad_acc'])} \u03b2{beta}")
+    swept = "".join(f" {c} {tables.fmt_setting(row.get(c))}" for c in tables.swept_train_fields(row.index))
+    return esc(f"{tables.short_id(str(row['trial_id']))} mb{_i(row['micro_batch'])} {row['checkpoint_level']} "
+               f"ga{_i(row['grad_acc'])} \u03b2{beta}{swept}")
 
 
 def _text(value: Any) -> str:
@@ -289,13 +291,21 @@ def _category(values: pd.Series, dim: str) -> tuple[list[str], list[str]]:
         return [esc(v) for v in labels], [esc(v) for v in level_order(labels)]
     if dim not in ("beta", "micro_batch", "grad_acc"):  # a swept train field: numbers or words
         labels = [esc(tables.fmt_setting(v)) for v in values]
-        numeric = all(num(v) is not None for v in values if tables.fmt_setting(v) != "-")
+        numeric = all(_is_number(lab) for lab in labels if lab != "-")
         key = (lambda lab: (0, float(lab)) if lab != "-" else (1, 0.0)) if numeric else (lambda lab: (0, lab))
         return labels, sorted(set(labels), key=key)
     fmt = (lambda v: f"{float(v):g}") if dim == "beta" else (lambda v: str(int(v)))
     labels = [fmt(v) if num(v) is not None else "?" for v in values]
     order = sorted({(float(v), fmt(v)) for v in values if num(v) is not None})
     return labels, [lab for _, lab in order] + (["?"] if "?" in labels else [])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _axis_suffix(k: int) -> str:
@@ -366,8 +376,11 @@ def dimension_panels(analysed: pd.DataFrame, budget_gb: float | None) -> dict[st
                     "marker": {"symbol": symbol, "size": 10, "color": colour, "opacity": 0.8,
                                "line": {"width": 2, "color": colour}},
                 })
-    if budget_gb is not None:
-        # The budget as a dashed line across each memory panel (the top row: axes 1..n).
+    peaks = analysed["peak_mem_gb"].astype(float)
+    highest = float(peaks[np.isfinite(peaks)].max()) if np.isfinite(peaks).any() else None
+    if budget_gb is not None and (highest is None or budget_gb <= 1.25 * highest):
+        # The budget as a dashed line across each memory panel (the top row: axes 1..n); not when
+        # it is far above every peak, where it would squeeze the points to the panel's floor.
         layout["shapes"] = [
             {"type": "line", "xref": f"x{_axis_suffix(k)} domain", "yref": f"y{_axis_suffix(k)}",
              "x0": 0, "x1": 1, "y0": num(budget_gb), "y1": num(budget_gb),
