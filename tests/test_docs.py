@@ -38,3 +38,13 @@ def test_shipped_spaces_validate_and_have_a_header(path):
     assert text.startswith("#") and "dpo-sweep" in text.split("\nname:")[0], "header with the command"
     sp = space_mod.load(path)
     assert sp.trials
+
+
+def test_readme_is_read_in_minutes():
+    """At most 3,500 words, the two set-up commands, no commit ids (history lives in docs/ and git)."""
+    import re
+
+    assert len(README.split()) <= 3500
+    assert "    make quickstart   #" in README and "    make test         #" in README
+    assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", README)
+    assert (ROOT / "docs" / "images" / "quickstart-report.png").is_file()

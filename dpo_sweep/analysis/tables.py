@@ -308,7 +308,7 @@ def stability_source(analysed: pd.DataFrame) -> str | None:
     if spaces and learned - spaces:
         lrs = sorted({float(v) for v in rows["lr"] if is_finite(v)}) if "lr" in rows else []
         updates = "lr " + " and ".join(f"{v:g}" for v in lrs) if lrs else "small learning rates"
-        why.append(f"the space trains in pure bf16, where updates of {updates} round away (README \"Precision\")"
+        why.append(f"the space trains in pure bf16, where updates of {updates} round away (docs/trainer.md \"Precision\")"
                    if spaces == {"bf16"} else f"the space trains in {' and '.join(sorted(spaces))} "
                    "(train.learning_precision)")
     # Not "the space's N steps": results.csv's ``steps`` counts the worst-case step too.
