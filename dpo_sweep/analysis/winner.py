@@ -190,11 +190,18 @@ def _trl_gaps(trial: TrialConfig, model: dict[str, Any]) -> list[str]:
     return gaps
 
 
-def trl_text(args: dict[str, Any], gaps: list[str]) -> str:
-    """``DPOConfig(...)`` as Python, then one ``# not in TRL:`` line per gap."""
-    lines = ["DPOConfig("] + [f"    {k}={v!r}," for k, v in args.items()] + [")"]
-    lines += [f"# not in TRL: {g}" for g in gaps]
-    return "\n".join(lines)
+def trl_text(args: dict[str, Any], gaps: list[str], width: int = 100) -> str:
+    """``DPOConfig(...)`` as Python, its arguments wrapped at ``width`` columns, then one
+    ``# not in TRL:`` line per gap."""
+    lines, line = [], "DPOConfig("
+    for i, (key, value) in enumerate(args.items()):
+        item = f"{key}={value!r}" + ("," if i < len(args) - 1 else ")")
+        if len(line) + len(item) + 1 > width and line.strip() != "DPOConfig(":
+            lines.append(line.rstrip())
+            line = "          "
+        line += item + " "
+    lines.append(line.rstrip())
+    return "\n".join(lines + [f"# not in TRL: {g}" for g in gaps])
 
 
 def without_step_time(raw: dict[str, Any]) -> dict[str, Any]:

@@ -91,6 +91,15 @@ def test_recommend_prints_trl_arguments_and_names_the_checkpoint_gap(tmp_path, c
     assert not (out / "recommended.yaml").exists()  # recommend writes nothing
 
 
+def test_the_trl_text_is_the_call_that_passes_the_arguments(tmp_path):
+    raw = quick_space(tmp_path)
+    t = space_mod.parse(raw).trials[0]
+    args, gaps = winner.trl_config(t, load_results(results_for(tmp_path, raw, 0)).iloc[0])
+    text = winner.trl_text(args, gaps)
+    assert eval(text, {"DPOConfig": dict}) == args  # valid Python, every argument once
+    assert all(len(line) <= 100 for line in text.splitlines() if not line.startswith("#"))
+
+
 @pytest.mark.parametrize("precision, bf16, fp16, dtype", [("fp32", False, False, None), ("bf16", True, False, "bfloat16"),
                                                           ("bf16-mixed", True, False, None), ("fp16", False, True, None)])
 def test_trl_precision(tmp_path, precision, bf16, fp16, dtype):
