@@ -25,7 +25,7 @@ _OTHER_SYMBOLS = ("hexagon", "pentagon", "cross", "triangle-down", "hourglass")
 _STATUS_STYLE = {  # status group -> (legend name, colour, symbol)
     "frontier": ("ok, on frontier", "#d62728", "circle"),
     "ok": ("ok", "#1f77b4", "circle"),
-    "oom": ("OOM (at the budget)", "#000000", "x-thin-open"),
+    "oom": ("OOM (at its measured peak, else the budget)", "#000000", "x-thin-open"),
     "diverging": ("ok, stability diverging", "#8a1c1c", "x-thin-open"),
     "other": ("diverged / pruned / error", "#7f7f7f", "circle-open"),
 }
@@ -154,6 +154,17 @@ def _axis_range(xs: list[float]) -> list[float] | None:
     return [num(max(0.0, low - pad)), num(high + pad)]
 
 
+def _flat_range(values: pd.Series) -> dict[str, Any]:
+    """A y range of +-10% around values that (nearly) coincide, which plotly would otherwise span
+    with ticks closer than the tick format shows (10,379 / 10,379 / 10,380)."""
+    finite = values.astype(float)
+    finite = finite[np.isfinite(finite)]
+    if not len(finite) or finite.max() - finite.min() > 0.01 * abs(finite.max()):
+        return {}
+    mid = float(finite.mean()) or 1.0
+    return {"range": [num(mid * 0.9), num(mid * 1.1)]}
+
+
 def _tick_format(values: pd.Series) -> str:
     """Thousands separators for throughputs of 100 and more (``26,197``, not ``26.197k``)."""
     finite = values.astype(float)
@@ -263,7 +274,8 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
                                     "text": f"budget {num(x)} GB (usable {num(usable_gb)} GB): right of every point \u2192"})
             continue
         if x_range is not None:
-            x_range = [x_range[0], max(x_range[1], num(x * 1.03))]
+            room = 0.15 * (x_range[1] - x_range[0])  # for the label beside the line
+            x_range = [min(x_range[0], num(x - room)), max(x_range[1], num(x + room))]
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": num(x), "x1": num(x),
                        "y0": 0, "y1": 1, "line": {"color": "#555", "width": 1.5, "dash": dash}})
         annotations.append({"x": num(x), "y": 1.0, "xref": "x", "yref": "paper", "yanchor": "bottom",
@@ -274,7 +286,7 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
         "xaxis": {"title": {"text": "peak memory (GB = 1e9 bytes)"}, "zeroline": False,
                   **({"range": x_range} if x_range else {})},
         "yaxis": {"title": {"text": "throughput (tokens/s, median; bars: p10-p90 step times)"},
-                  "zeroline": False, "tickformat": _tick_format(rates)},
+                  "zeroline": False, "tickformat": _tick_format(rates), **_flat_range(rates)},
         "coloraxis": {"colorscale": "Viridis", "cmin": num(std.min()) if len(std) else None,
                       "cmax": num(std.max()) if len(std) else None,
                       "colorbar": {"title": {"text": "loss std"}, "x": 1.02}},
@@ -356,13 +368,14 @@ def dimension_panels(analysed: pd.DataFrame, budget_gb: float | None) -> dict[st
                 "title": {"text": label if row_i == 1 else ""}}
             layout[f"yaxis{sfx}"] = {
                 "domain": [0.55, 1.0] if row_i == 0 else [0.0, 0.45], "anchor": f"x{sfx}",
-                "title": {"text": title if col == 0 else ""}, "zeroline": False}
+                "title": {"text": title if col == 0 else ""}, "zeroline": False,
+                "tickformat": _tick_format(analysed[metric]), **_flat_range(analysed[metric])}
             for group, (name, colour, symbol) in _STATUS_STYLE.items():
                 rows = groups_cat[groups_cat["_group"] == group]
                 if group == "oom":
                     if metric != "peak_mem_gb" or x_oom is None:
                         continue
-                    ys = [num(x_oom)] * len(rows)
+                    ys = [num(p) if num(p) is not None else num(x_oom) for p in rows["peak_mem_gb"]]
                 else:
                     rows = rows[rows[metric].notna()]
                     ys = nums(rows[metric])
@@ -409,7 +422,7 @@ def step_curves(steps: pd.DataFrame, analysed: pd.DataFrame, column: str, title:
     for trial_id, rows in groups:
         rows = _thin(rows.sort_values("step"), MAX_POINTS_PER_CURVE)
         row = by_id.get(str(trial_id))
-        name = trial_label(row) if row is not None else esc(trial_id)
+        name = trial_label(row) if row is not None else esc(tables.short_id(str(trial_id)))
         status = str(row["status"]) if row is not None else "not in results.csv"
         traces.append({
             "type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": esc(trial_id),

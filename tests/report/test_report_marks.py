@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from sweep_frames import trial, write_dir
 
 from dpo_sweep.analysis import commands
@@ -99,3 +100,14 @@ def test_console_and_frontier_md_name_the_swept_values(tmp_path, capsys):
     text = (out / "frontier.md").read_text()
     assert "| micro_batch | checkpoint | grad_acc | beta | seed | lr | peak memory (GB) |" in text
     assert "| stability | on frontier |" in text and "| diverging | yes |" in text
+
+
+def test_one_throughput_gets_a_readable_axis_and_the_usable_line_its_label_room(tmp_path):
+    # The 8B seed table: one ok row at 79.6 GB, an 80 GB budget (76 GB usable), pruned rows far right.
+    rows = [trial("a", 79.6, 50_000.0, 0.02, tps=10_379.0),
+            replace(trial("p", status="pruned", mb=8), predicted_peak_gb=126.0)]
+    _, _, data = build(tmp_path, rows, budget=80.0)
+    layout = data.figures[0].spec["layout"]
+    assert layout["yaxis"]["range"] == [pytest.approx(9341.1), pytest.approx(11417.0)]  # +-10%, not 10,379 x3
+    low, high = layout["xaxis"]["range"]
+    assert low < 76.0 - 5 and high >= 126.0  # room left of the usable line for its label
