@@ -17,7 +17,7 @@ from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.analysis.winner import RECOMMENDED_FILE, Winner, trl_text
 from dpo_sweep.records import STATUSES
 from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
-from dpo_sweep.report import figures
+from dpo_sweep.report import curves, figures
 from dpo_sweep.report.data_shape import data_shape_section
 
 
@@ -282,7 +282,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
                figures.dimension_panels(analysed, rec.memory_budget_gb)),
     ] if completed else []
     if steps is not None and len(steps):
-        figs += [_figure(dom_id, caption, figures.step_curves(steps, analysed, column, title, y_title, threshold))
+        figs += [_figure(dom_id, caption, curves.step_curves(steps, analysed, column, title, y_title, threshold))
                  for dom_id, column, title, y_title, caption, threshold in _STEP_PLOTS
                  if column in steps and steps[column].notna().any()]  # no empty axes for an unmeasured column
     else:
