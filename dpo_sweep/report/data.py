@@ -93,6 +93,8 @@ class ReportData:
     """The data's lengths, truncated/dropped pairs and padding (data.json, results.csv)."""
     use_it: list[str] = field(default_factory=list)
     """How to run the winner: the recommended.yaml commands (or why there is none)."""
+    use_commands: tuple[str, ...] = ()
+    """The commands that check and run recommended.yaml (empty without one)."""
     trl_code: str = ""
     """The winner as TRL DPOConfig arguments, with what TRL cannot express ("" without a winner)."""
 
@@ -316,6 +318,8 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         notes=notes,
         data_shape=shape.lines,
         use_it=_use_it(winner),
+        use_commands=((f"dpo-sweep validate {RECOMMENDED_FILE}", f"dpo-sweep trial {RECOMMENDED_FILE}")
+                      if winner and winner.trial else ()),
         trl_code=trl_text(winner.trl_arguments, winner.trl_gaps) if winner and winner.trial else "",
     )
 
@@ -325,6 +329,6 @@ def _use_it(winner: Winner | None) -> list[str]:
         return []
     if winner.trial is None:
         return [f"No {RECOMMENDED_FILE}: {winner.note}."]
-    return [f"{RECOMMENDED_FILE}, next to this report, is the winner with every setting pinned: "
-            f"`dpo-sweep validate {RECOMMENDED_FILE}` checks it, `dpo-sweep trial {RECOMMENDED_FILE}` runs it once.",
+    return [f"{RECOMMENDED_FILE}, next to this report, is the winner with every setting pinned; in this "
+            "folder the first command checks it, the second runs it once:",
             "The same configuration as TRL DPOConfig arguments (lines starting # name what TRL cannot express):"]
