@@ -112,8 +112,13 @@ def _verdict(r: Any) -> str:
     return v if isinstance(v, str) and v else "-"
 
 
+def fmt_ms(value: Any) -> str:
+    """A time in ms: one decimal under a second (57.3), whole milliseconds above (50,515)."""
+    return fmt_float(value, 1 if is_finite(value) and abs(float(value)) < 1000 else 0)
+
+
 def _step_time(r: Any) -> str:
-    text = fmt_float(r["step_time_ms"], 1)
+    text = fmt_ms(r["step_time_ms"])
     return EXTRAPOLATED_MARK + text if r.get("step_time_source") == "extrapolated" and text != "-" else text
 
 
@@ -187,14 +192,17 @@ def _rank(rank: Any, distance: Any) -> str:
 
 
 def _time_range(r: Any) -> str:
-    low, high = fmt_float(r["step_time_p10_ms"], 1), fmt_float(r["step_time_p90_ms"], 1)
-    return "-" if low == high == "-" else f"{low}-{high}"
+    """``573.0-581.2``; one value when there is no spread (one measured step)."""
+    low, high = fmt_ms(r["step_time_p10_ms"]), fmt_ms(r["step_time_p90_ms"])
+    return low if low == high else f"{low}-{high}"
 
 
 def short_id(trial_id: str) -> str:
-    """``t045-learning`` of ``t045_mb8_none_ga8_b0.05-learning``: the index and the kind."""
+    """``t045 learning`` of ``t045_mb8_none_ga8_b0.05-learning``: the index and the kind."""
     head = trial_id.split("_", 1)[0]
-    return head + ("-learning" if trial_id.endswith("-learning") and not head.endswith("-learning") else "")
+    if trial_id.endswith("-learning"):
+        return head.removesuffix("-learning") + " learning"  # a space: the cell may wrap there
+    return head
 
 
 def _other(r: Any, column: str) -> str | None:

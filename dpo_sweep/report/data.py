@@ -27,6 +27,10 @@ ERROR_SUMMARY_CHARS = 160
 #: Columns of the all-trials table kept even when every trial has the same value; any other column
 #: with one value for all (one model, one beta, no MFU on a CPU ...) is stated once above the table,
 #: so the columns that vary have the room at 1280 px.
+#: All-trials columns shown as another cell's tooltip instead (the width goes to what varies): torch's
+#: peak allocation on the peak memory, the p10-p90 step times on the step time.
+_ALLOC_COLUMN = "torch peak alloc (GB)"
+_RANGE_COLUMN = "step time p10-p90 (ms)"
 #: Columns whose ``-`` means the row's own measurement, not a missing value.
 _OWN_WHEN_EMPTY = ("measured by", "stability from")
 _ALWAYS_SHOWN = ("trial", "status", "peak memory (GB)", "step time (ms)", "tokens/s", "loss std")
@@ -145,14 +149,21 @@ def _trial_table(analysed: pd.DataFrame, short_ids: dict[str, str], row_classes:
     """The all-trials table: compact ids (the full id on hover), each error on a line of its own."""
     full_header = tables.trials_header(analysed)
     trial_col, error_col = full_header.index("trial"), full_header.index("error")
+    alloc_col, peak_col = full_header.index(_ALLOC_COLUMN), full_header.index("peak memory (GB)")
+    range_col, time_col = full_header.index(_RANGE_COLUMN), full_header.index("step time (ms)")
+    dropped = (error_col, alloc_col, range_col)
     rows, notes = [], []
     for row in tables.trial_rows(analysed):
-        cells = [Cell(c) for i, c in enumerate(row) if i != error_col]
+        cells = [Cell(c) for c in row]
         cells[trial_col] = Cell(short_ids[row[trial_col]], title=row[trial_col])
-        rows.append(cells)
+        if row[alloc_col] != "-":  # torch's own peak: on hover over the peak, not a column of its own
+            cells[peak_col] = Cell(row[peak_col], title=f"torch peak allocated {row[alloc_col]} GB")
+        if row[range_col] != "-":  # the p10-p90 step times: on hover over the step time
+            cells[time_col] = Cell(row[time_col], title=f"p10-p90 step time {row[range_col]} ms")
+        rows.append([c for i, c in enumerate(cells) if i not in dropped])
         notes.append(error_cell(row[error_col]))
     header, rows, shared = _drop_shared_columns(
-        [h for i, h in enumerate(full_header) if i != error_col], rows)
+        [h for i, h in enumerate(full_header) if i not in dropped], rows)
     own = {c: "each trial's own" for c in _OWN_WHEN_EMPTY}  # "-" in these columns: the row's own measurement
     return Table(header, rows, row_classes, row_notes=notes,
                  shared=[(c, own.get(c, v) if v == "-" else v) for c, v in shared if v != "-" or c in own],

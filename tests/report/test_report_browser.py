@@ -6,6 +6,8 @@ Skipped when Chromium is absent; CI installs Debian's `chromium` first (.ci/run)
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from cdp_chromium import Chromium, find_chromium
 from report_frames import CUDA_OOM, all_oom_sweep, llama_sweep
@@ -129,3 +131,36 @@ def test_all_failed_report_says_what_failed_instead_of_plotting(tmp_path, chromi
     assert "3 oom: t000, t001, t002" in text
     assert CUDA_OOM.splitlines()[0][:60] in text
     assert_tables_fit(tables, max_row_px=45)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "reports" / "examples"
+
+# A click on a column's title sorts its rows: the text of that column's cells, top to bottom.
+SORT_JS = """
+(function (title) {
+  var table = document.querySelectorAll('table.sortable')[1];
+  var heads = Array.from(table.querySelectorAll('thead th'));
+  var i = heads.findIndex(function (h) { return h.textContent.replace(/\\s+/g, ' ').trim() === title; });
+  heads[i].click();
+  return Array.from(table.tBodies[0].rows).filter(function (r) { return !r.classList.contains('error-line'); })
+    .map(function (r) { return r.cells[i].textContent.trim(); });
+})
+"""
+
+
+@pytest.mark.parametrize("example", sorted(p for p in EXAMPLES.iterdir() if (p / "report.html").is_file()),
+                         ids=lambda p: p.name)
+def test_every_committed_example_renders_offline_and_fits_1280px(example, tmp_path, chromium_binary):
+    url = (example / "report.html").resolve().as_uri()
+    with Chromium(chromium_binary, tmp_path / "profile", timeout_s=60) as browser:
+        browser.open(url, width_px=1280)
+        ready = browser.wait_for("document.body && document.body.getAttribute('data-plots-ready')", 45)
+        tables = browser.evaluate(TABLE_FIT_JS)
+        tokens = browser.evaluate(SORT_JS + "('tokens/s')")
+        browser.pump(0.3)
+        log = browser.log
+    assert ready not in (None, "error"), f"plots not drawn: {ready!r}; errors: {log.errors()}"
+    assert log.errors() == [] and [r for r in log.requests if r != url] == []
+    assert_tables_fit(tables, max_row_px=60)
+    numbers = [float(t.replace(",", "")) for t in tokens if t != "-"]
+    assert numbers == sorted(numbers) and tokens[len(numbers):] == ["-"] * (len(tokens) - len(numbers))

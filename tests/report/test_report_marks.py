@@ -71,7 +71,7 @@ def test_marks_for_measured_extrapolated_shared_and_pruned(tmp_path):
     _, _, data = build(tmp_path, lr_sweep())
     assert column(data.trials_table, "time from") == {"a": "measured", "b": "extrapolated", "c": "-", "d": "-"}
     assert column(data.trials_table, "measured by") == {"a": "-", "b": "a", "c": "predicted", "d": "-"}
-    assert column(data.trials_table, "stability from") == {"a": "-", "b": "a-learning", "c": "-", "d": "-"}
+    assert column(data.trials_table, "stability from") == {"a": "-", "b": "a learning", "c": "-", "d": "-"}
     assert column(data.trials_table, "step time (ms)")["b"] == "\u224880.0"  # extrapolated
     frontier = {r[0].text: r for r in data.frontier_table.rows}
     memory = data.frontier_table.header.index("peak memory (GB)")
