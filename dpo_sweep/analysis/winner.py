@@ -68,12 +68,14 @@ def find_trial(trials: tuple[TrialConfig, ...], row: pd.Series) -> TrialConfig |
     for t in trials:
         if t.trial_id == trial_id:
             return t
+    matches = []
     for t in trials:
         values = {**t.knobs(), **t.swept_columns()}
-        values.pop("model", None)  # a label, spelt differently by other versions
+        values.pop("model", None)  # a label, which other versions may spell differently
         if all(_row_value(row, k) is not None and _same(_row_value(row, k), v) for k, v in values.items()):
-            return t
-    return None
+            matches.append(t)
+    same_model = [t for t in matches if t.model.label() == str(row.get("model"))]
+    return (same_model or matches or [None])[0]
 
 
 def _resolved_model(trial: TrialConfig, row: pd.Series) -> dict[str, Any]:

@@ -134,3 +134,11 @@ def test_a_trial_id_of_another_version_is_found_by_its_values(tmp_path):
     row = load_results(results_for(tmp_path, raw, 0)).iloc[6].copy()
     row["trial_id"] = "renamed-6"
     assert winner.find_trial(trials, row) == trials[6]
+
+
+def test_the_model_decides_between_trials_of_the_same_values(tmp_path):
+    raw = quick_space(tmp_path, search={"model": ["tiny-llama", "llama-3.2-1b"], "micro_batch": [2]})
+    trials = space_mod.parse(raw).trials
+    row = load_results(results_for(tmp_path, raw, 0)).iloc[0].copy()
+    row["trial_id"], row["model"] = "renamed", "llama-3.2-1b"
+    assert winner.find_trial(trials, row) == trials[1]
