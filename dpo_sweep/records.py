@@ -272,6 +272,8 @@ def damaged_text(path: str | Path, damaged: list[DamagedLine]) -> str:
 
 #: A results directory's record of the machine (``telemetry.environment_info``'s dict).
 ENVIRONMENT_FILE = "environment.json"
+#: A results directory's winner as a space file of one trial (``dpo_sweep.analysis.winner``).
+RECOMMENDED_FILE = "recommended.yaml"
 
 
 def write_environment_json(out_dir: str | Path, info: dict[str, Any]) -> Path:

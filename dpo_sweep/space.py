@@ -95,7 +95,7 @@ def _format_validation(source: str, err: ValidationError, prefix: str = "") -> s
         value = e.get("input")
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check its spelling against the README's space-file reference)"
+            msg = "unknown key (check its spelling against the space-file reference, docs/space-file.md)"
         elif e["type"] == "missing":
             msg = "is required"
         shown = "" if e["type"] in ("missing",) or isinstance(value, dict) else f" (got {value!r})"

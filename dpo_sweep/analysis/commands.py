@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.analysis import noise_floor, pareto, results, tables
+from dpo_sweep.analysis import noise_floor, pareto, results, tables, winner as winner_mod
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
@@ -45,6 +45,10 @@ class AnalysisOutcome:
     """The objectives the frontier was taken over."""
     recommendation_text: str = ""
     """The recommendation as ``dpo-sweep recommend`` prints it (:func:`format_recommendation`)."""
+    recommended_path: Path | None = None
+    """DIR/recommended.yaml, the winner pinned; None when nothing was recommended or it cannot be pinned."""
+    winner_text: str = ""
+    """Where recommended.yaml is and the winner as TRL arguments (:func:`format_winner`)."""
 
 
 def gpu_memory_gb_from_environment(env: Mapping[str, Any] | None) -> float | None:
@@ -144,7 +148,7 @@ def _analyse_results(out_dir: Path, memory_budget_gb: float | None, objectives: 
     budget, source = resolve_budget(memory_budget_gb, env, space.gpu_memory_gb)
     spec = objectives if objectives is not None else space.objectives
     analysed, rec, objs = analyse(df, budget, spec, safety_margin, source)
-    return analysed, rec, objs, env
+    return analysed, rec, objs, env, space
 
 
 def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
@@ -163,8 +167,10 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     from dpo_sweep.report.html import write_report
 
     out_dir = Path(out_dir)
-    analysed, rec, objs, env = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
+    analysed, rec, objs, env, space = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
     steps = results.load_steps(out_dir)
+    winner = winner_of(out_dir, analysed, rec, space)
+    recommended_path = winner_mod.write_winner(out_dir, winner)
 
     table = tables.frontier_markdown(analysed)
     frontier_path = out_dir / "frontier.md"
@@ -175,9 +181,28 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     rec_path = out_dir / "recommendation.json"
     rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     report_path = write_report(out_dir / "report.html",
-                               build_report_data(analysed, rec, objs, steps, env, load_data_json(out_dir)))
+                               build_report_data(analysed, rec, objs, steps, env, load_data_json(out_dir), winner))
+    winner_text = format_winner(winner, recommended_path)
     return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed, objs,
-                           format_recommendation(rec))
+                           format_recommendation(rec) + winner_text, recommended_path, winner_text)
+
+
+def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
+              space: SpaceSettings) -> winner_mod.Winner:
+    """The recommended trial rebuilt from DIR/space.yaml (:mod:`dpo_sweep.analysis.winner`)."""
+    rows = analysed[analysed["trial_id"].astype(str) == str(rec.trial_id)] if rec.trial_id is not None else analysed[:0]
+    return winner_mod.winner_of(out_dir, rows.iloc[0] if len(rows) else None, space.objectives)
+
+
+def format_winner(winner: winner_mod.Winner, written: Path | None, out_dir: Path | None = None) -> str:
+    """The winner as a file to run and as TRL arguments, for the console (empty: no winner).
+    ``written``: where recommended.yaml is; None: not written (``out_dir``: the results dir)."""
+    if winner.trial is None:
+        return f"\n  (no recommended.yaml: {winner.note})" if winner.note else ""
+    where = (f"\nrecommended.yaml: {written} (dpo-sweep validate / dpo-sweep trial it)" if written is not None
+             else f"\nrecommended.yaml: `dpo-sweep report {out_dir}` writes it")
+    return (f"{where}\nas TRL DPOConfig arguments:\n"
+            + winner_mod.trl_text(winner.trl_arguments, winner.trl_gaps))
 
 
 def describe_objectives(objs: tuple[pareto.Objective, ...]) -> str:
@@ -209,6 +234,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(note)
     print(outcome.frontier_markdown)
     print(outcome.recommendation["reason"])
+    if outcome.winner_text:
+        print(outcome.winner_text.lstrip("\n"))
     print(f"wrote {outcome.frontier_path}, {outcome.recommendation_path}, {outcome.report_path}")
     return 0
 
@@ -218,10 +245,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     Exit 0 also when nothing fits: that is an answer, and the message says so.
     """
-    _, rec, objs, _ = _analyse_results(Path(args.dir), args.memory_budget_gb, None, safety_margin_of(args), None)
+    out_dir = Path(args.dir)
+    analysed, rec, objs, _, space = _analyse_results(out_dir, args.memory_budget_gb, None, safety_margin_of(args), None)
     for note in objective_notes(objs):
         print(note)
-    print(format_recommendation(rec))
+    print(format_recommendation(rec) + format_winner(winner_of(out_dir, analysed, rec, space), None, out_dir))
     return 0
 
 
@@ -234,7 +262,7 @@ def format_recommendation(rec: Recommendation) -> str:
         head = (f"recommended: {rec.trial_id}  micro_batch={c['micro_batch']} "
                 f"checkpoint_level={c['checkpoint_level']} grad_acc={c['grad_acc']} "
                 f"beta={tables.fmt_beta(c['beta'])}"
-                + "".join(f" {k}={tables.fmt_setting(c.get(k))}" for k in rec.varying) + "\n"
+                + "".join(f" {k}={tables.fmt_setting(c.get(k))}" for k in tables.named_settings(rec)) + "\n"
                 f"  peak {tables.fmt_float(m.get('peak_mem_gb'), 2)} GB, "
                 f"{tables.fmt_float(m.get('step_time_ms'), 1)} ms/step, "
                 f"{amount(m.get('tokens_per_s'))} tokens/s, "

@@ -122,6 +122,10 @@ def config_of(row: pd.Series, varying: tuple[str, ...] = ()) -> dict[str, Any]:
             out[key] = float(value) if is_finite(value) else None
         else:
             out[key] = "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+    for key in swept_train_fields(row.index):  # lr, seed, adaptive_clip ...: the winner's too
+        value = row[key]
+        value = value.item() if isinstance(value, np.generic) else value
+        out[key] = None if value is pd.NA or (isinstance(value, float) and math.isnan(value)) else value
     return out
 
 

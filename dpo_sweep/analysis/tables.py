@@ -6,10 +6,14 @@ Cell rules for the frontier table:
 * ``ok`` rows: numbers (``-`` for a NaN metric), last column ``yes``/``no``.
 * ``oom`` and ``error`` rows: ``OOM``/``error`` in the memory column, dashes elsewhere, ``-`` last
   (nothing they measured is a result).
-* ``diverged`` and ``pruned`` rows: whatever they measured, the status in the loss std column
-  (their loss std is not a stability figure), ``-`` last.
+* ``pruned`` rows: ``pruned`` in the memory column (they never ran), dashes elsewhere, ``-`` last.
+* ``diverged`` rows: whatever they measured, the status in the loss std column (their loss std is
+  not a stability figure), ``-`` last.
+* A step time extrapolated from a shorter accumulation (``step_time_source``) starts with ``≈``.
 
-Rows are sorted by peak memory, rows without a trusted peak (OOM, error) last.
+Both tables carry every swept train field (lr, seed, ...) as a column after beta, and the
+stability verdict after loss std when the results have one.
+Rows are sorted by peak memory, rows without a trusted peak (OOM, error, pruned) last.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from dpo_sweep.config import SWEPT_TRAIN_COLUMN, TrainSpec
 from dpo_sweep.records import RESULTS_COLUMNS
 
 FRONTIER_HEADER: tuple[str, ...] = (
@@ -32,11 +37,16 @@ DERIVED_COLUMNS = (POOLED_COLUMN, "eligible", "throughput_low", "throughput_high
                    "frontier_distance", "frontier_rank")
 TRIALS_HEADER: tuple[str, ...] = (
     "trial", "status", "model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta",
-    "effective batch", "adapter", "optimizer", "peak memory (GB)", "predicted peak (GB)", "torch peak alloc (GB)", "step time (ms)",
-    "step time p10 (ms)", "step time p90 (ms)", "tokens/s", "MFU", "loss mean", "loss std", "grad norm",
-    "reward accuracy", "frontier rank", "distance to frontier", "measured by", "error",
+    "effective batch", "adapter", "optimizer", "peak memory (GB)", "predicted peak (GB)", "torch peak alloc (GB)",
+    "step time (ms)", "step time p10-p90 (ms)", "tokens/s", "MFU", "loss mean", "loss std", "grad norm",
+    "reward accuracy", "frontier rank (distance)", "measured by", "time from", "stability from",
+    "error",
 )
-_NO_MEASUREMENT = {"oom": "OOM", "error": "error"}
+_NO_MEASUREMENT = {"oom": "OOM", "error": "error", "pruned": "pruned"}
+#: Contract columns that hold a train setting: a column of the tables when the trials differ in it.
+_SETTING_COLUMNS = ("loss_type", "precision", "reference")
+#: Marks the step time of a row whose time was extrapolated from a shorter accumulation.
+EXTRAPOLATED_MARK = "\u2248"
 
 
 def is_finite(value: Any) -> bool:
@@ -52,18 +62,19 @@ def fmt_int(value: Any) -> str:
 
 
 def fmt_float(value: Any, decimals: int) -> str:
-    return f"{float(value):.{decimals}f}" if is_finite(value) else "-"
+    """Fixed decimals, thousands separated (``50,515.0``), as the reasons write numbers."""
+    return f"{float(value):,.{decimals}f}" if is_finite(value) else "-"
 
 
 def fmt_sig(value: Any, digits: int = 3) -> str:
-    """Significant digits, plain notation for ordinary magnitudes (0.0213, 1840)."""
+    """Significant digits, plain notation for ordinary magnitudes (0.0213, 1,840, 26,197)."""
     if not is_finite(value):
         return "-"
     v = float(value)
-    if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-4):
+    if v != 0 and (abs(v) >= 1e9 or abs(v) < 1e-4):
         return f"{v:.{digits}g}"
     if abs(v) >= 10 ** (digits - 1):
-        return f"{v:.0f}"
+        return f"{v:,.0f}"
     return f"{v:.{digits}g}"
 
 
@@ -72,25 +83,83 @@ def fmt_beta(value: Any) -> str:
 
 
 def swept_train_columns(df: pd.DataFrame) -> list[str]:
-    """results.csv's columns beyond the contract's: the swept train fields (lr, seed, ...)."""
-    return [c for c in df.columns if c not in RESULTS_COLUMNS and c not in DERIVED_COLUMNS]
+    """results.csv's columns of swept train fields (lr, seed, ...): :func:`swept_train_fields`."""
+    return swept_train_fields(df.columns)
 
 
 def varying_columns(df: pd.DataFrame) -> list[str]:
     """The set-up columns besides micro_batch, checkpoint_level, grad_acc and beta whose values
-    differ between the rows of ``df``: ``model`` and the swept train columns. Wherever rows are
-    told apart (frontier.md, the recommendation) these are named too: two models, or two
-    learning rates, at one micro_batch / checkpoint / grad_acc / beta look identical otherwise."""
-    candidates = (["model"] if "model" in df.columns else []) + swept_train_columns(df)
+    differ between the rows of ``df``: ``model``, the memory levers and the swept train columns.
+    Wherever rows are told apart (frontier.md, the recommendation) these are named too: two
+    models, or two learning rates, at one micro_batch / checkpoint / grad_acc / beta look
+    identical otherwise."""
+    candidates = [c for c in ("model", "adapter", "optimizer") if c in df.columns] + swept_train_columns(df)
     return [c for c in candidates if df[c].astype(str).nunique() > 1]
 
 
+def named_settings(rec: Any) -> list[str]:
+    """The settings a recommendation names beside micro_batch, checkpoint, grad_acc and beta: the
+    ones that vary in the sweep and every swept train field of its config."""
+    return list(dict.fromkeys([*rec.varying, *swept_train_fields(rec.config)]))
+
+
+def swept_columns(df: pd.DataFrame) -> list[str]:
+    """The results columns of swept train fields (``lr``, ``seed``, ``adaptive_clip``, ...: the
+    columns named after a train field that the fixed schema lacks), after the setting columns
+    (loss_type, precision, reference) in which the trials differ."""
+    varying = [c for c in ("model", *_SETTING_COLUMNS) if c in df and df[c].dropna().astype(str).nunique() > 1]
+    return varying + swept_train_fields(df.columns)
+
+
+def swept_train_fields(columns: Any) -> list[str]:
+    """The columns among ``columns`` that a swept train field adds to results.csv (``lr``, ``seed``)."""
+    names = set(TrainSpec.model_fields) | set(SWEPT_TRAIN_COLUMN.values())
+    return [c for c in columns if c not in RESULTS_COLUMNS and c in names]
+
+
 def fmt_setting(value: Any) -> str:
-    """A set-up value in a table or a sentence: ``0.0001``, ``ipo``, ``llama-3.2-1b``."""
-    if is_finite(value) and not isinstance(value, bool):
-        return fmt_sig(value, 4)
-    missing = value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
-    return "-" if missing else str(value)
+    """A swept value: numbers in ``g`` form (1e-05, 0.99, 3), text as it is, empty as ``-``."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool) or str(value) in ("True", "False"):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return f"{float(value):g}"
+    return str(value) or "-"
+
+
+def has_verdicts(df: pd.DataFrame) -> bool:
+    """Whether any row has a stability verdict (stable, noisy, diverging)."""
+    return "stability" in df and bool(df["stability"].map(lambda v: isinstance(v, str) and bool(v)).any())
+
+
+def _verdict(r: Any) -> str:
+    v = r.get("stability")
+    return v if isinstance(v, str) and v else "-"
+
+
+def fmt_ms(value: Any) -> str:
+    """A time in ms: one decimal under a second (57.3), whole milliseconds above (50,515)."""
+    return fmt_float(value, 1 if is_finite(value) and abs(float(value)) < 1000 else 0)
+
+
+def _step_time(r: Any) -> str:
+    text = fmt_ms(r["step_time_ms"])
+    return EXTRAPOLATED_MARK + text if r.get("step_time_source") == "extrapolated" and text != "-" else text
+
+
+def frontier_header(df: pd.DataFrame) -> tuple[str, ...]:
+    """FRONTIER_HEADER with the swept train fields after beta and ``stability`` after loss std."""
+    base = list(FRONTIER_HEADER)
+    return tuple(base[:4] + swept_columns(df) + base[4:8] + (["stability"] if has_verdicts(df) else []) + base[8:])
+
+
+def trials_header(df: pd.DataFrame) -> tuple[str, ...]:
+    """TRIALS_HEADER with the swept train fields after beta and ``stability`` after loss std."""
+    base = list(TRIALS_HEADER)
+    beta, std = base.index("beta") + 1, base.index("loss std") + 1
+    return tuple(base[:beta] + swept_columns(df) + base[beta:std] + (["stability"] if has_verdicts(df) else [])
+                 + base[std:])
 
 
 def memory_order(df: pd.DataFrame) -> pd.DataFrame:
@@ -108,47 +177,93 @@ def frontier_header(analysed: pd.DataFrame) -> tuple[str, ...]:
 
 def frontier_rows(analysed: pd.DataFrame) -> list[list[str]]:
     """One row of strings per trial, in :func:`frontier_header`'s columns, sorted by memory."""
-    rows = []
-    varying = varying_columns(analysed)
+    rows, swept, verdicts = [], swept_columns(analysed), has_verdicts(analysed)
     for _, r in memory_order(analysed).iterrows():
-        config = [fmt_setting(r[c]) for c in varying] + [
-            fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]), fmt_beta(r["beta"])]
+        config = [fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]),
+                  fmt_beta(r["beta"])] + [fmt_setting(r[c]) for c in swept]
+        verdict = [_verdict(r)] if verdicts else []
         status = r["status"]
         if status in _NO_MEASUREMENT:
-            rows.append(config + [_NO_MEASUREMENT[status], "-", "-", "-", "-"])
+            rows.append(config + [_NO_MEASUREMENT[status], "-", "-", "-"] + ["-"] * len(verdict) + ["-"])
             continue
-        metrics = [fmt_float(r["peak_mem_gb"], 2), fmt_float(r["step_time_ms"], 1),
-                   fmt_sig(r["tokens_per_s"], 4), fmt_sig(r["loss_std"], 3)]
+        metrics = [fmt_float(r["peak_mem_gb"], 2), _step_time(r), fmt_sig(r["tokens_per_s"], 4),
+                   fmt_sig(r["loss_std"], 3)]
         if status == "ok":
-            rows.append(config + metrics + ["yes" if r["on_frontier"] else "no"])
+            rows.append(config + metrics + verdict + ["yes" if r["on_frontier"] else "no"])
         else:
-            rows.append(config + metrics[:3] + [status or "unknown", "-"])
+            rows.append(config + metrics[:3] + [status or "unknown"] + verdict + ["-"])
     return rows
 
 
 def trial_rows(analysed: pd.DataFrame) -> list[list[str]]:
-    """Every trial with its measurements, in TRIALS_HEADER's columns, sorted by memory."""
-    rows = []
+    """Every trial with its measurements, in :func:`trials_header`'s columns, sorted by memory."""
+    rows, swept, verdicts = [], swept_columns(analysed), has_verdicts(analysed)
     for _, r in memory_order(analysed).iterrows():
         rank = r.get("frontier_rank")
         rows.append([
             str(r["trial_id"]), str(r["status"]), str(r["model"]), fmt_int(r["seq_len"]),
             fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]),
-            fmt_beta(r["beta"]), fmt_int(r["effective_batch"]), str(r.get("adapter") or "full"),
-            str(r.get("optimizer") or "adamw"), fmt_float(r["peak_mem_gb"], 2),
-            fmt_float(r.get("predicted_peak_gb"), 2), fmt_float(r["torch_peak_alloc_gb"], 2), fmt_float(r["step_time_ms"], 1),
-            fmt_float(r["step_time_p10_ms"], 1), fmt_float(r["step_time_p90_ms"], 1), fmt_sig(r["tokens_per_s"], 4), fmt_sig(r["mfu"], 3),
-            fmt_sig(r["loss_mean"], 4), fmt_sig(r["loss_std"], 3), fmt_sig(r["grad_norm_mean"], 3),
-            fmt_sig(r["reward_accuracy"], 3), fmt_int(rank) if is_finite(rank) else "-",
-            fmt_sig(r.get("frontier_distance"), 3), _measured_by(r), str(r["error"]),
+            fmt_beta(r["beta"]), *[fmt_setting(r[c]) for c in swept], fmt_int(r["effective_batch"]),
+            str(r.get("adapter") or "full"), str(r.get("optimizer") or "adamw"),
+            fmt_float(r["peak_mem_gb"], 2), fmt_float(r.get("predicted_peak_gb"), 2),
+            fmt_float(r["torch_peak_alloc_gb"], 2), _step_time(r),
+            _time_range(r), fmt_sig(r["tokens_per_s"], 4), fmt_sig(r["mfu"], 3),
+            fmt_sig(r["loss_mean"], 4), fmt_sig(r["loss_std"], 3), *([_verdict(r)] if verdicts else []),
+            fmt_sig(r["grad_norm_mean"], 3), fmt_sig(r["reward_accuracy"], 3), _rank(rank, r.get("frontier_distance")),
+            _measured_by(r), _time_from(r), _stability_from(r),
+            str(r["error"]),
         ])
     return rows
 
 
+def _rank(rank: Any, distance: Any) -> str:
+    """``1`` on the frontier, ``3 (0.042)`` off it: the rank and the scaled distance to the frontier."""
+    if not is_finite(rank):
+        return "-"
+    return fmt_int(rank) if not is_finite(distance) or float(distance) == 0 else f"{fmt_int(rank)} ({fmt_sig(distance, 2)})"
+
+
+def _time_range(r: Any) -> str:
+    """``573.0-581.2``; one value when there is no spread (one measured step)."""
+    low, high = fmt_ms(r["step_time_p10_ms"]), fmt_ms(r["step_time_p90_ms"])
+    return low if low == high else f"{low}-{high}"
+
+
+def short_id(trial_id: str) -> str:
+    """``t045 learning`` of ``t045_mb8_none_ga8_b0.05-learning``: the index and the kind."""
+    head = trial_id.split("_", 1)[0]
+    if trial_id.endswith("-learning"):
+        return head.removesuffix("-learning") + " learning"  # a space: the cell may wrap there
+    return head
+
+
+def _other(r: Any, column: str) -> str | None:
+    """``column``'s trial id when it names another trial than the row's own."""
+    by = r.get(column)
+    return str(by) if isinstance(by, str) and by and by != r["trial_id"] else None
+
+
 def _measured_by(r: Any) -> str:
-    """Whose measurement a row carries: ``-`` for its own (or none: pruned, an older results dir)."""
-    by = r.get("measured_by")
-    return str(by) if isinstance(by, str) and by and by != r["trial_id"] else "-"
+    """Whose memory measurement a row carries: ``-`` for its own (or none: an older results dir);
+    ``predicted`` for a pruned row, which never ran."""
+    if r["status"] == "pruned":
+        return "predicted"
+    other = _other(r, "measured_by")
+    return short_id(other) if other else "-"
+
+
+def _time_from(r: Any) -> str:
+    """``measured``, ``extrapolated`` (from a shorter accumulation) or ``runoff t012`` (a full run)."""
+    source = r.get("step_time_source")
+    if not isinstance(source, str) or not source:
+        return "-"
+    timed_by = r.get("timed_by")
+    return f"{source} {short_id(timed_by)}" if isinstance(timed_by, str) and timed_by else source
+
+
+def _stability_from(r: Any) -> str:
+    other = _other(r, "stability_from")
+    return short_id(other) if other else "-"
 
 
 def measured_on_cpu(row: Any, environment: dict[str, Any] | None = None) -> bool:
@@ -233,7 +348,7 @@ def stability_source(analysed: pd.DataFrame) -> str | None:
     if spaces and learned - spaces:
         lrs = sorted({float(v) for v in rows["lr"] if is_finite(v)}) if "lr" in rows else []
         updates = "lr " + " and ".join(f"{v:g}" for v in lrs) if lrs else "small learning rates"
-        why.append(f"the space trains in pure bf16, where updates of {updates} round away (README \"Precision\")"
+        why.append(f"the space trains in pure bf16, where updates of {updates} round away (docs/trainer.md \"Precision\")"
                    if spaces == {"bf16"} else f"the space trains in {' and '.join(sorted(spaces))} "
                    "(train.learning_precision)")
     # Not "the space's N steps": results.csv's ``steps`` counts the worst-case step too.

@@ -14,18 +14,26 @@ import pandas as pd
 from dpo_sweep.analysis import noise_floor, tables
 from dpo_sweep.analysis.pareto import Objective
 from dpo_sweep.analysis.recommend import Recommendation
+from dpo_sweep.analysis.winner import RECOMMENDED_FILE, Winner, trl_text
 from dpo_sweep.records import STATUSES
-from dpo_sweep.report import figures
+from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
+from dpo_sweep.report import curves, figures
 from dpo_sweep.report.data_shape import data_shape_section
 
 
 #: Longest error shown in full; a longer or multi-line one shows its first line, cut to this, and
 #: folds the whole text behind a toggle.
 ERROR_SUMMARY_CHARS = 160
-#: Set-up columns of the all-trials table that are stated once above it when every trial has the
-#: same value (one model, one beta ...), so the columns that vary have the room.
-SHARED_COLUMNS = ("model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta", "effective batch",
-                  "adapter", "optimizer")
+#: Columns of the all-trials table kept even when every trial has the same value; any other column
+#: with one value for all (one model, one beta, no MFU on a CPU ...) is stated once above the table,
+#: so the columns that vary have the room at 1280 px.
+#: All-trials columns shown as another cell's tooltip instead (the width goes to what varies): torch's
+#: peak allocation on the peak memory, the p10-p90 step times on the step time.
+_ALLOC_COLUMN = "torch peak alloc (GB)"
+_RANGE_COLUMN = "step time p10-p90 (ms)"
+#: Columns whose ``-`` means the row's own measurement, not a missing value.
+_OWN_WHEN_EMPTY = ("measured by", "stability from")
+_ALWAYS_SHOWN = ("trial", "status", "peak memory (GB)", "step time (ms)", "tokens/s", "loss std")
 #: Trials named per status in the failure summary before "and N more".
 MAX_IDS_PER_FAILURE = 10
 
@@ -54,6 +62,8 @@ class Table:
     table off the page."""
     shared: list[tuple[str, str]] = field(default_factory=list)
     """(column, value) for the columns left out because every row has the same value."""
+    empty: list[str] = field(default_factory=list)
+    """The columns left out because no row has a value (``-`` in every row)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,12 @@ class ReportData:
     notes: list[str]
     data_shape: list[str] = field(default_factory=list)
     """The data's lengths, truncated/dropped pairs and padding (data.json, results.csv)."""
+    use_it: list[str] = field(default_factory=list)
+    """How to run the winner: the recommended.yaml commands (or why there is none)."""
+    use_commands: tuple[str, ...] = ()
+    """The commands that check and run recommended.yaml (empty without one)."""
+    trl_code: str = ""
+    """The winner as TRL DPOConfig arguments, with what TRL cannot express ("" without a winner)."""
 
 
 def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -131,23 +147,34 @@ def error_cell(error: str, max_chars: int = ERROR_SUMMARY_CHARS) -> Cell:
 
 def _trial_table(analysed: pd.DataFrame, short_ids: dict[str, str], row_classes: list[str]) -> Table:
     """The all-trials table: compact ids (the full id on hover), each error on a line of its own."""
-    trial_col, error_col = tables.TRIALS_HEADER.index("trial"), tables.TRIALS_HEADER.index("error")
+    full_header = tables.trials_header(analysed)
+    trial_col, error_col = full_header.index("trial"), full_header.index("error")
+    alloc_col, peak_col = full_header.index(_ALLOC_COLUMN), full_header.index("peak memory (GB)")
+    range_col, time_col = full_header.index(_RANGE_COLUMN), full_header.index("step time (ms)")
+    dropped = (error_col, alloc_col, range_col)
     rows, notes = [], []
     for row in tables.trial_rows(analysed):
-        cells = [Cell(c) for i, c in enumerate(row) if i != error_col]
+        cells = [Cell(c) for c in row]
         cells[trial_col] = Cell(short_ids[row[trial_col]], title=row[trial_col])
-        rows.append(cells)
+        if row[alloc_col] != "-":  # torch's own peak: on hover over the peak, not a column of its own
+            cells[peak_col] = Cell(row[peak_col], title=f"torch peak allocated {row[alloc_col]} GB")
+        if row[range_col] != "-":  # the p10-p90 step times: on hover over the step time
+            cells[time_col] = Cell(row[time_col], title=f"p10-p90 step time {row[range_col]} ms")
+        rows.append([c for i, c in enumerate(cells) if i not in dropped])
         notes.append(error_cell(row[error_col]))
     header, rows, shared = _drop_shared_columns(
-        [h for i, h in enumerate(tables.TRIALS_HEADER) if i != error_col], rows)
-    return Table(header, rows, row_classes, row_notes=notes, shared=shared)
+        [h for i, h in enumerate(full_header) if i not in dropped], rows)
+    own = {c: "each trial's own" for c in _OWN_WHEN_EMPTY}  # "-" in these columns: the row's own measurement
+    return Table(header, rows, row_classes, row_notes=notes,
+                 shared=[(c, own.get(c, v) if v == "-" else v) for c, v in shared if v != "-" or c in own],
+                 empty=[c for c, v in shared if v == "-" and c not in own])
 
 
 def _drop_shared_columns(header: list[str], rows: list[list[Cell]]
                          ) -> tuple[tuple[str, ...], list[list[Cell]], list[tuple[str, str]]]:
-    """Header and rows without the SHARED_COLUMNS whose value is the same in every row (two rows
-    or more), and those columns with their one value."""
-    shared = [i for i, h in enumerate(header) if h in SHARED_COLUMNS and len(rows) > 1
+    """Header and rows without the columns whose value is the same in every row (two rows or
+    more; not the _ALWAYS_SHOWN ones), and those columns with their one value."""
+    shared = [i for i, h in enumerate(header) if h not in _ALWAYS_SHOWN and len(rows) > 1
               and len({row[i].text for row in rows}) == 1]
     keep = [i for i in range(len(header)) if i not in shared]
     return (tuple(header[i] for i in keep), [[row[i] for i in keep] for row in rows],
@@ -177,6 +204,24 @@ def _plots_note(completed: bool, has_curves: bool) -> str:
             "error is in the All trials table.")
 
 
+#: The per-step plots: (DOM id, steps.csv column, title, y axis, caption, threshold line or None).
+_STEP_PLOTS: tuple[tuple[str, str, str, str, str, tuple[float, str] | None], ...] = (
+    ("plot-loss", "loss", "Loss per step", "loss", "DPO loss per optimizer step, one line per trial (dotted: not ok).", None),
+    ("plot-grad-norm", "grad_norm", "Gradient norm per step", "grad norm (before clipping)",
+     "The total gradient norm per optimizer step: spikes are the first sign of instability.", None),
+    ("plot-logratio-std", "logratio_std", "Log-ratio std per step", "std of log(pi/pi_ref) per token",
+     f"How far the policy's per-token log-ratio to the reference spreads. Above the dashed line for "
+     f"{ROLLBACK_STEPS} steps in a row the stability verdict is diverging (the rollback step).",
+     (ROLLBACK_LOGRATIO_STD, f"rollback threshold {ROLLBACK_LOGRATIO_STD:g} ({ROLLBACK_STEPS} steps in a row)")),
+    ("plot-reward-accuracy", "reward_accuracy", "Reward accuracy per step", "reward accuracy (chosen > rejected)",
+     "Share of pairs whose chosen reward beats the rejected one (TRL's rewards/accuracies).", None),
+    ("plot-step-time", "step_time_ms", "Step time per step", "step time (ms)",
+     "Wall time of each optimizer step (the warm-up steps included: they are the slow first ones).", None),
+    ("plot-memory-steps", "peak_mem_gb", "Peak memory per step", "peak memory (GB)", "Peak memory per optimizer step, one line per trial.",
+     None),
+)
+
+
 def _figure(dom_id: str, caption: str, spec: dict[str, Any]) -> Figure:
     return Figure(dom_id, caption, {**spec, "config": dict(figures.PLOT_CONFIG)})
 
@@ -187,7 +232,7 @@ def _headline(rec: Recommendation) -> str:
     c = rec.config
     return (f"Use micro_batch {c.get('micro_batch')}, checkpoint {c.get('checkpoint_level')}, "
             f"grad_acc {c.get('grad_acc')}, beta {tables.fmt_beta(c.get('beta'))}"
-            + "".join(f", {k} {tables.fmt_setting(c.get(k))}" for k in rec.varying) + f" (trial {rec.trial_id})")
+            + "".join(f", {k} {tables.fmt_setting(c.get(k))}" for k in tables.named_settings(rec)) + f" (trial {rec.trial_id})")
 
 
 def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Objective, ...],
@@ -216,7 +261,8 @@ def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Obje
 def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Objective, ...],
                       steps: pd.DataFrame | None = None,
                       environment: dict[str, Any] | None = None,
-                      datasets: list[dict[str, Any]] | None = None) -> ReportData:
+                      datasets: list[dict[str, Any]] | None = None,
+                      winner: Winner | None = None) -> ReportData:
     """Assemble the report from the analysed frame (pareto.analyse_frontier) and a recommendation."""
     notes = ["GB = 1e9 bytes (not GiB) everywhere in this report."]
     # With nothing completed the scatter and the panels would be empty axes (or OOM marks on
@@ -240,26 +286,30 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         _figure("plot-memory-time", "Each point is a trial; the ringed points joined by the dotted line are "
                "the Pareto frontier. Throughput, not step time: a step of a larger effective batch does "
                "more work. Bars: the throughput over the p10-p90 step times; trials whose bars overlap "
-               "are tied, and ties go to less memory. Colour: loss std. Shape: checkpoint level. OOM "
-               "trials have no throughput and are drawn on the budget line.",
-               figures.memory_time_scatter(analysed, rec.memory_budget_gb, rec.usable_memory_gb, names)),
-        _figure("plot-dimensions", "Memory and throughput against each of the four swept dimensions.",
+               "are tied, and ties go to less memory. Colour: loss std. Shape: checkpoint level. Star: the "
+               "recommended trial; a cross: judged diverging, never recommended. OOM and pruned trials have "
+               "no throughput: they sit at the bottom, OOM at its measured peak (else the budget), pruned "
+               "hollow at its predicted peak.",
+               figures.memory_time_scatter(analysed, rec.memory_budget_gb, rec.usable_memory_gb, names, rec.trial_id)),
+        _figure("plot-dimensions", "Memory and throughput against each swept dimension that varies (the swept train fields too).",
                figures.dimension_panels(analysed, rec.memory_budget_gb)),
     ] if completed else []
     if steps is not None and len(steps):
-        figs.append(_figure("plot-loss", "DPO loss per optimizer step, one line per trial (dotted: not ok).",
-                           figures.step_curves(steps, analysed, "loss", "Loss per step", "loss")))
-        figs.append(_figure("plot-memory-steps", "Peak memory per optimizer step, one line per trial.",
-                           figures.step_curves(steps, analysed, "peak_mem_gb", "Peak memory per step",
-                                               "peak memory (GB)")))
+        figs += [_figure(dom_id, caption, curves.step_curves(steps, analysed, column, title, y_title, threshold))
+                 for dom_id, column, title, y_title, caption, threshold in _STEP_PLOTS
+                 if column in steps and steps[column].notna().any()]  # no empty axes for an unmeasured column
     else:
-        notes.append("steps.csv is absent or empty: the per-step loss and memory curves are not shown.")
+        notes.append("steps.csv is absent or empty: the per-step curves (loss, grad norm, log-ratio std, "
+                     "reward accuracy, step time, memory) are not shown.")
     has_curves = bool(figs)  # before the length histograms, which are no curves of the trials
     shape = data_shape_section(datasets or [], analysed)
     figs += [_figure(f"plot-lengths-{i}", caption, spec) for i, (caption, spec) in enumerate(shape.figures)]
     ordered = tables.memory_order(analysed)
-    row_classes = [(f"status-{s}" if s in STATUSES else "status-other") + (" frontier" if on else "")
-                   for s, on in zip(ordered["status"], ordered["on_frontier"])]
+    verdicts = ordered["stability"] if "stability" in ordered else pd.Series("", index=ordered.index)
+    # A diverging row may sit on the frontier of its objectives, but it is never drawn as a best row.
+    row_classes = [(f"status-{s}" if s in STATUSES else "status-other")
+                   + (" verdict-diverging" if v == "diverging" else " frontier" if on else "")
+                   for s, on, v in zip(ordered["status"], ordered["on_frontier"], verdicts)]
     models = sorted({m for m in analysed["model"] if m})
     short_ids = compact_trial_ids(analysed["trial_id"])
     return ReportData(
@@ -278,4 +328,18 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         environment=flatten(environment) if environment else [],
         notes=notes,
         data_shape=shape.lines,
+        use_it=_use_it(winner),
+        use_commands=((f"dpo-sweep validate {RECOMMENDED_FILE}", f"dpo-sweep trial {RECOMMENDED_FILE}")
+                      if winner and winner.trial else ()),
+        trl_code=trl_text(winner.trl_arguments, winner.trl_gaps) if winner and winner.trial else "",
     )
+
+
+def _use_it(winner: Winner | None) -> list[str]:
+    if winner is None or (winner.trial is None and not winner.note):
+        return []
+    if winner.trial is None:
+        return [f"No {RECOMMENDED_FILE}: {winner.note}."]
+    return [f"{RECOMMENDED_FILE}, next to this report, is the winner with every setting pinned; in this "
+            "folder the first command checks it, the second runs it once:",
+            "The same configuration as TRL DPOConfig arguments (lines starting # name what TRL cannot express):"]

@@ -60,7 +60,28 @@ def _num(x: float, fmt: str) -> str:
 
 
 def _peak_and_step(result: TrialResult) -> str:
-    return f"peak {_num(result.peak_mem_gb, '.2f')} GB  step {_num(result.step_time_ms, '.0f')} ms"
+    """Peak and step time, then throughput: the frontier's time objective is tokens/s."""
+    line = f"peak {_num(result.peak_mem_gb, '.2f')} GB  step {_num(result.step_time_ms, '.0f')} ms"
+    return line + (f"  {_num(result.tokens_per_s, ',.0f')} tok/s" if math.isfinite(result.tokens_per_s) else "")
+
+
+#: Characters of a trial's error on its console line; the whole text (a CUDA OOM message with its
+#: traceback) is in DIR/logs/<trial>.log and results.csv.
+CONSOLE_ERROR_CHARS = 100
+#: Seconds without a console line while trials run after which the sweep says what is running.
+HEARTBEAT_S = 30.0
+
+
+def console_error(error: str) -> str:
+    """The first line of ``error``, cut to CONSOLE_ERROR_CHARS (``...`` marks a cut)."""
+    first = error.strip().split("\n", 1)[0].strip()
+    return first if len(first) <= CONSOLE_ERROR_CHARS else first[:CONSOLE_ERROR_CHARS - 3].rstrip() + "..."
+
+
+def running_line(running: Sequence[tuple[str, float]], elapsed_s: float) -> str:
+    """``  running: t003 (1 min 05 s), t004 (12 s) | 2 min 10 s elapsed``: what a quiet sweep is doing."""
+    named = ", ".join(f"{trial_id} ({duration(s)})" for trial_id, s in running)
+    return f"  running: {named} | {duration(elapsed_s)} elapsed"
 
 
 def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float = math.nan,
@@ -74,7 +95,7 @@ def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float 
     if math.isfinite(elapsed_s):
         line += f"  | {duration(elapsed_s)} elapsed, ~{duration(left_s)} left"
     if result.error:
-        line += f"  | {result.error[:120]}"
+        line += f"  | {console_error(result.error)}"
     return line
 
 
@@ -83,7 +104,7 @@ def trial_line(job_id: str, kind: str, grad_acc: int, result: TrialResult, elaps
     trial that ended without a results row of its own yet."""
     line = (f"  trial {job_id} ({kind}, grad_acc {grad_acc}) {result.status}  {_peak_and_step(result)}  "
             f"| {duration(elapsed_s)} elapsed")
-    return line + (f"  | {result.error[:120]}" if result.error else "")
+    return line + (f"  | {console_error(result.error)}" if result.error else "")
 
 
 def stability_lines(rows: Sequence[TrialResult]) -> list[str]:
@@ -134,6 +155,7 @@ class SweepRecorder(tune.Callback):
         self.concurrent = concurrent
         self.endings: list[Ending] = []  # this run's ended Ray trials, in the order they ended
         self.started_at = time.monotonic()
+        self.last_said = self.started_at  # when the last progress line was printed (heartbeat)
         self.trial_started: dict[str, float] = {}
         self.tokens = {t.trial_id: trial_tokens(t) for t in trials}
         self.trial_s_per_token: list[float] = []  # each ended Ray trial's wall over what it ran
@@ -166,9 +188,13 @@ class SweepRecorder(tune.Callback):
         left_tokens = sum(self.tokens.get(t, 1) for t in self.plan.unwritten())
         share = self.run_tokens / self.done_tokens if self.done_tokens and self.run_tokens else 1.0
         left = eta_s(self.trial_s_per_token, left_tokens, self.concurrent, share)
-        for row in rows:
+        # The rows that ran first: a row pruned for the memory of a trial of the same flush (it ran
+        # out) follows that trial's own line. results.csv keeps the plan's order.
+        for row in sorted(rows, key=lambda r: r.status == "pruned"):
             self.finished += 1
             say(progress_line(self.finished, self.total, row, time.monotonic() - self.started_at, left))
+        if rows:
+            self.last_said = time.monotonic()
         return rows
 
     def _end(self, done: driver.CollectedTrial) -> None:
@@ -195,6 +221,7 @@ class SweepRecorder(tune.Callback):
             # Its rows come later (they wait for their learning trial) or it has none (a learning or
             # runoff trial): say it ended, so that minutes of measuring are not minutes of silence.
             say(trial_line(job_id, job.kind, job.cfg.grad_acc, r, time.monotonic() - self.started_at))
+            self.last_said = time.monotonic()
         cause = same_early_failure(self.endings, self.total)
         if cause is not None and self.stop.reason is None:
             self.stop.reason = cause  # SweepStopper and the Searcher: nothing more is scheduled
@@ -203,6 +230,16 @@ class SweepRecorder(tune.Callback):
         if self.stop.reason is not None:
             end_running_trials(trials)
             self.stop.trials_ended = True
+            return
+        self.heartbeat(time.monotonic())
+
+    def heartbeat(self, now: float) -> None:
+        """After HEARTBEAT_S without a line while trials run: which are running and for how long."""
+        if now - self.last_said < HEARTBEAT_S or not self.trial_started:
+            return
+        running = sorted(((t, now - started) for t, started in self.trial_started.items()), key=lambda x: -x[1])
+        say(running_line(running, now - self.started_at))
+        self.last_said = now
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.trial_started[trial.config["trial"]["trial_id"]] = time.monotonic()

@@ -50,8 +50,8 @@ def frame(tmp_path: Path, trials: Iterable[TrialResult]) -> pd.DataFrame:
 
 
 def steps_for(trial_id: str, n: int, mem: float, loss0: float = 0.69) -> list[StepRecord]:
-    return [StepRecord(trial_id, s, loss0 - 0.01 * s, 1.0, 100.0, mem, 0.5, 0.1, -10.0, -11.0, 0.01)
-            for s in range(n)]
+    return [StepRecord(trial_id, s, loss0 - 0.01 * s, 1.0, 100.0, mem, 0.5, 0.1, -10.0, -11.0, 0.01,
+                       logratio_std=0.2 + 0.01 * s) for s in range(n)]
 
 
 def sweep_trials(model: str = "tiny-llama") -> list[TrialResult]:

@@ -11,17 +11,17 @@ from dpo_sweep.analysis import commands, tables
 from dpo_sweep.analysis.results import load_results
 from dpo_sweep.cli import main
 
-HEADER = ("| micro_batch | checkpoint | grad_acc | beta | peak memory (GB) | step time (ms) | tokens/s "
+#: The hand-made frames sweep ``seed`` (sweep_frames.trial), a swept train field: its column follows beta.
+HEADER = ("| micro_batch | checkpoint | grad_acc | beta | seed | peak memory (GB) | step time (ms) | tokens/s "
           "| loss std | on frontier |")
 
 
 def table_lines(markdown: str) -> list[list[str]]:
-    """The table's rows, without the leading ``seed`` column: the hand-made rows of sweep_frames
-    each have their own seed, which frontier.md shows as a swept dimension."""
+    """The table's rows, without the swept seed column (so the indices are frontier.md's own)."""
     lines = [ln for ln in markdown.splitlines() if ln.startswith("|")]
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
-    skip = 1 if cells[0][0] == "seed" else 0
-    return [row[skip:] for row in cells[2:]]
+    seed = cells[0].index("seed") if "seed" in cells[0] else None
+    return [[c for i, c in enumerate(row) if i != seed] for row in cells[2:]]
 
 
 def test_report_on_a_dir_holding_only_results_csv(tmp_path, capsys):

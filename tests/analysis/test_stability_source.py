@@ -26,7 +26,7 @@ def betas_space_rows(learned_precision="bf16-mixed", note=""):
 def test_learning_trials_of_sixteen_steps_in_bf16_mixed_say_why(tmp_path):
     assert stability_source(frame(tmp_path, betas_space_rows())) == (
         "Stability columns (loss std, stability and its signals) from 3 learning trials of 16 steps in "
-        "bf16-mixed: the space trains in pure bf16, where updates of lr 5e-06 round away (README "
+        "bf16-mixed: the space trains in pure bf16, where updates of lr 5e-06 round away (docs/trainer.md "
         "\"Precision\"); their length is train.learning_steps (a stability verdict needs 5 steps and the "
         "rollback trigger 5 in a row; on the H200 it fired at steps 9-13).")
 

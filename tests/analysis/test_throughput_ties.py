@@ -36,8 +36,8 @@ def test_issue_example_recommends_the_configuration_that_moves_the_most_tokens(t
     frontier = (out_dir / "frontier.md").read_text()
     assert "Objectives: memory min, throughput max, loss_std min." in frontier
     # Both trade memory for throughput: both on the frontier; the seed's table shape is kept.
-    assert "| 2 | full | 1 | 0.1 | 10.00 | 60.0 | 68267 | 0.02 | yes |" in frontier
-    assert "| 8 | none | 1 | 0.1 | 20.00 | 200.0 | 81920 | 0.02 | yes |" in frontier
+    assert "| 2 | full | 1 | 0.1 | t_mb2 | 10.00 | 60.0 | 68,267 | 0.02 | yes |" in frontier  # seed: sweep_frames.trial
+    assert "| 8 | none | 1 | 0.1 | t_mb8 | 20.00 | 200.0 | 81,920 | 0.02 | yes |" in frontier
     capsys.readouterr()
     assert main(["recommend", str(out_dir), "--memory-budget-gb", "40"]) == 0
     printed = capsys.readouterr().out

@@ -6,6 +6,8 @@ Skipped when Chromium is absent; CI installs Debian's `chromium` first (.ci/run)
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from cdp_chromium import Chromium, find_chromium
 from report_frames import CUDA_OOM, all_oom_sweep, llama_sweep
@@ -69,14 +71,15 @@ def test_report_renders_offline_in_chromium(tmp_path, chromium_binary):
         browser.pump(0.5)  # let late console messages or requests arrive
         log = browser.log
 
-    assert ready == "4", f"plots not drawn: {ready!r}; errors: {log.errors()}"
+    assert ready == "8", f"plots not drawn: {ready!r}; errors: {log.errors()}"
     assert log.errors() == []
     assert log.dialogs == []  # alert(1) never ran
-    assert injected == 3  # plotly.js, the figure JSON, the drawing code: nothing from the data
+    assert injected == 3  # plotly.js (packed), the figure JSON, the drawing code: nothing from the data
     assert HOSTILE in title  # the hostile name is shown, as text
     assert [r for r in log.requests if r != url] == [], "the report made network requests"
     assert [p["id"] for p in plots] == [
-        "plot-memory-time", "plot-dimensions", "plot-loss", "plot-memory-steps"]
+        "plot-memory-time", "plot-dimensions", "plot-loss", "plot-grad-norm", "plot-logratio-std",
+        "plot-reward-accuracy", "plot-step-time", "plot-memory-steps"]
     for p in plots:
         assert p["svgs"] >= 1 and p["nonEmpty"] and p["marks"] > 0 and p["width"] > 0, p
 
@@ -99,7 +102,7 @@ def test_tables_fit_1280px_and_long_errors_sit_behind_a_toggle(tmp_path, chromiu
         opened = browser.evaluate(TABLE_FIT_JS)
         browser.pump(0.5)
         log = browser.log
-    assert ready == "4", f"plots not drawn: {ready!r}; errors: {log.errors()}"
+    assert ready == "8", f"plots not drawn: {ready!r}; errors: {log.errors()}"
     assert log.errors() == []  # includes plotly's own warnings (console.trace)
     assert len(closed) == 2
     assert_tables_fit(closed, max_row_px=45)  # a line per trial (two for its error), the rest folded
@@ -128,3 +131,36 @@ def test_all_failed_report_says_what_failed_instead_of_plotting(tmp_path, chromi
     assert "3 oom: t000, t001, t002" in text
     assert CUDA_OOM.splitlines()[0][:60] in text
     assert_tables_fit(tables, max_row_px=45)
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "reports" / "examples"
+
+# A click on a column's title sorts its rows: the text of that column's cells, top to bottom.
+SORT_JS = """
+(function (title) {
+  var table = document.querySelectorAll('table.sortable')[1];
+  var heads = Array.from(table.querySelectorAll('thead th'));
+  var i = heads.findIndex(function (h) { return h.textContent.replace(/\\s+/g, ' ').trim() === title; });
+  heads[i].click();
+  return Array.from(table.tBodies[0].rows).filter(function (r) { return !r.classList.contains('error-line'); })
+    .map(function (r) { return r.cells[i].textContent.trim(); });
+})
+"""
+
+
+@pytest.mark.parametrize("example", sorted(p for p in EXAMPLES.iterdir() if (p / "report.html").is_file()),
+                         ids=lambda p: p.name)
+def test_every_committed_example_renders_offline_and_fits_1280px(example, tmp_path, chromium_binary):
+    url = (example / "report.html").resolve().as_uri()
+    with Chromium(chromium_binary, tmp_path / "profile", timeout_s=60) as browser:
+        browser.open(url, width_px=1280)
+        ready = browser.wait_for("document.body && document.body.getAttribute('data-plots-ready')", 45)
+        tables = browser.evaluate(TABLE_FIT_JS)
+        tokens = browser.evaluate(SORT_JS + "('tokens/s')")
+        browser.pump(0.3)
+        log = browser.log
+    assert ready not in (None, "error"), f"plots not drawn: {ready!r}; errors: {log.errors()}"
+    assert log.errors() == [] and [r for r in log.requests if r != url] == []
+    assert_tables_fit(tables, max_row_px=60)
+    numbers = [float(t.replace(",", "")) for t in tokens if t != "-"]
+    assert numbers == sorted(numbers) and tokens[len(numbers):] == ["-"] * (len(tokens) - len(numbers))

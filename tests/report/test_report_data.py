@@ -43,8 +43,8 @@ def test_scatter_draws_frontier_budget_and_oom(tmp_path):
     assert front["y"] == pytest.approx(expected["tokens_per_s"].tolist(), rel=1e-4)  # throughput axis
     assert front["mode"] == "lines+markers"
     assert "throughput (tokens/s" in scatter.spec["layout"]["yaxis"]["title"]["text"]
-    oom = traces["OOM (no throughput; drawn at the budget)"]
-    assert oom["x"] == [20.0, 20.0]  # both OOM trials sit on the budget line
+    oom = traces["OOM (no throughput; at its measured peak, else the budget)"]
+    assert oom["x"] == [20.0, 20.0]  # both OOM trials measured no peak: they sit on the budget line
     # One trace per checkpoint level, shaped by level and coloured by loss std on one colour axis;
     # each level's legend entry is a separate key (its shape in grey) in the same legend group.
     levels = [t for t in scatter.spec["data"] if t["name"].startswith("checkpoint ")]
@@ -59,7 +59,7 @@ def test_scatter_draws_frontier_budget_and_oom(tmp_path):
     assert layout["coloraxis"]["colorbar"]["title"]["text"] == "loss std"
     assert [s["x0"] for s in layout["shapes"]] == [20.0, 19.0]  # budget and usable budget
     assert "1e9 bytes" in layout["xaxis"]["title"]["text"]
-    assert traces["diverged / pruned / error"]["x"] == [9.0]  # the diverged trial measured 9 GB
+    assert traces["diverged / error"]["x"] == [9.0]  # the diverged trial measured 9 GB
 
 
 def test_every_legend_symbol_has_a_colour_string(tmp_path):
@@ -81,11 +81,11 @@ def test_scatter_bars_show_the_throughput_noise(tmp_path):
     assert bars["arrayminus"] == pytest.approx([200.0, 0.0]) and bars["array"] == pytest.approx([250.0, 0.0])
 
 
-def test_dimension_panels_cover_the_four_swept_dimensions(tmp_path):
-    _, data = build(tmp_path, sweep_trials())
+def test_dimension_panels_cover_the_swept_dimensions_that_vary(tmp_path):
+    _, data = build(tmp_path, sweep_trials())  # one beta; a swept seed (sweep_frames.trial)
     panels = data.figures[1].spec
     x_titles = [panels["layout"][k]["title"]["text"] for k in ("xaxis5", "xaxis6", "xaxis7", "xaxis8")]
-    assert x_titles == ["micro_batch", "checkpoint", "grad_acc", "beta"]
+    assert x_titles == ["micro_batch", "checkpoint", "grad_acc", "seed"]
     assert panels["layout"]["xaxis2"]["categoryarray"] == ["none", "L1", "L2", "L3"]
     assert all(t["type"] == "scatter" for t in panels["data"])  # SVG only: renders without WebGL
 
@@ -102,7 +102,13 @@ def test_step_curves_only_with_steps_csv(tmp_path):
     assert loss.dom_id == "plot-loss" and len(loss.spec["data"]) == 2
     assert len(loss.spec["data"][0]["x"]) == 5
     assert len(loss.spec["data"][1]["x"]) <= 200 and loss.spec["data"][1]["x"][-1] == 499  # thinned
-    assert with_steps.figures[3].spec["data"][0]["y"] == [10.0] * 5
+    by_id = {f.dom_id: f for f in with_steps.figures}
+    assert by_id["plot-memory-steps"].spec["data"][0]["y"] == [10.0] * 5
+    assert [f.dom_id for f in with_steps.figures[2:]] == ["plot-loss", "plot-grad-norm", "plot-logratio-std",
+                                                          "plot-reward-accuracy", "plot-step-time",
+                                                          "plot-memory-steps"]
+    threshold = by_id["plot-logratio-std"].spec["layout"]["shapes"][0]
+    assert threshold["y0"] == threshold["y1"] == 1.5  # stability.py's rollback trigger
 
 
 def test_tables_summary_environment_and_notes(tmp_path):
@@ -156,8 +162,10 @@ def test_trials_table_compacts_ids_and_puts_long_errors_behind_a_toggle(tmp_path
 def test_trials_table_states_columns_shared_by_every_trial_once(tmp_path):
     _, data = build(tmp_path, llama_sweep(), budget=40.0)
     table = data.trials_table
-    assert table.shared == [("model", "meta-llama/Llama-3.2-1B-Instruct"), ("seq_len", "128"),
-                            ("beta", "0.1"), ("effective batch", "16"), ("adapter", "full"), ("optimizer", "adamw")]
+    assert table.shared[:4] == [("model", "meta-llama/Llama-3.2-1B-Instruct"), ("seq_len", "128"),
+                                ("beta", "0.1"), ("effective batch", "16")]
+    assert all(value != "-" for _, value in table.shared)  # columns without a value: named apart
+    assert "MFU" in table.empty and "MFU" not in table.header
     assert {"model", "seq_len", "beta", "effective batch"}.isdisjoint(table.header)
     assert {"micro_batch", "checkpoint", "grad_acc"} <= set(table.header)  # these vary
     assert all(len(row) == len(table.header) for row in table.rows)
@@ -197,7 +205,8 @@ def test_all_failed_report_keeps_the_per_step_curves_of_failed_trials(tmp_path):
     (tmp_path / "s").mkdir()
     write_steps(tmp_path / "s", steps_for("d1", 4, 9.0))
     _, data = build(tmp_path, trials, steps=load_steps(tmp_path / "s"))
-    assert [f.dom_id for f in data.figures] == ["plot-loss", "plot-memory-steps"]
+    assert [f.dom_id for f in data.figures] == ["plot-loss", "plot-grad-norm", "plot-logratio-std",
+                                                "plot-reward-accuracy", "plot-step-time", "plot-memory-steps"]
     assert data.plots_note.startswith("No trial completed, so the memory and step-time plots are left out")
 
 
