@@ -33,7 +33,7 @@ from dpo_sweep.analysis.levers import lever_sentence
 from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
                                         left_out_sentence, listed, no_loss_std_sentence, shared_measurement_sentence,
                                         tie_sentence, tied_faster)
-from dpo_sweep.analysis.tables import fmt_setting, is_finite, varying_columns
+from dpo_sweep.analysis.tables import fmt_setting, is_finite, swept_train_fields, varying_columns
 from dpo_sweep.errors import UserError
 
 DEFAULT_SAFETY_MARGIN = 0.05
@@ -113,7 +113,8 @@ def stability_limit(loss_std: np.ndarray) -> float | None:
 def config_of(row: pd.Series, varying: tuple[str, ...] = ()) -> dict[str, Any]:
     """The configuration part of a results row, as plain Python values; ``varying``: the
     :func:`~dpo_sweep.analysis.tables.varying_columns` to add."""
-    out: dict[str, Any] = {c: _plain(row.get(c)) for c in varying if c not in CONFIG_KEYS}
+    swept = swept_train_fields(row.index)  # last, in the results' column order (frontier.md's)
+    out: dict[str, Any] = {c: _plain(row.get(c)) for c in varying if c not in CONFIG_KEYS and c not in swept}
     for key in CONFIG_KEYS:
         value = row.get(key)
         if key in ("micro_batch", "grad_acc", "effective_batch", "num_workers", "seq_len"):
@@ -122,7 +123,7 @@ def config_of(row: pd.Series, varying: tuple[str, ...] = ()) -> dict[str, Any]:
             out[key] = float(value) if is_finite(value) else None
         else:
             out[key] = "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
-    for key in swept_train_fields(row.index):  # lr, seed, adaptive_clip ...: the winner's too
+    for key in swept:  # lr, seed, adaptive_clip ...: the winner's too
         value = row[key]
         value = value.item() if isinstance(value, np.generic) else value
         out[key] = None if value is pd.NA or (isinstance(value, float) and math.isnan(value)) else value

@@ -99,8 +99,10 @@ def varying_columns(df: pd.DataFrame) -> list[str]:
 
 def named_settings(rec: Any) -> list[str]:
     """The settings a recommendation names beside micro_batch, checkpoint, grad_acc and beta: the
-    ones that vary in the sweep and every swept train field of its config."""
-    return list(dict.fromkeys([*rec.varying, *swept_train_fields(rec.config)]))
+    model and levers that vary in the sweep, then every swept train field of its config in the
+    results' column order (frontier.md's)."""
+    swept = swept_train_fields(rec.config)
+    return [k for k in rec.varying if k not in swept] + swept
 
 
 def swept_columns(df: pd.DataFrame) -> list[str]:
@@ -168,11 +170,6 @@ def memory_order(df: pd.DataFrame) -> pd.DataFrame:
     key = df.assign(_untrusted=untrusted, _mem=df["peak_mem_gb"].astype(float).fillna(math.inf))
     key = key.sort_values(["_untrusted", "_mem", "micro_batch", "trial_id"], kind="mergesort")
     return key.drop(columns=["_untrusted", "_mem"])
-
-
-def frontier_header(analysed: pd.DataFrame) -> tuple[str, ...]:
-    """FRONTIER_HEADER, after the :func:`varying_columns` of ``analysed`` (none: the seed's shape)."""
-    return tuple(varying_columns(analysed)) + FRONTIER_HEADER
 
 
 def frontier_rows(analysed: pd.DataFrame) -> list[list[str]]:

@@ -32,7 +32,7 @@ def test_the_winner_names_its_levers_and_the_reason_compares_the_families(tmp_pa
     rec = recommend(analyse_frontier(frame(tmp_path, seed_table_like()), OBJS), memory_budget_gb=80.0)
     assert rec.trial_id == "lora-l1" and rec.config["adapter"] == "lora" and rec.config["optimizer"] == "adamw"
     # sweep_frames.trial gives each row its own seed: a varying column, named
-    assert rec.reason.startswith("lora-l1 (micro_batch 4, checkpoint L1, grad_acc 1, beta 0.1, seed lora-l1, adapter lora)")
+    assert rec.reason.startswith("lora-l1 (micro_batch 4, checkpoint L1, grad_acc 1, beta 0.1, adapter lora, seed lora-l1)")
     assert (" Across the levers: full fine-tuning + adamw needs at least 81.2 GB here (full-l1, ran out of "
             "memory); QLoRA + adamw peaks at 20.1 GB at 3,846 tokens/s at best (qlora-l2).") in rec.reason
 
@@ -72,7 +72,8 @@ def test_the_trials_table_shows_each_rows_levers(tmp_path):
     from dpo_sweep.analysis import tables
 
     df = analyse_frontier(frame(tmp_path, seed_table_like()), OBJS)
-    adapter, optimizer = tables.TRIALS_HEADER.index("adapter"), tables.TRIALS_HEADER.index("optimizer")
+    header = tables.trials_header(df)
+    adapter, optimizer = header.index("adapter"), header.index("optimizer")
     got = {row[0]: (row[adapter], row[optimizer]) for row in tables.trial_rows(df)}
     assert got == {"full-l1": ("full", "adamw"), "full-l2": ("full", "adamw"), "lora-l2": ("lora", "adamw"),
                    "lora-l1": ("lora", "adamw"), "qlora-l2": ("qlora", "adamw")}
