@@ -143,27 +143,31 @@ def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(c
     assert env["torch"] == torch.__version__ and env["gpu_count"] == 0
 
 
+def kill_when(args, env, log, out, ready) -> list[dict]:
+    """Start the sweep of ``args``, SIGKILL it once ``ready(results.csv's rows)`` (no cleanup in
+    the driver, as a crashed or killed machine would do); the rows at the kill."""
+    proc = start_sweep(args, env, log)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not ready(read_csv(out / "results.csv")):
+            time.sleep(0.05)
+        at_kill = read_csv(out / "results.csv")
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        stop_process(proc)
+    return at_kill
+
+
 def test_killed_sweep_resumes_without_repeating_a_trial(cluster, tmp_path):
-    # learning_steps 3: each trial is its own learning trial, so its row is written when it ends
-    # (with the default 16 every row waits for one learning trial: nothing to kill between rows)
+    # learning_steps 3: each trial is its own learning trial, so its row is final when it ends
     space = write_space(tmp_path / "resume.yaml", "resume", """\
         micro_batch: [2]
         checkpoint_level: [none, L1, L2]
         """, train_extra=", learning_steps: 3")
     out = tmp_path / "out"
     args = [str(space), "--address", cluster.address, "--output", str(out), "--max-concurrent", "1"]
-    proc = start_sweep(args, cluster.env, tmp_path / "first.log")
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None:
-            if read_csv(out / "results.csv"):
-                break
-            time.sleep(0.3)
-        rows_at_kill = len(read_csv(out / "results.csv"))
-        proc.kill()  # SIGKILL: no cleanup in the driver, as a crashed or killed machine would do
-        proc.wait(timeout=30)
-    finally:
-        stop_process(proc)
+    rows_at_kill = len(kill_when(args, cluster.env, tmp_path / "first.log", out, bool))
     assert 1 <= rows_at_kill < 3, (tmp_path / "first.log").read_text()[-3000:]
 
     done = run_sweep([*args, "--resume"], cluster.env, timeout_s=300)
@@ -184,19 +188,9 @@ def test_rows_are_on_disk_when_measured_and_a_kill_during_the_learning_trial_res
         """)
     out = tmp_path / "out"
     args = [str(space), "--address", cluster.address, "--output", str(out), "--max-concurrent", "1"]
-    proc = start_sweep(args, cluster.env, tmp_path / "first.log")
-    try:
-        deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None:
-            rows = read_csv(out / "results.csv")
-            if len(rows) == 3 and all(r["stability"] == "pending" for r in rows):
-                break  # every row measured; the learning trial (16 steps) has just started
-            time.sleep(0.05)
-        at_kill = read_csv(out / "results.csv")
-        proc.kill()  # SIGKILL during the learning trial
-        proc.wait(timeout=30)
-    finally:
-        stop_process(proc)
+    # every row measured: the learning trial (16 steps) has just started
+    at_kill = kill_when(args, cluster.env, tmp_path / "first.log", out,
+                        lambda rows: len(rows) == 3 and all(r["stability"] == "pending" for r in rows))
     assert len(at_kill) == 3 and {r["stability"] for r in at_kill} == {"pending"}, at_kill
     assert all(float(r["peak_mem_gb"]) > 0 and float(r["step_time_ms"]) > 0 for r in at_kill)
 
