@@ -119,12 +119,19 @@ MIN_TIMED_MICRO_STEPS = 24
 def measure_grad_acc(cfg: TrialConfig) -> int:
     """Micro-steps per optimizer step of the trial that measures ``cfg``'s group (``cfg``: its
     measuring configuration). 1 at grad_acc 1; 2 (:func:`short_grad_acc`: the memory of any
-    longer accumulation) on fixed-length synthetic pairs, whose micro-steps all take one time;
-    else enough for :data:`MIN_TIMED_MICRO_STEPS` over the measured steps, at most its own."""
-    if cfg.grad_acc == 1 or (cfg.data.synthetic is not None and cfg.data.synthetic.lengths == "fixed"):
-        return short_grad_acc(cfg)
+    longer accumulation; 3 with several workers) on fixed-length synthetic pairs, whose
+    micro-steps all take one time; else enough for :data:`MIN_TIMED_MICRO_STEPS` over the
+    measured steps; never more than its own grad_acc."""
+    # Several workers: the last micro-step carries the gradient all-reduce, so a third is the one
+    # that times an accumulating micro-step without it (at 2 the extrapolation to grad_acc G
+    # counted G - 1 all-reduces; timing.micro_and_optimizer_ms).
+    least = 3 if cfg.resources.workers_per_trial > 1 else 2
+    if cfg.grad_acc == 1:
+        return 1
+    if cfg.data.synthetic is not None and cfg.data.synthetic.lengths == "fixed":
+        return min(cfg.grad_acc, least)
     measured = max(1, cfg.train.steps - cfg.train.warmup_steps)
-    return min(cfg.grad_acc, max(2, -(-MIN_TIMED_MICRO_STEPS // measured)))
+    return min(cfg.grad_acc, max(least, -(-MIN_TIMED_MICRO_STEPS // measured)))
 
 
 def _memory_tree(cfg: TrialConfig) -> dict:

@@ -217,3 +217,21 @@ def test_a_measure_trial_times_enough_micro_steps_on_varied_lengths():
     assert measure_grad_acc(make_cfg(grad_acc=1, steps=6, warmup_steps=2, data=varied)) == 1
     fixed = {"synthetic": {"pairs": 64, "prompt_tokens": 12, "response_tokens": 10}}
     assert measure_grad_acc(make_cfg(grad_acc=32, steps=6, warmup_steps=2, data=fixed)) == 2
+
+
+def test_with_several_workers_a_measure_trial_times_an_accumulating_micro_step_without_the_all_reduce():
+    from dpo_sweep.plan.rows import fitted_step_ms
+    from dpo_sweep.plan.rules import measure_grad_acc
+    from dpo_sweep.records import StepRecord
+    from dpo_sweep.telemetry.timing import micro_and_optimizer_ms
+
+    ddp = make_cfg(grad_acc=64, resources={"use_gpu": False, "workers_per_trial": 2})
+    assert measure_grad_acc(ddp) == 3 and measure_grad_acc(make_cfg(grad_acc=64)) == 2
+    # a DDP step of 3 micro-steps: the first after zero_grad 95 ms, one accumulating 100 ms, the
+    # synchronising last 160 ms (60 ms of all-reduce), optimizer 20 ms
+    micro, opt = micro_and_optimizer_ms([95.0, 100.0, 160.0, 20.0], last_syncs=True)
+    steps = [StepRecord(trial_id="t", step=s, loss=0.6, grad_norm=1.0, step_time_ms=375.0, peak_mem_gb=1.0,
+                        reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-1.0, logps_rejected=-1.0, kl=0.0,
+                        micro_step_ms=micro, optimizer_ms=opt) for s in (1, 2, 3)]
+    # at grad_acc 64: 95 + 62 x 100 + 160 + 20 = 6,475 ms: one all-reduce, not 63
+    assert fitted_step_ms(steps, 3, 64) == 6475.0
