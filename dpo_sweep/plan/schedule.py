@@ -222,6 +222,18 @@ class SweepPlan:
         still pending (its learning trial has not ended), in the space's order."""
         return [t for t in self._order if t not in self._written or t in self._stability_due]
 
+    def learning_due(self) -> list[TrialConfig]:
+        """One configuration of each learning set-up whose written rows wait for a learning trial
+        that has not started, as that trial would run (``learning_config``): what is left to run
+        besides the unwritten configurations (the recorder's estimate)."""
+        running = {j.key for j in self._running.values() if j.kind == LEARN}
+        due = {}
+        for t in self._stability_due:
+            lkey = self._learning_keys[t]
+            if lkey not in self._learned and lkey not in running and not self._own_learning(self._cfgs[t]):
+                due.setdefault(lkey, learning_config(self._cfgs[t]))
+        return list(due.values())
+
     def restored(self) -> set[str]:
         """The configurations whose rows a resumed sweep kept (``measured``): only learned now."""
         return {t for g in self._groups.values() for t in g.saved}

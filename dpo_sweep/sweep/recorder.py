@@ -185,7 +185,8 @@ class SweepRecorder(tune.Callback):
         for row in rows:
             if row.status != "pruned":  # a pruned configuration took no trial time
                 self.done_tokens += self.tokens.get(row.trial_id, 1)
-        left_tokens = sum(self.tokens.get(t, 1) for t in self.plan.unwritten())
+        left_tokens = (sum(self.tokens.get(t, 1) for t in self.plan.unwritten())
+                       + sum(trial_tokens(c) if self.tokens else 1 for c in self.plan.learning_due()))
         share = self.run_tokens / self.done_tokens if self.done_tokens and self.run_tokens else 1.0
         left = eta_s(self.trial_s_per_token, left_tokens, self.concurrent, share)
         # The rows that ran first: a row pruned for the memory of a trial of the same flush (it ran

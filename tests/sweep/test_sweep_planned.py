@@ -85,4 +85,8 @@ def test_planned_sweep_runs_fewer_trials_and_writes_every_row(local_ray, tmp_pat
     analysis = analyse_dir(out)
     assert analysis.frontier_markdown.count("\n|") >= len(sp.trials)  # header, rule and one per row
     rec = json.loads(analysis.recommendation_path.read_text())
-    assert rows[rec["trial_id"]]["status"] == "ok"
+    if rec["trial_id"] is None:  # 5 steps of random pairs at lr 1e-3 may rise: then every row says so
+        assert "every completed configuration diverged" in rec["reason"]
+        assert all(r["stability"] == "diverging" for r in rows.values() if r["status"] == "ok")
+    else:
+        assert rows[rec["trial_id"]]["status"] == "ok"
