@@ -42,6 +42,9 @@ class FakePlan:
     def take_replaced(self):
         return []
 
+    def learning_due(self):
+        return []
+
     def unwritten(self):
         return []
 

@@ -53,6 +53,8 @@ def test_stopper_stops_everything_only_once_the_running_trials_were_ended():
 
 
 def test_first_sigint_requests_the_stop_and_a_second_interrupts():
+    # Python's own handler before the block, whatever an earlier test of the session left installed
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     request = StopRequest()
     with stopping.stop_on_sigint(request):
         os.kill(os.getpid(), signal.SIGINT)  # handled: no KeyboardInterrupt
