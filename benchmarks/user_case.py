@@ -224,17 +224,13 @@ def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: i
     the case's data laid out here (``make --no-weights`` gives the same pairs for the same seed)."""
     from dpo_sweep.plan.extrapolate import FITS, extrapolate, fit_micro_steps, step_layout
     from dpo_sweep.plan.memory import built_shape
-    from dpo_sweep.records import StepRecord
+    from dpo_sweep.records import StepRecord, read_csv_rows, rows_as
     from dpo_sweep.train.lengths import LengthProfile
     from dpo_sweep.train.setup import tokenized_pairs
 
-    kinds = {f.name: f.type for f in __import__("dataclasses").fields(StepRecord)}
     by_trial: dict[str, list] = {}
-    with steps_csv.open() as fh:
-        for r in csv.DictReader(fh):
-            vals = {k: (v if kinds[k] == "str" else v == "True" if kinds[k] == "bool" else
-                        int(float(v)) if kinds[k] == "int" else float(v or "nan")) for k, v in r.items() if k in kinds}
-            by_trial.setdefault(r["trial_id"], []).append(StepRecord(**vals))
+    for step in rows_as(StepRecord, read_csv_rows(steps_csv)):
+        by_trial.setdefault(step.trial_id, []).append(step)
     rows = []
     for tid in [t for t in by_trial if not t.endswith("-short")]:
         if tid + "-short" not in by_trial:

@@ -347,7 +347,7 @@ def failed_result(cfg: "TrialConfig", status: str, error: str, steps: Iterable[S
 
 
 def _cell(value: str, kind: str) -> Any:
-    """A results.csv cell back in its :class:`TrialResult` field's type (``kind``: the annotation)."""
+    """A CSV cell back in its dataclass field's type (``kind``: the annotation)."""
     if kind == "str":
         return value
     if kind == "bool":
@@ -359,12 +359,16 @@ def _cell(value: str, kind: str) -> Any:
     return float(value) if value not in ("", "nan") else math.nan
 
 
-def results_from_rows(rows: Iterable[dict[str, str]]) -> list[TrialResult]:
-    """results.csv rows (:func:`read_csv_rows`) as :class:`TrialResult`; cells of columns that are
-    not fields (the swept train fields) go to ``extra`` as written."""
-    kinds = {f.name: str(f.type) for f in fields(TrialResult) if f.name != "extra"}
+def rows_as(cls: type, rows: Iterable[dict[str, str]]) -> list[Any]:
+    """CSV rows (:func:`read_csv_rows`) as ``cls`` (:class:`TrialResult` or :class:`StepRecord`);
+    cells of columns that are not fields (a results row's swept train fields) go to its ``extra``
+    as written."""
+    kinds = {f.name: str(f.type) for f in fields(cls) if f.name != "extra"}
+    has_extra = any(f.name == "extra" for f in fields(cls))
     out = []
     for row in rows:
         known = {k: _cell(v, kinds[k]) for k, v in row.items() if k in kinds}
-        out.append(TrialResult(**known, extra={k: v for k, v in row.items() if k not in kinds and k}))
+        if has_extra:
+            known["extra"] = {k: v for k, v in row.items() if k not in kinds and k}
+        out.append(cls(**known))
     return out

@@ -69,7 +69,7 @@ def step_layout(cfg: TrialConfig, lengths: LengthProfile, shape: ModelShape) -> 
     runs them (``train/order.micro_batch_order``)."""
     t = cfg.train
     world, chunked, g = cfg.resources.workers_per_trial, t.logp_chunk_tokens > 0, cfg.grad_acc
-    dshape, attn = decoder_shape(shape), resolved_attn(cfg.model)
+    dshape, attn, packed = decoder_shape(shape), resolved_attn(cfg.model), lengths.packed()
     works, tokens = [], [0] * t.steps
     for rank in range(world):
         order = micro_batch_order(len(lengths.widths), cfg.micro_batch, world, rank, t.seed, grad_acc=g,
@@ -79,7 +79,7 @@ def step_layout(cfg: TrialConfig, lengths: LengthProfile, shape: ModelShape) -> 
             counts = computed_counts(lengths, idx, padding_free=t.padding_free, chunked_head=chunked, attn=attn)
             rank_works.append(dpo_step_flops(shape=dshape, counts=counts, level=cfg.checkpoint_level,
                                              reference=t.reference, chunked_head=chunked, lean_mlp=cfg.model.lean_ops))
-            tokens[k // g] += sum(2 * lengths.prompt[i] + lengths.chosen[i] + lengths.rejected[i] for i in idx)
+            tokens[k // g] += sum(packed[i] for i in idx)  # a pair's real tokens, padded or not
         works.append(rank_works)
     return Layout([[rank[s * g:(s + 1) * g] for rank in works] for s in range(t.steps)], tuple(tokens))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from dpo_sweep.records import (PENDING, RESULTS_COLUMNS, STEPS_COLUMNS, TrialResult, damaged_text, read_csv_rows,
-                               read_csv_table, results_from_rows, rewrite_csv, write_environment_json)
+                               read_csv_table, rewrite_csv, rows_as, write_environment_json)
 
 RESULTS_FILE = "results.csv"
 STEPS_FILE = "steps.csv"
@@ -26,8 +26,8 @@ def finished_trial_ids(out_dir: Path) -> set[str]:
 
 def pending_rows(out_dir: Path) -> list[TrialResult]:
     """The rows of ``DIR/results.csv`` written when measured whose learning trial had not ended."""
-    return results_from_rows(r for r in read_csv_rows(out_dir / RESULTS_FILE)
-                             if r.get("trial_id") and r.get("stability") == PENDING)
+    return rows_as(TrialResult, (r for r in read_csv_rows(out_dir / RESULTS_FILE)
+                                 if r.get("trial_id") and r.get("stability") == PENDING))
 
 
 def drop_rows(out_dir: Path, trial_ids: set[str]) -> None:
