@@ -7,7 +7,7 @@ The story of a sweep:
 
 1. Configurations that share a :func:`~dpo_sweep.plan.rules.measurement_key` form one group; the
    group's measuring configuration (the smallest grad_acc) runs as a **measure** trial under its
-   own trial id, at :func:`~dpo_sweep.plan.rules.short_grad_acc` micro-steps per optimizer step,
+   own trial id, at :func:`~dpo_sweep.plan.rules.measure_grad_acc` micro-steps per optimizer step,
    without the held-batch evaluation (``train.evaluate``) unless it is its rows' learning trial too.
 2. Groups start cheapest predicted peak first (the memory model, calibrated on every measured
    peak so far). A group predicted over the budget by more than the margin is ``pruned``; after
@@ -21,7 +21,10 @@ The story of a sweep:
    that set-up that already ran in full with exactly those steps and precision when there is one,
    else, once its set-up's groups are in, ``<trial_id>-learning`` of the fastest measured ok
    configuration that the memory model says fits in the learning precision; when none fits, the
-   fastest in the space's own precision, with a note (console and ``stability_note``).
+   fastest in the space's own precision, with a note (console and ``stability_note``). A row is
+   handed out when its measurement ends, its stability columns ``pending``, and handed out again
+   (:meth:`SweepPlan.take_replaced`) when its learning trial ends; a resumed sweep's pending rows
+   (``measured``) are kept, and only their learning trial runs.
 
 5. The **runoff** (:mod:`~dpo_sweep.plan.runoff`): once every group is measured, the rows the
    recommendation would weigh - fitting the budget, their throughput tied within its p10-p90
