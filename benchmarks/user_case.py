@@ -251,8 +251,15 @@ def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: i
     return rows
 
 
-def extrapolation(case: Path, out_dir: Path, effective: int, max_length: int, steps: int) -> None:
-    rows = extrapolate_rows(case, effective, max_length, steps, EXTRAPOLATION_CONFIGS, out_dir)
+def parse_configs(text: str, grad_acc: int | None = None) -> tuple:
+    """``--configs 4:L1,4:full`` as (micro_batch, level) pairs, or with ``grad_acc`` as triples."""
+    pairs = [(int(mb), level) for mb, level in (item.split(":") for item in text.split(",") if item)]
+    return tuple(pairs if grad_acc is None else [(mb, level, grad_acc) for mb, level in pairs])
+
+
+def extrapolation(case: Path, out_dir: Path, effective: int, max_length: int, steps: int,
+                  configs=EXTRAPOLATION_CONFIGS) -> None:
+    rows = extrapolate_rows(case, effective, max_length, steps, configs, out_dir)
     table(rows)
     write_csv(out_dir / "extrapolation.csv", rows)
     errs = [abs(r["error"]) for r in rows if math.isfinite(r["error"])]
@@ -300,7 +307,8 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
         release_after_trial
 
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
+    # An indexed device: set_per_process_memory_fraction (configure_device_memory) refuses a bare "cuda".
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     allocated = torch.cuda.memory_allocated if cuda else (lambda: 0)
     peak = torch.cuda.max_memory_allocated if cuda else (lambda: 0)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -359,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--effective-batch", type=int, default=32)
     ap.add_argument("--ema", action="store_true", help="memory: with train.ema_decay")
     ap.add_argument("--micro-batch", type=int, default=4, help="probe: the micro-batch")
+    ap.add_argument("--configs", help="extrapolate / memory: MB:LEVEL,... instead of the built-in list "
+                                      "(memory runs them at grad_acc 2)")
     ap.add_argument("--no-weights", action="store_true", help="make: config and tokenizer only (for refit)")
     ap.add_argument("--steps-csv", type=Path, help="refit: an extrapolate run's extrapolation_steps/steps.csv")
     args = ap.parse_args(argv)
@@ -369,11 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "cost":
         cost(args.dir, args.small, args.out_dir, args.max_length, args.steps, args.preset, args.pairs)
     elif args.command == "extrapolate":
-        extrapolation(args.dir, args.out_dir, args.effective_batch, args.max_length, args.steps)
+        extrapolation(args.dir, args.out_dir, args.effective_batch, args.max_length, args.steps,
+                      parse_configs(args.configs) if args.configs else EXTRAPOLATION_CONFIGS)
     elif args.command == "probe":
         probe(args.dir, args.out_dir, args.max_length, args.micro_batch)
     else:
-        memory(args.dir, args.out_dir, args.max_length, args.steps, ema=args.ema)
+        memory(args.dir, args.out_dir, args.max_length, args.steps, ema=args.ema,
+               configs=parse_configs(args.configs, grad_acc=2) if args.configs else MEMORY_CONFIGS)
     return 0
 
 
