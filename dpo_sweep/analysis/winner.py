@@ -150,6 +150,8 @@ def trl_config(trial: TrialConfig, row: pd.Series) -> tuple[dict[str, Any], list
         args["group_by_length"] = True
     if model.get("liger_kernel") is True:
         args["use_liger_kernel"] = True
+    if t.optimizer in _TRL_OPTIM:
+        args["optim"] = _TRL_OPTIM[t.optimizer]
     init = {"attn_implementation": model["attn_implementation"]} if model.get("attn_implementation") != "auto" else {}
     if t.precision == "bf16":
         init["torch_dtype"] = "bfloat16"  # pure bf16: the weights themselves, not only autocast
@@ -161,8 +163,30 @@ def trl_config(trial: TrialConfig, row: pd.Series) -> tuple[dict[str, Any], list
     return args, _trl_gaps(trial, model)
 
 
+#: transformers' names of torchao's low-bit AdamW (TrainingArguments.optim).
+_TRL_OPTIM = {"adamw_8bit": "adamw_torch_8bit", "adamw_4bit": "adamw_torch_4bit"}
+
+
+def _peft_gap(t: Any) -> str:
+    """The adapter as DPOTrainer takes it: a peft config beside DPOConfig, not a field of it."""
+    lora = (f"LoraConfig(r={t.lora_r}, lora_alpha={t.lora_alpha}, lora_dropout={t.lora_dropout}, "
+            f"target_modules={list(t.lora_targets)!r}, task_type='CAUSAL_LM')")
+    text = (f"adapter {t.adapter}: pass DPOTrainer(..., peft_config={lora}); with a peft model and no "
+            "ref_model TRL's reference is the model with its adapters off, as here")
+    if t.adapter == "qlora":
+        text += (". QLoRA's frozen base in 4-bit NF4 (torchao's NF4 here): with bitsandbytes, model_init_kwargs "
+                 "quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', "
+                 "bnb_4bit_compute_dtype=torch.bfloat16)")
+    return text
+
+
 def _trl_gaps(trial: TrialConfig, model: dict[str, Any]) -> list[str]:
     t, gaps = trial.train, []
+    if t.adapter != "full":
+        gaps.append(_peft_gap(t))
+    if t.optimizer_in_backward:
+        gaps.append("optimizer_in_backward: each parameter stepped in its gradient hook during backward; "
+                    "the Trainer steps the optimizer after backward (more gradient memory)")
     if trial.checkpoint_level not in _TRL_CHECKPOINTING:
         gaps.append(f"checkpoint_level {trial.checkpoint_level}: TRL checkpoints whole decoder layers or "
                     "nothing (gradient_checkpointing True = level full); the selective levels L1-L3 need "
