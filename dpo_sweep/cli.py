@@ -82,7 +82,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for note in summary.notes():
             print(note)
     from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (README)
-    from dpo_sweep.plan.schedule import plan_labels
+    from dpo_sweep.plan.labels import plan_labels
 
     lengths = preflight.lengths_by_trial(sp.trials, data)  # the worst micro-batch of each trial's own data
     header = ["trial_id", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",

@@ -8,7 +8,8 @@ import pytest
 
 from dpo_sweep.plan.memory import MemoryEstimate
 from dpo_sweep.plan.jobs import JobKind
-from dpo_sweep.plan.schedule import SweepPlan, plan_labels
+from dpo_sweep.plan.labels import plan_labels
+from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import StepRecord, TrialResult
 from tests.testkit import make_cfg
 
