@@ -52,8 +52,8 @@ from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted
 from dpo_sweep.plan.jobs import Job, JobKind, without_eval
 from dpo_sweep.plan.levers import trainable_params
 from dpo_sweep.plan.memory import MemoryEstimate, model_shape, planning_device, predict_peak_gb
-from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, pending_stability, shared_row, with_stability
-from dpo_sweep.plan.runoff import RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, finalists, frontier_ties, runoff_cap, timed_row
+from dpo_sweep.plan.rows import LearningSource, pending_stability, with_stability
+from dpo_sweep.plan.runoff import RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, finalists, frontier_ties, runoff_cap
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
                                   measure_grad_acc, measurement_key, pick_learning_trial, prune_after_oom,
                                   prune_over_budget)
@@ -108,7 +108,8 @@ class SweepPlan:
             groups = {t.trial_id: Group(t, (t,)) for t in trials}
         else:
             groups = {measurement_key(g.measuring): Group(g.measuring, g.members) for g in dedupe(trials)}
-        self._measure = MeasureState(groups, {m.trial_id: key for key, g in groups.items() for m in g.members})
+        self._measure = MeasureState(groups, {m.trial_id: key for key, g in groups.items() for m in g.members},
+                                     full_grid)
         self._learn = LearnState({t.trial_id: learning_key(t) for t in trials})
         self._runoff = RunoffState()
         self._running: dict[str, Job] = {}
@@ -187,7 +188,7 @@ class SweepPlan:
         due = {}
         for t in self._out.pending:
             lkey = self._learn.key_of[t]
-            if lkey not in self._learn.learned and lkey not in running and not self._own_learning(self._cfgs[t]):
+            if lkey not in self._learn.learned and lkey not in running and not self._measure.own_learning(self._cfgs[t]):
                 due.setdefault(lkey, learning_config(self._cfgs[t]))
         return list(due.values())
 
@@ -242,7 +243,7 @@ class SweepPlan:
             group.state = GroupState.RUNNING
             group.ran_grad_acc = group.measuring.grad_acc if self.full_grid else measure_grad_acc(group.measuring)
             cfg = group.measuring.model_copy(update={"grad_acc": group.ran_grad_acc})
-            if not self._own_learning(group.measuring):  # its rows' stability comes from a learning trial
+            if not self._measure.own_learning(group.measuring):  # its rows' stability comes from a learning trial
                 cfg = without_eval(cfg)
             return Job.of(JobKind.MEASURE, group.measuring, cfg, self._measure.group_of[cfg.trial_id])
         return None
@@ -286,15 +287,6 @@ class SweepPlan:
 
     # --- the learn phase ---------------------------------------------------------------------
 
-    def _ran_in_full(self, cfg: TrialConfig) -> bool:
-        group = self._measure.of(cfg)
-        return group.measuring.trial_id == cfg.trial_id and group.ran_grad_acc == cfg.grad_acc
-
-    def _own_learning(self, cfg: TrialConfig) -> bool:
-        """``cfg``'s own trial gives its stability columns: it ran in full, and (unless full_grid,
-        where every row is its own) with exactly its set-up's learning steps and precision."""
-        return self._ran_in_full(cfg) and (self.full_grid or learning_config(cfg) == cfg)
-
     def _learning_over_budget(self, cfg: TrialConfig) -> str | None:
         """Why ``learning_config(cfg)`` is predicted not to fit, or None. A learning trial in the
         measured precision fits: only its steps differ, and the peak does not grow with them."""
@@ -302,15 +294,6 @@ class SweepPlan:
         if (lcfg.train.precision, lcfg.model) == (cfg.train.precision, cfg.model):
             return None
         return self.over_budget(lcfg)
-
-    def _step_ms(self, cfg: TrialConfig) -> float:
-        group = self._measure.of(cfg)
-        if cfg.trial_id in group.saved:
-            return group.saved[cfg.trial_id].step_time_ms
-        if cfg.grad_acc == group.ran_grad_acc:
-            return group.result.step_time_ms
-        ms = fitted_step_ms(group.steps, group.ran_grad_acc, cfg.grad_acc)
-        return ms if math.isfinite(ms) else math.inf
 
     def _next_learning(self) -> Job | None:
         needing = {self._learn.key_of[t] for t in self.unfinished()}
@@ -323,7 +306,7 @@ class SweepPlan:
             if not all(g.ended for g in groups):
                 continue  # pick the fastest once every configuration of the set-up is measured
             ok = [c for c, g in zip(cfgs, groups) if g.measured_ok]
-            full = [c for c in ok if self._own_learning(c)]
+            full = [c for c in ok if self._measure.own_learning(c)]
             if full:
                 self._learn.learned[lkey] = LearningSource.of(full[0], self._measure.of(full[0]).result)
                 continue
@@ -334,7 +317,7 @@ class SweepPlan:
         """The learning trial of a set-up whose measured ok configurations are ``ok``: the fastest
         whose learning configuration fits, else the fastest in the space's precision, noted."""
         def fastest(cfgs: list[TrialConfig]) -> TrialConfig | None:
-            return pick_learning_trial(cfgs, predict=lambda _c: 0.0, budget_gb=math.inf, step_ms=self._step_ms)
+            return pick_learning_trial(cfgs, predict=lambda _c: 0.0, budget_gb=math.inf, step_ms=self._measure.step_ms)
 
         ran_out = self._learn.ran_out.get(lkey)
         reasons = {c.trial_id: ran_out or self._learning_over_budget(c) for c in ok}
@@ -423,12 +406,7 @@ class SweepPlan:
 
     def _time_row(self, m: TrialConfig, group: Group) -> TrialResult:
         """``m``'s row from its group's measurement, with its runoff's time when it had one."""
-        if m.trial_id in group.saved:
-            return group.saved[m.trial_id]
-        row = shared_row(m, group.result, group.steps, ran_grad_acc=group.ran_grad_acc,
-                         measured_by=group.measuring.trial_id, predicted_peak_gb=group.predicted_gb)
-        runoff = self._runoff.times.get((self._measure.group_of[m.trial_id], m.grad_acc))
-        return timed_row(row, runoff) if runoff is not None and row.status == "ok" else row
+        return group.row(m, runoff=self._runoff.times.get((self._measure.group_of[m.trial_id], m.grad_acc)))
 
     def _row_of(self, m: TrialConfig, group: Group) -> TrialResult:
         """``m``'s results row; while its learning trial is still to come, with its stability
@@ -436,7 +414,7 @@ class SweepPlan:
         row = self._time_row(m, group)
         if row.status != "ok":
             return row
-        if self._own_learning(m):
+        if self._measure.own_learning(m):
             return with_stability(row, LearningSource.of(m, row))
         if (lkey := self._learn.key_of[m.trial_id]) in self._learn.learned:
             return with_stability(row, self._learn.learned[lkey])
