@@ -55,3 +55,15 @@ def test_no_module_but_results_dir_spells_a_results_file_name():
     found = {str(p.relative_to(PACKAGE)): spelled_names(p.read_text())
              for p in sorted(PACKAGE.rglob("*.py")) if p != HOME}
     assert {k: v for k, v in found.items() if v} == {}
+
+
+def template_text(source: str) -> str:
+    """A Jinja template's own text: its ``{{ ... }}``, ``{% ... %}`` and ``{# ... #}`` left out."""
+    return re.sub(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", " ", source, flags=re.S)
+
+
+def test_the_report_template_names_the_files_through_results_dir():
+    assert template_text("<p>{{ files.RESULTS }} or results.csv</p>") == "<p>  or results.csv</p>"
+    found = {p.name: [pat.pattern for pat in PATTERNS if pat.search(template_text(p.read_text()))]
+             for p in sorted(PACKAGE.rglob("*.j2"))}
+    assert found and {k: v for k, v in found.items() if v} == {}
