@@ -405,7 +405,8 @@ class SweepPlan:
     # --- rows ----------------------------------------------------------------------------------
 
     def _time_row(self, m: TrialConfig, group: Group) -> TrialResult:
-        """``m``'s row from its group's measurement, with its runoff's time when it had one."""
+        """``m``'s row from its group's measurement (a resumed sweep's: the row it restored), with
+        its runoff's time when it had one."""
         return group.row(m, runoff=self._runoff.times.get((self._measure.group_of[m.trial_id], m.grad_acc)))
 
     def _row_of(self, m: TrialConfig, group: Group) -> TrialResult:

@@ -63,12 +63,11 @@ class Group:
         return ms if math.isfinite(ms) else math.inf
 
     def row(self, m: TrialConfig, runoff: TrialResult | None = None) -> TrialResult:
-        """Member ``m``'s row from this measurement, with ``runoff``'s time when it had one (its
-        stability columns still to fill)."""
-        if m.trial_id in self.saved:
-            return self.saved[m.trial_id]
-        row = shared_row(m, self.result, self.steps, ran_grad_acc=self.ran_grad_acc,
-                         measured_by=self.measuring.trial_id, predicted_peak_gb=self.predicted_gb)
+        """Member ``m``'s row from this measurement (a resumed sweep's: the row it restored), with
+        ``runoff``'s time when it had one (its stability columns still to fill)."""
+        row = self.saved.get(m.trial_id) or shared_row(
+            m, self.result, self.steps, ran_grad_acc=self.ran_grad_acc, measured_by=self.measuring.trial_id,
+            predicted_peak_gb=self.predicted_gb)
         return timed_row(row, runoff) if runoff is not None and row.status == "ok" else row
 
 
