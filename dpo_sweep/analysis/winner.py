@@ -20,7 +20,7 @@ import yaml
 from dpo_sweep import space as space_mod
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import SpaceError
-from dpo_sweep.records import RECOMMENDED_FILE
+from dpo_sweep.results_dir import ResultsDir
 
 #: What each checkpoint level means in TRL terms: only ``none`` and ``full`` exist there.
 _TRL_CHECKPOINTING = {"none": False, "full": True}
@@ -108,7 +108,7 @@ def pinned_space(trial: TrialConfig, row: pd.Series, objectives: dict[str, Any] 
 
 def space_text(raw: dict[str, Any], trial: TrialConfig, results_dir: Path) -> str:
     """recommended.yaml: a header with the commands, then the mapping."""
-    path = results_dir / RECOMMENDED_FILE
+    path = ResultsDir(results_dir).recommended
     header = (f"# The recommended configuration of the sweep in {results_dir}: trial {trial.trial_id},\n"
               "# every setting pinned (one trial). Written by `dpo-sweep report`; the runtime choices\n"
               "# (attention, liger-kernel) are pinned to what the trial ran with.\n"
@@ -243,9 +243,10 @@ def winner_of(results_dir: Path, row: pd.Series | None, objectives: dict[str, An
     """The winner of ``results_dir`` (``row``: its results row; None: nothing was recommended)."""
     if row is None:
         return Winner(None)
-    path = results_dir / "space.yaml"
+    path = ResultsDir(results_dir).space
     if not path.is_file():
-        return Winner(None, note=f"{path} is absent (results.csv only), so the winner's other settings are unknown")
+        return Winner(None, note=f"{path} is absent ({ResultsDir.RESULTS} only), so the winner's other "
+                      "settings are unknown")
     try:
         trials = space_mod.parse(without_step_time(space_mod.load_raw(path)), str(path)).trials
     except SpaceError as err:
@@ -263,7 +264,7 @@ def winner_of(results_dir: Path, row: pd.Series | None, objectives: dict[str, An
 
 def write_winner(results_dir: Path, winner: Winner) -> Path | None:
     """Write (or, with no winner, remove a stale) DIR/recommended.yaml; its path when written."""
-    path = results_dir / RECOMMENDED_FILE
+    path = ResultsDir(results_dir).recommended
     if winner.trial is None:
         path.unlink(missing_ok=True)
         return None

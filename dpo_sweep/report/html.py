@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 
 from dpo_sweep.report.data import ReportData
+from dpo_sweep.results_dir import ResultsDir
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
@@ -74,6 +75,7 @@ def render_html(data: ReportData, js: str | None = None) -> str:
         recommendation_text=json.dumps(data.recommendation_json, indent=2, ensure_ascii=False),
         plotly_packed=packed_js(plotly_js() if js is None else js),
         WIDE_TABLE_COLUMNS=WIDE_TABLE_COLUMNS,
+        files=ResultsDir,  # the folder's file names, as the page mentions them
     )
 
 

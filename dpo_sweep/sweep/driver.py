@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.records import StepRecord, TrialResult, failed_result, peak_up_to_failure_gb
+from dpo_sweep.results_dir import ResultsDir
 
 #: Where the trainer lives; tests may point a sweep at a stand-in with the same signature.
 DEFAULT_TRAINER = "dpo_sweep.train.loop:run_trial"
@@ -66,8 +67,6 @@ SUMMARY_KEY = "dpo/summary"    # the trainable's last report: how fit() ended (J
 STARTUP_KEY = "dpo/startup_s"  # TrialClock.startup_s() so far (for a trial that ends without a row)
 MEASURE_KEY = "dpo/measure_s"  # TrialClock.measure_s() so far
 MAX_ERROR_CHARS = 2000
-#: Under the results directory: one log file per trial with everything its workers print.
-LOGS_DIR = "logs"
 
 
 # --- Ray Train worker ------------------------------------------------------------------------
@@ -130,7 +129,7 @@ def startup_line(trial_id: str, ray_s: float, import_s: float) -> str:
 
 def worker_log_path(log_dir: str, trial_id: str, rank: int) -> Path:
     """``DIR/logs/<trial_id>.log`` for rank 0, ``<trial_id>.rank<N>.log`` for the others."""
-    return Path(log_dir) / (f"{trial_id}.log" if rank == 0 else f"{trial_id}.rank{rank}.log")
+    return Path(log_dir) / ResultsDir.log_name(trial_id, rank)
 
 
 @contextmanager
