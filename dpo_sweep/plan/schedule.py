@@ -192,6 +192,11 @@ class SweepPlan:
                 due.setdefault(lkey, learning_config(self._cfgs[t]))
         return list(due.values())
 
+    def runoffs_due(self) -> list[TrialConfig]:
+        """The configurations of the runoffs queued and not started (the recorder's estimate; a
+        later round is known only when this one has ended)."""
+        return [j.cfg for j in self._runoff.queue]
+
     def restored(self) -> set[str]:
         """The configurations whose rows a resumed sweep kept (``measured``): only learned now."""
         return {t for g in self._measure.groups.values() for t in g.saved}
