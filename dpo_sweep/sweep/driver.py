@@ -34,8 +34,7 @@ it as JSON); the workers get the validated object, and the sweep's callback look
 ``startup_s`` / ``measure_s`` have one definition, :class:`~dpo_sweep.telemetry.timing.TrialClock`:
 the worker starts it at the Tune trial's start and the trainer marks its steps on it.
 
-All report keys carry the ``dpo/`` prefix so they never collide with the keys Tune fills in itself
-(Tune adds its own ``trial_id``).
+The reports are the typed messages of :mod:`~dpo_sweep.sweep.protocol`.
 """
 from __future__ import annotations
 
@@ -52,7 +51,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.records import StepRecord, TrialResult, failed_result, peak_up_to_failure_gb
+from dpo_sweep.records import StepRecord, TrialResult, failed_result
+from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, TrialFailure, short_error
 
 #: Where the trainer lives; tests may point a sweep at a stand-in with the same signature.
 DEFAULT_TRAINER = "dpo_sweep.train.loop:run_trial"
@@ -60,12 +60,6 @@ DEFAULT_TRAINER = "dpo_sweep.train.loop:run_trial"
 #: 2-core machine the trial and its workers (0.5 CPU each by default) fit together.
 TRIAL_CPUS = 0.1
 
-STEP_KEY = "dpo/step"          # a StepRecord, as a dict, one report per optimizer step
-OUTCOME_KEY = "dpo/outcome"    # rank 0's summary row and machine, as a JSON string, after the last step
-SUMMARY_KEY = "dpo/summary"    # the trainable's last report: how fit() ended (JSON string)
-STARTUP_KEY = "dpo/startup_s"  # TrialClock.startup_s() so far (for a trial that ends without a row)
-MEASURE_KEY = "dpo/measure_s"  # TrialClock.measure_s() so far
-MAX_ERROR_CHARS = 2000
 #: Under the results directory: one log file per trial with everything its workers print.
 LOGS_DIR = "logs"
 
@@ -77,26 +71,6 @@ def import_trainer(path: str) -> Callable[..., Any]:
     """``"package.module:function"`` -> the function (the trainer's ``run_trial``)."""
     module_name, _, attr = path.partition(":")
     return getattr(importlib.import_module(module_name), attr or "run_trial")
-
-
-def outcome_to_json(result: TrialResult, environment: dict[str, Any] | None = None) -> str:
-    """A trial's summary row and machine as JSON (NaN survives: Python's json writes and reads it)."""
-    return json.dumps({"result": dataclasses.asdict(result), "environment": environment}, default=str)
-
-
-def _from_dict(cls: type, data: dict[str, Any]) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
-
-
-def outcome_from_json(text: str) -> tuple[TrialResult, dict[str, Any] | None]:
-    data = json.loads(text)
-    return _from_dict(TrialResult, data["result"]), data.get("environment")
-
-
-def step_from_report(data: dict[str, Any]) -> StepRecord:
-    """A StepRecord back from its per-step report (a plain dict: Ray pickles it, NaN included)."""
-    return _from_dict(StepRecord, data)
 
 
 def _worker_environment() -> dict[str, Any] | None:
@@ -200,15 +174,12 @@ def run_and_report(loop_config: dict[str, Any], run_trial: Callable[..., Any], *
         print(startup_line(cfg.trial_id, ray_end - clock.started_at, import_end - ray_end), flush=True)
 
     def on_step(record: StepRecord) -> None:
-        # Every rank reports (Train V2 expects the same number of reports from each worker); Tune
-        # forwards rank 0's. A plain dict: the driver's Tune callback rebuilds the StepRecord.
-        report({STEP_KEY: dataclasses.asdict(record), STARTUP_KEY: clock.startup_s(),
-                MEASURE_KEY: clock.measure_s()})
+        report(StepReport(record, clock.startup_s(), clock.measure_s()).to_report())
 
     outcome = run_trial(cfg, on_step=on_step, log=print if rank == 0 else None,
                         catch_failures=False, clock=clock)
     environment = _worker_environment() if rank == 0 else None
-    report({OUTCOME_KEY: outcome_to_json(outcome.result, environment)})
+    report(OutcomeReport(outcome.result, environment).to_report())
 
 
 # --- Tune trainable ---------------------------------------------------------------------------
@@ -224,54 +195,6 @@ def scaling_config(cfg: TrialConfig, use_gpu: bool) -> Any:
                          resources_per_worker=per_worker)
 
 
-def _is_oom(exc: BaseException) -> bool:
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    cause = getattr(exc, "cause", None)  # a RayTaskError wraps the worker's exception
-    return cause is not None and cause is not exc and _is_oom(cause)
-
-
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
-
-
-def classify_failure(exc: BaseException) -> tuple[str, str]:
-    """How ``fit()`` failed -> ``(status, message)``: ``oom`` with the failed allocation's
-    message when any worker ran out of memory, else ``error`` with the first worker's message."""
-    failures: dict[int, BaseException] = dict(getattr(exc, "worker_failures", None) or {})
-    if failures:
-        ranked = sorted(failures.items())
-        for rank, err in ranked:
-            if _is_oom(err):
-                return "oom", _short(f"rank {rank}: {_root_message(err)}")
-        rank, err = ranked[0]
-        return "error", _short(f"rank {rank}: {type(_root(err)).__name__}: {_root_message(err)}")
-    if _is_oom(exc):
-        return "oom", _short(_root_message(exc))
-    return "error", _short(f"{type(exc).__name__}: {exc}")
-
-
-def failure_peak(exc: BaseException) -> float:
-    """The peak memory up to the failure (GB), max over the failed workers; NaN if none carried it."""
-    from dpo_sweep.telemetry import failure_peak_gb  # torch: only once it failed
-
-    failures = list((getattr(exc, "worker_failures", None) or {}).values()) or [exc]
-    return peak_up_to_failure_gb([failure_peak_gb(e) for f in failures for e in (f, _root(f))], math.nan)
-
-
-def _root(exc: BaseException) -> BaseException:
-    cause = getattr(exc, "cause", None)
-    return _root(cause) if isinstance(cause, BaseException) and cause is not exc else exc
-
-
-def _root_message(exc: BaseException) -> str:
-    root = _root(exc)
-    return str(root) or type(root).__name__
-
-
 def tune_trainable(param: dict[str, Any]) -> None:
     """The Tune function trainable for one trial (see the module doc)."""
     from ray import tune
@@ -284,16 +207,16 @@ def tune_trainable(param: dict[str, Any]) -> None:
                    "trainer": param.get("trainer", DEFAULT_TRAINER)}
     use_gpu = bool(param.get("use_gpu", False))
     if param.get("warm_pool") and warm_worker.wanted(cfg):
-        summary = warm_worker.run_in_warm_worker(loop_config, param["warm_pool"])
+        failure = warm_worker.run_in_warm_worker(loop_config, param["warm_pool"])
     else:
-        summary = _fit_in_train_workers(loop_config, use_gpu, param["storage_path"])
-    summary["wall_s"] = time.time() - trial_start
-    tune.report({SUMMARY_KEY: json.dumps(summary)})
+        failure = _fit_in_train_workers(loop_config, use_gpu, param["storage_path"])
+    tune.report(TrialEnding(failure, wall_s=time.time() - trial_start).to_report())
 
 
-def _fit_in_train_workers(loop_config: dict[str, Any], use_gpu: bool, storage_path: str) -> dict[str, Any]:
+def _fit_in_train_workers(loop_config: dict[str, Any], use_gpu: bool, storage_path: str) -> TrialFailure | None:
     """The trial in fresh Ray Train workers (``TorchTrainer.fit()``), its reports forwarded to Tune
-    (:mod:`~dpo_sweep.sweep.train_relay`); how it ended. The Train run is named after the trial."""
+    (:mod:`~dpo_sweep.sweep.train_relay`); how it failed, None when it did not. The Train run is
+    named after the trial."""
     from ray import tune
     from ray.train import FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
@@ -320,13 +243,11 @@ def _fit_in_train_workers(loop_config: dict[str, Any], use_gpu: bool, storage_pa
             ),
         ).fit()
 
-    summary: dict[str, Any] = {"status": "finished", "error": ""}
     try:
         fit_and_forward(fit, f"reports-{name}", tune.report)
     except Exception as exc:  # noqa: BLE001 - every failure becomes this trial's status
-        summary["status"], summary["error"] = classify_failure(exc)
-        summary["peak_mem_gb"] = failure_peak(exc)
-    return summary
+        return TrialFailure.from_exception(exc)
+    return None
 
 
 # --- Driver side: reports -> rows ------------------------------------------------------------
@@ -345,7 +266,7 @@ class CollectedTrial:
 class _Pending:
     cfg: TrialConfig
     steps: list[StepRecord] = field(default_factory=list)
-    outcome: tuple[TrialResult, dict[str, Any] | None] | None = None
+    outcome: OutcomeReport | None = None
     startup_s: float = math.nan
     measure_s: float = math.nan
 
@@ -366,34 +287,29 @@ class TrialCollector:
 
     def add(self, key: str, cfg: TrialConfig, result: dict[str, Any]) -> CollectedTrial | None:
         p = self._get(key, cfg)
-        if STARTUP_KEY in result:
-            p.startup_s = float(result[STARTUP_KEY])
-            p.measure_s = float(result.get(MEASURE_KEY, math.nan))
-        if isinstance(result.get(STEP_KEY), dict):
-            p.steps.append(step_from_report(result[STEP_KEY]))
-        if isinstance(result.get(OUTCOME_KEY), str):
-            p.outcome = outcome_from_json(result[OUTCOME_KEY])
-        if isinstance(result.get(SUMMARY_KEY), str):
-            summary = json.loads(result[SUMMARY_KEY])
-            return self._finish(key, summary.get("status", "error"), summary.get("error", ""),
-                                float(summary.get("peak_mem_gb", math.nan)))
+        if step := StepReport.from_report(result):
+            p.steps.append(step.record)
+            p.startup_s, p.measure_s = step.startup_s, step.measure_s
+        if outcome := OutcomeReport.from_report(result):
+            p.outcome = outcome
+        if ending := TrialEnding.from_report(result):
+            return self._finish(key, ending.failure)
         return None
 
     def abandon(self, key: str, cfg: TrialConfig, error: str) -> CollectedTrial:
         self._get(key, cfg)
-        return self._finish(key, "error", _short(error) or "the trial process died")
+        return self._finish(key, TrialFailure("error", short_error(error) or "the trial process died"))
 
-    def _finish(self, key: str, status: str, error: str, failing_peak_gb: float = math.nan) -> CollectedTrial:
+    def _finish(self, key: str, failure: TrialFailure | None) -> CollectedTrial:
         p = self._pending.pop(key)
         # The steps come from their own reports, whatever the ending; the row from the trainer
         # when it got to write one, else from what those steps (and their timing) tell.
-        environment = p.outcome[1] if p.outcome is not None else None
-        if status == "finished" and p.outcome is not None:
-            result = p.outcome[0]
+        environment = p.outcome.environment if p.outcome is not None else None
+        if failure is None and p.outcome is not None:
+            result = p.outcome.result
         else:
-            if status == "finished":
-                status, error = "error", "the trainer returned without reporting its outcome"
-            result = failed_result(p.cfg, status, error, p.steps, failing_peak_gb=failing_peak_gb,
+            failure = failure or TrialFailure("error", "the trainer returned without reporting its outcome")
+            result = failed_result(p.cfg, failure.status, failure.error, p.steps, failing_peak_gb=failure.peak_mem_gb,
                                    startup_s=p.startup_s, measure_s=p.measure_s)
         result = dataclasses.replace(result, extra=p.cfg.swept_columns())  # results.csv columns
         return CollectedTrial(result=result, steps=tuple(p.steps), environment=environment)

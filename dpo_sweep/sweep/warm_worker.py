@@ -47,11 +47,8 @@ import ray
 
 from dpo_sweep.config import TrialConfig, distinct_models
 from dpo_sweep.sweep import driver
+from dpo_sweep.sweep.protocol import TrialFailure, short_error
 from dpo_sweep.sweep.worker_setup import unused_packages_hidden
-
-#: End-of-stream items from the actor (besides the reports: dicts with driver's keys).
-_FAILURE = "warm/failure"  # {"status", "error", "peak_mem_gb"}: how the trial failed
-_REPLACE = "warm/replace"  # True: the actor should not run another trial (after an error)
 
 
 def wanted(cfg: TrialConfig) -> bool:
@@ -83,7 +80,8 @@ class TrialWorker:
         self.trials_run = 0
 
     def run(self, loop_config: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """Run one trial, yielding its reports as they happen, then at most one failure item."""
+        """Run one trial, yielding its reports as they happen (dicts, as Tune takes them), then its
+        :class:`~dpo_sweep.sweep.protocol.TrialFailure` if it failed."""
         entered = time.time()
         trial_start = float(loop_config["trial_start"])
         first = self._import_window is not None
@@ -93,17 +91,15 @@ class TrialWorker:
         import_end = min(max(ready, ray_end), entered)
         reports: queue.Queue = queue.Queue()
         ended = object()
-        failure: dict[str, Any] = {}
+        failure: list[TrialFailure] = []
 
         def work() -> None:
             try:
                 driver.run_and_report(loop_config, self._run_trial, ray_end=ray_end,
                                       import_end=import_end, report=reports.put, rank=0)
             except BaseException as exc:  # noqa: BLE001 - every failure becomes this trial's status
-                status, message = driver.classify_failure(exc)
                 # Worded as a Ray Train worker's failure is: one worker, rank 0.
-                failure["status"], failure["error"] = status, driver._short(f"rank 0: {message}")
-                failure["peak_mem_gb"] = driver.failure_peak(exc)
+                failure.append(TrialFailure.from_exception(exc, rank=0))
                 del exc  # the traceback holds the failed step's frames and tensors
             finally:
                 reports.put(ended)
@@ -124,8 +120,8 @@ class TrialWorker:
             finally:
                 self.trials_run += 1
                 self._release(_device_of(cfg))
-        if failure:
-            yield {_FAILURE: failure, _REPLACE: failure["status"] != "oom"}
+        if failure:  # a plain yield: Ray drives the generator with send(), which a list's iterator lacks
+            yield failure[0]
 
 
 def import_window_line(trial_id: str, began: float, ready: float, trial_start: float) -> str:
@@ -213,29 +209,25 @@ def start_pool(name: str, count: int, trials: Sequence[TrialConfig], use_gpu: bo
     return WarmPool(name, actor, workers)
 
 
-def run_in_warm_worker(loop_config: dict[str, Any], pool_name: str) -> dict[str, Any]:
+def run_in_warm_worker(loop_config: dict[str, Any], pool_name: str) -> TrialFailure | None:
     """Run the trial of ``loop_config`` in a warm worker of the sweep's pool, forwarding its
-    reports to Tune; returns the trial's summary (``status``, ``error``, maybe ``peak_mem_gb``)
-    as :func:`~dpo_sweep.sweep.driver.tune_trainable` reports it."""
+    reports to Tune; how it failed, None when it did not."""
     from ray import tune
 
     pool = ray.get_actor(pool_name)
     worker = ray.get(pool.acquire.remote())
-    summary: dict[str, Any] = {"status": "finished", "error": ""}
-    replace = False
+    failure: TrialFailure | None = None
     try:
         # Named after the trial: the dashboard's task list shows which trial a worker runs.
         for ref in worker.run.options(name=f"trial {loop_config['trial'].trial_id}").remote(loop_config):
             item = ray.get(ref)
-            if _FAILURE in item:
-                summary.update(status=item[_FAILURE]["status"], error=item[_FAILURE]["error"],
-                               peak_mem_gb=item[_FAILURE]["peak_mem_gb"])
-                replace = item[_REPLACE]
+            if isinstance(item, TrialFailure):
+                failure = item
             else:
                 tune.report(item)
     except ray.exceptions.RayActorError as exc:
-        summary.update(status="error", error=driver._short(f"the trial's worker process died: {exc}"))
-        replace = True
+        failure = TrialFailure("error", short_error(f"the trial's worker process died: {exc}"))
     finally:
-        pool.release.remote(worker, replace)
-    return summary
+        # After an error (or a dead actor) a new worker takes this one's place.
+        pool.release.remote(worker, failure is not None and not failure.process_usable)
+    return failure

@@ -3,7 +3,6 @@ the stopper, the recorder's early stop and ETA, the worker's log file and the to
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 import os
@@ -16,6 +15,8 @@ import pytest
 from testkit import make_cfg
 
 from dpo_sweep.sweep import driver, recorder, stopping
+from dpo_sweep.records import TrialResult
+from dpo_sweep.sweep.protocol import OutcomeReport, TrialEnding, TrialFailure
 from dpo_sweep.sweep.ray_cluster import auth_token_command
 from dpo_sweep.sweep.stopping import Ending, StopRequest, SweepStopper, same_early_failure
 
@@ -79,7 +80,7 @@ def _trial(tune_id: str, trial_id: str):
 
 
 def _fail(rec: recorder.SweepRecorder, tune_id: str, trial_id: str, error: str) -> None:
-    summary = {driver.SUMMARY_KEY: json.dumps({"status": "error", "error": error})}
+    summary = TrialEnding(TrialFailure("error", error)).to_report()
     rec.on_trial_result(0, [], _trial(tune_id, trial_id), summary)
 
 
@@ -132,7 +133,7 @@ def test_progress_line_left_counts_longer_trials_longer(tmp_path, capsys, monkey
         trial = _trial(tune_id, job.cfg.trial_id)
         rec.on_trial_start(0, [], trial)
         clock[0] += 10.0
-        rec.on_trial_result(0, [], trial, {driver.SUMMARY_KEY: json.dumps({"status": "error", "error": "x"})})
+        rec.on_trial_result(0, [], trial, TrialEnding(TrialFailure("error", "x")).to_report())
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert "[2/4] t1" in lines[1] and "20 s elapsed, ~1 min 20 s left" in lines[1], lines
 
@@ -199,7 +200,9 @@ def test_rows_written_when_measured_count_their_learning_trial_in_what_is_left(t
         trial = _trial(job.job_id, job.cfg.trial_id)
         rec.on_trial_start(0, [], trial)
         clock[0] += 10.0
-        rec.on_trial_result(0, [], trial, {driver.SUMMARY_KEY: json.dumps({"status": "ok", "peak_mem_gb": 1.0})})
+        row = TrialResult(trial_id=job.cfg.trial_id, status="ok", **job.cfg.knobs(), peak_mem_gb=1.0)
+        rec.on_trial_result(0, [], trial, OutcomeReport(row).to_report())
+        rec.on_trial_result(0, [], trial, TrialEnding().to_report())
     assert kinds[-1] == LEARN
     out = capsys.readouterr().out.splitlines()
     lines = [line for line in out if line.startswith("[")]
