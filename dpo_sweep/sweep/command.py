@@ -45,7 +45,7 @@ from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finish
                                          save_environment)
 from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, connect_ray, print_dashboard,
                                          stop_local_autoscaler)
-from dpo_sweep.sweep.driver import LOGS_DIR
+from dpo_sweep.sweep.trial_run import LOGS_DIR
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
 from dpo_sweep.plan.memory import remember_shapes

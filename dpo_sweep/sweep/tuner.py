@@ -1,7 +1,7 @@
 """The sweep itself: the trials not yet in results.csv, run with ``tune.Tuner`` on the connected
 Ray cluster. The planner's Searcher (:mod:`dpo_sweep.sweep.planner`) decides which Tune trials
 run (fewer than the configurations: shared measurements, pruning; ``full_grid``: one per
-configuration); see :mod:`dpo_sweep.sweep.driver` for one trial."""
+configuration); see :mod:`dpo_sweep.sweep.trainable` for one trial."""
 from __future__ import annotations
 
 import logging
@@ -17,7 +17,9 @@ from ray import tune
 from dpo_sweep import space as space_mod
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.train.lengths import LengthProfile
-from dpo_sweep.sweep import driver, warm_worker
+from dpo_sweep.sweep import warm_worker
+from dpo_sweep.sweep.trainable import TRIAL_CPUS, tune_trainable
+from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER, LOGS_DIR
 from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.output_dir import RESULTS_FILE, drop_rows, pending_rows
 from dpo_sweep.sweep.ray_cluster import InfrastructureError
@@ -71,7 +73,7 @@ def tune_config(max_concurrent: int, search_alg: PlanSearcher | None = None, num
 
 
 def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None, done_ids: set[str],
-              cluster: dict[str, float], trainer: str = driver.DEFAULT_TRAINER,
+              cluster: dict[str, float], trainer: str = DEFAULT_TRAINER,
               out: Callable[[str], None] = say, full_grid: bool = False,
               lengths: Mapping[str, LengthProfile | None] | None = None,
               pool: warm_worker.WarmPool | None = None) -> SweepSummary:
@@ -111,12 +113,12 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     pool = pool or start_warm_workers(todo, slots, trainer)
     try:
         tuner = tune.Tuner(
-            tune.with_resources(driver.tune_trainable, {"CPU": driver.TRIAL_CPUS}),
+            tune.with_resources(tune_trainable, {"CPU": TRIAL_CPUS}),
             # The trial's config comes from the planner's Searcher ({"trial": ...}).
             param_space={
                 "use_gpu": use_gpu,
                 "storage_path": storage,
-                "log_dir": str((out_dir / driver.LOGS_DIR).resolve()),
+                "log_dir": str((out_dir / LOGS_DIR).resolve()),
                 "trainer": trainer,
                 "warm_pool": pool.name if pool is not None else None,
             },

@@ -12,10 +12,10 @@ trainer once, when it is created, and runs trial after trial:
    no trial uses (:func:`~dpo_sweep.sweep.worker_setup.unused_packages_hidden`), and keeps what
    its imports made out of the garbage collector's walks (``gc.freeze``).
 1. :func:`run_in_warm_worker` (in the Tune trial process) takes a free one and hands it the validated
-   ``TrialConfig``; the actor runs :func:`~dpo_sweep.sweep.driver.run_and_report` in a thread and
+   ``TrialConfig``; the actor runs :func:`~dpo_sweep.sweep.trial_run.run_and_report` in a thread and
    streams each report back (a Ray streaming generator), which the trial process forwards with
    ``tune.report`` - the same keys, in the same order, as a Ray Train worker's.
-2. A failure is classified inside the actor, as :func:`~dpo_sweep.sweep.driver.tune_trainable`
+2. A failure is classified inside the actor, as :func:`~dpo_sweep.sweep.trainable.tune_trainable`
    classifies a Train worker's (``oom`` / ``error``, the peak up to the failure), and only its
    text leaves: the exception and its traceback, which hold the failed step's tensors, are
    dropped in the actor before the memory is released.
@@ -46,8 +46,8 @@ from typing import Any, Iterator, Sequence
 import ray
 
 from dpo_sweep.config import TrialConfig, distinct_models
-from dpo_sweep.sweep import driver
 from dpo_sweep.sweep.protocol import TrialFailure, short_error
+from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER, import_trainer, output_to_file, run_and_report, worker_log_path
 from dpo_sweep.sweep.worker_setup import unused_packages_hidden
 
 
@@ -60,10 +60,10 @@ class TrialWorker:
     """The long-lived process of one trial slot (see the module doc). A Ray actor of the sweep's
     :class:`WorkerPool`; a plain object in tests."""
 
-    def __init__(self, trainer: str = driver.DEFAULT_TRAINER, models: list[Any] = ()):
+    def __init__(self, trainer: str = DEFAULT_TRAINER, models: list[Any] = ()):
         started = time.time()  # no Ray Train here: importing it cost 2.1 s on the H200
         with unused_packages_hidden():
-            self._run_trial = driver.import_trainer(trainer)
+            self._run_trial = import_trainer(trainer)
             from dpo_sweep.train import setup  # the trainer's own modules: imported with it
             from dpo_sweep.train.model import prepare_imports
 
@@ -95,8 +95,8 @@ class TrialWorker:
 
         def work() -> None:
             try:
-                driver.run_and_report(loop_config, self._run_trial, ray_end=ray_end,
-                                      import_end=import_end, report=reports.put, rank=0)
+                run_and_report(loop_config, self._run_trial, ray_end=ray_end,
+                               import_end=import_end, report=reports.put, rank=0)
             except BaseException as exc:  # noqa: BLE001 - every failure becomes this trial's status
                 # Worded as a Ray Train worker's failure is: one worker, rank 0.
                 failure.append(TrialFailure.from_exception(exc, rank=0))
@@ -108,7 +108,7 @@ class TrialWorker:
         cfg: TrialConfig = loop_config["trial"]
         with contextlib.ExitStack() as stack:
             if log_dir:  # everything the trial prints goes to its log file, as a Train worker's does
-                stack.enter_context(driver.output_to_file(driver.worker_log_path(log_dir, cfg.trial_id, 0)))
+                stack.enter_context(output_to_file(worker_log_path(log_dir, cfg.trial_id, 0)))
             if first:  # where this worker's own start went, beside the trial's start-up split
                 print(import_window_line(cfg.trial_id, began, ready, trial_start), flush=True)
             try:

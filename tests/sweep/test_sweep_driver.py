@@ -16,7 +16,8 @@ from ray.train import WorkerGroupError
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import StepRecord, TrialResult, write_results, write_steps
 from dpo_sweep.errors import UserError
-from dpo_sweep.sweep import driver, output_dir, protocol, recorder, slots
+from dpo_sweep.sweep import output_dir, protocol, recorder, slots, trainable
+from dpo_sweep.sweep.collector import TrialCollector
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, TrialFailure
 from testkit import make_cfg
 
@@ -68,7 +69,7 @@ def test_collector_success_uses_rank0_outcome():
     steps = [_step("t000", 1), _step("t000", 2)]
     result = TrialResult(trial_id="t000", status="ok", **cfg.knobs(), peak_mem_gb=1.5, startup_s=9.0,
                          measure_s=0.2)
-    c = driver.TrialCollector()
+    c = TrialCollector()
     assert c.add("a", cfg, _report_step(steps[0], 9.0, 0.1)) is None
     assert c.add("a", cfg, _report_step(steps[1], 9.0, 0.2)) is None
     assert c.add("a", cfg, OutcomeReport(result, {"hostname": "gpu-node-3"}).to_report()) is None
@@ -81,7 +82,7 @@ def test_collector_success_uses_rank0_outcome():
 
 def test_collector_oom_keeps_steps_that_ran_and_their_timing():
     cfg = make_cfg(trial_id="t001", steps=3)
-    c = driver.TrialCollector()
+    c = TrialCollector()
     c.add("b", cfg, _report_step(_step("t001", 1, peak=2.5), 7.0, 0.3))
     done = c.add("b", cfg, TrialEnding(TrialFailure("oom", "rank 0: OOM")).to_report())
     r = done.result
@@ -118,7 +119,7 @@ def test_failure_peak_is_what_the_failed_workers_carried_through_pickling():
 
 def test_collector_oom_row_has_the_peak_up_to_the_failure():
     cfg = make_cfg(trial_id="t004", steps=3)
-    c = driver.TrialCollector()
+    c = TrialCollector()
     c.add("d", cfg, _report_step(_step("t004", 1, peak=2.5), 7.0, 0.3))
     failure = TrialFailure("oom", "rank 0: OOM", peak_mem_gb=79.0)  # the failing step's
     done = c.add("d", cfg, TrialEnding(failure).to_report())
@@ -127,7 +128,7 @@ def test_collector_oom_row_has_the_peak_up_to_the_failure():
 
 def test_collector_abandoned_trial_is_error():
     cfg = make_cfg(trial_id="t002")
-    done = driver.TrialCollector().abandon("c", cfg, "actor died")
+    done = TrialCollector().abandon("c", cfg, "actor died")
     assert done.result.status == "error" and done.result.error == "actor died" and done.steps == ()
 
 
@@ -142,9 +143,9 @@ def test_outcome_json_round_trip_keeps_nan():
 
 def test_scaling_config_fractional_cpus_and_gpu():
     cfg = make_cfg(resources={"workers_per_trial": 2, "cpus_per_worker": 0.25, "use_gpu": "auto"})
-    sc = driver.scaling_config(cfg, use_gpu=False)
+    sc = trainable.scaling_config(cfg, use_gpu=False)
     assert sc.num_workers == 2 and sc.resources_per_worker == {"CPU": 0.25}
-    assert driver.scaling_config(cfg, use_gpu=True).resources_per_worker == {"CPU": 0.25, "GPU": 1}
+    assert trainable.scaling_config(cfg, use_gpu=True).resources_per_worker == {"CPU": 0.25, "GPU": 1}
 
 
 def test_resources_arithmetic():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from testkit import make_cfg
 
-from dpo_sweep.sweep import driver, recorder, stopping
+from dpo_sweep.sweep import recorder, stopping, trial_run
 from dpo_sweep.records import TrialResult
 from dpo_sweep.sweep.protocol import OutcomeReport, TrialEnding, TrialFailure
 from dpo_sweep.sweep.ray_cluster import auth_token_command
@@ -148,19 +148,19 @@ def test_progress_line_has_elapsed_and_what_is_left():
 
 
 def test_worker_output_goes_to_the_trial_log_file_at_the_descriptor_level(tmp_path):
-    path = driver.worker_log_path(str(tmp_path / "logs"), "t000", 0)
+    path = trial_run.worker_log_path(str(tmp_path / "logs"), "t000", 0)
     assert path == tmp_path / "logs" / "t000.log"
-    assert driver.worker_log_path(str(tmp_path), "t000", 1).name == "t000.rank1.log"
+    assert trial_run.worker_log_path(str(tmp_path), "t000", 1).name == "t000.rank1.log"
     code = ("import os, subprocess, sys\n"
             "from pathlib import Path\n"
-            "from dpo_sweep.sweep.driver import output_to_file\n"
+            "from dpo_sweep.sweep.trial_run import output_to_file\n"
             f"with output_to_file(Path({str(path)!r})):\n"
             "    print('python stdout'); print('python stderr', file=sys.stderr)\n"
             "    os.write(2, b'fd 2 (C++ warnings)\\n')\n"
             "    subprocess.run([sys.executable, '-c', 'print(\"a child process\")'])\n"
             "print('after the block')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(Path(driver.__file__).parents[2])})
+                          env={**os.environ, "PYTHONPATH": str(Path(trial_run.__file__).parents[2])})
     assert done.returncode == 0, done.stderr
     assert path.read_text().splitlines() == ["python stdout", "python stderr", "fd 2 (C++ warnings)",
                                              "a child process"]

@@ -75,7 +75,7 @@ def test_start_up_split_the_trial_that_waited_for_the_import_pays_it_later_ones_
 
 
 def test_the_first_trials_log_says_when_its_workers_imports_ran(capsys):
-    # What the trial prints goes to its log file in a worker process (driver.output_to_file, fd 1);
+    # What the trial prints goes to its log file in a worker process (trial_run.output_to_file, fd 1);
     # under pytest it is captured here.
     started = time.time()
     worker = TrialWorker()
