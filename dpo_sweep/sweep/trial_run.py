@@ -72,10 +72,13 @@ def output_to_file(path: Path) -> Iterator[None]:
 
 
 def run_and_report(loop_config: dict[str, Any], run_trial: Callable[..., Any], *, ray_end: float,
-                   import_end: float, report: Callable[[dict[str, Any]], None], rank: int) -> None:
+                   import_end: float, report: Callable[[dict[str, Any]], None], rank: int,
+                   warm: Any = None) -> None:
     """Run the trial and send each step's row, then the outcome, through ``report`` (Ray Train's in
     a Train worker, a queue in a warm worker). ``ray_end`` / ``import_end``: when Ray had this
-    process running the trial and when the trainer was imported (wall clock; start-up split)."""
+    process running the trial and when the trainer was imported (wall clock; start-up split).
+    ``warm``: the warm worker's :class:`~dpo_sweep.train.warm_state.WarmState` (None in a Train
+    worker: its process runs one trial)."""
     from dpo_sweep.telemetry.timing import TrialClock  # imports torch (the trainer just did): workers only
 
     cfg: TrialConfig = loop_config["trial"]  # validated once, by tune_trainable
@@ -92,7 +95,7 @@ def run_and_report(loop_config: dict[str, Any], run_trial: Callable[..., Any], *
         report(StepReport(record, clock.startup_s(), clock.measure_s()).to_report())
 
     outcome = run_trial(cfg, on_step=on_step, log=print if rank == 0 else None,
-                        catch_failures=False, clock=clock)
+                        catch_failures=False, clock=clock, warm=warm)
     environment = _worker_environment() if rank == 0 else None
     report(OutcomeReport(outcome.result, environment).to_report())
 

@@ -19,14 +19,14 @@ trainer once, when it is created, and runs trial after trial:
    classifies a Train worker's (``oom`` / ``error``, the peak up to the failure), and only its
    text leaves: the exception and its traceback, which hold the failed step's tensors, are
    dropped in the actor before the memory is released.
-3. After every trial :func:`~dpo_sweep.train.setup.release_after_trial` leaves the process as a
+3. After every trial its :class:`~dpo_sweep.train.warm_state.WarmState` leaves the process as a
    fresh one would start the next: liger's patches undone, garbage collected, CUDA's cached
    blocks given back and its peak counters reset (CPU: malloc trimmed). The trainer itself sets
-   every per-trial setting (seed, allocator cap) at the start of each trial; what it keeps is
-   the last data set's tokenised pairs (:func:`~dpo_sweep.train.setup.tokenized_pairs`), which
-   the next trial of the sweep would make again the same. Peaks stay honest:
-   tests/gpu and tests/sweep compare a warm worker's trial, after a bigger one, with a fresh
-   process's.
+   every per-trial setting (seed, allocator cap) at the start of each trial; what the worker
+   keeps, in that same object, is the last data set's tokenised pairs and their precomputed
+   reference log-probs, which the next trial of the sweep would make again the same. Peaks stay
+   honest: tests/gpu and tests/sweep compare a warm worker's trial, after a bigger one, with a
+   fresh process's.
 4. After an ``error`` (not an OOM: that is a normal result and the allocator recovers) the actor
    is replaced: a CUDA error can leave the context unusable. If the actor dies, the trial is an
    ``error`` naming that, and the next trial gets a new one.
@@ -64,12 +64,13 @@ class TrialWorker:
         started = time.time()  # no Ray Train here: importing it cost 2.1 s on the H200
         with unused_packages_hidden():
             self._run_trial = import_trainer(trainer)
-            from dpo_sweep.train import setup  # the trainer's own modules: imported with it
-            from dpo_sweep.train.model import prepare_imports
+            from dpo_sweep.train.model import prepare_imports  # the trainer's own modules: imported with it
+            from dpo_sweep.train.warm_state import WarmState
 
             for spec in models:  # the modelling code the sweep's trials will build (lazy in transformers)
                 prepare_imports(spec)
-        self._release = setup.release_after_trial
+        #: What this worker keeps from one trial to the next, and how it lets go of the rest.
+        self._warm = WarmState()
         # What the imports made lives as long as the process: out of the collector's sight, so
         # that the full collection after every trial walks only what trials made (with all of it
         # imported, one collection took 0.15 s on the 2-core machine).
@@ -96,7 +97,7 @@ class TrialWorker:
         def work() -> None:
             try:
                 run_and_report(loop_config, self._run_trial, ray_end=ray_end,
-                               import_end=import_end, report=reports.put, rank=0)
+                               import_end=import_end, report=reports.put, rank=0, warm=self._warm)
             except BaseException as exc:  # noqa: BLE001 - every failure becomes this trial's status
                 # Worded as a Ray Train worker's failure is: one worker, rank 0.
                 failure.append(TrialFailure.from_exception(exc, rank=0))
@@ -119,7 +120,7 @@ class TrialWorker:
                 thread.join()
             finally:
                 self.trials_run += 1
-                self._release(_device_of(cfg))
+                self._warm.release(_device_of(cfg))
         if failure:  # a plain yield: Ray drives the generator with send(), which a list's iterator lacks
             yield failure[0]
 

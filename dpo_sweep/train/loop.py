@@ -58,6 +58,7 @@ from dpo_sweep.train.setup import (
     load_data,
     precompute_reference,
 )
+from dpo_sweep.train.warm_state import WarmState
 
 @dataclass(frozen=True)
 class TrialOutcome:
@@ -105,13 +106,14 @@ def _world() -> tuple[int, int]:
 
 def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None = None,
               log: Logger | None = print, catch_failures: bool = True,
-              clock: TrialClock | None = None) -> TrialOutcome:
+              clock: TrialClock | None = None, warm: WarmState | None = None) -> TrialOutcome:
     """Run one trial on this process's device (and its process group, if any).
 
     With ``catch_failures`` an OOM becomes status ``oom`` and any other exception ``error``;
     without it they propagate (Ray Train then reports them). Bad input (:class:`UserError`)
     always propagates. A NaN/inf loss is status ``diverged`` either way. ``clock``: where the
     trial's ``startup_s`` counts from (a sweep passes the Tune trial's start); by default here.
+    ``warm``: what this process keeps from its earlier trials (a warm worker's); None: nothing.
     """
     say = log or (lambda _msg: None)
     clock = clock or TrialClock()
@@ -124,7 +126,7 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
         report(record)
 
     try:
-        return _train(cfg, device, clock, keep, say)
+        return _train(cfg, device, clock, keep, say, warm)
     except UserError:
         raise
     except torch.OutOfMemoryError as err:
@@ -149,17 +151,17 @@ def _failed(cfg: TrialConfig, status: str, err: BaseException, done: list[StepRe
 
 
 def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
-           on_step: Callable[[StepRecord], None], say: Logger) -> TrialOutcome:
+           on_step: Callable[[StepRecord], None], say: Logger, warm: WarmState | None) -> TrialOutcome:
     since = time.perf_counter()
     world, rank = _world()
     say = say if rank == 0 else (lambda _m: None)
     configure_device_memory(cfg, device)
-    data = load_data(cfg, world, say, since)
+    data = load_data(cfg, world, say, since, warm)
     clock.mark("data")
     sampler = make_memory_sampler(device)
     # `with`: an exception of the body (an OOM) wins over one of the sampler thread.
     with sampler:
-        setup = build_trial(cfg, device, world, rank, data, say, since)
+        setup = build_trial(cfg, device, world, rank, data, say, since, warm)
         clock.mark("model")
         timer = StepTimer(device, cfg.train.warmup_steps)
         steps: list[StepOutput] = []
