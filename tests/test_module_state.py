@@ -7,7 +7,6 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dpo_sweep"
-CHECKED = ("train",)
 MUTATORS = {"update", "clear", "append", "extend", "add", "pop", "setdefault", "insert", "remove", "discard",
             "popitem"}
 #: The one exemption: liger-kernel patches modelling modules of the whole process, so the record of
@@ -46,7 +45,8 @@ def test_the_check_sees_each_kind_of_change():
 
 
 def test_no_module_level_state_is_changed_by_its_functions():
-    found = {(str(p.relative_to(PACKAGE)), name) for d in CHECKED for p in sorted((PACKAGE / d).rglob("*.py"))
+    # plan/memory.py takes the models' shapes as an argument; train/setup.py keeps nothing between trials.
+    found = {(str(p.relative_to(PACKAGE)), name) for p in sorted(PACKAGE.rglob("*.py"))
              for name in changed_module_names(p.read_text())}
     assert found - EXEMPT == set()
 

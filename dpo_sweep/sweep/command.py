@@ -48,7 +48,6 @@ from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, con
 from dpo_sweep.sweep.trial_run import LOGS_DIR
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
-from dpo_sweep.plan.memory import remember_shapes
 from dpo_sweep.sweep.startup import BackgroundPreflight, CheckedInputs
 
 if TYPE_CHECKING:
@@ -210,7 +209,6 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
                     raise
             import_tune()
             checked = pending.result()
-        remember_shapes(checked.shapes)  # the plan's memory model: built there, not here
         done_ids = _prepare(args, out_dir, checked, sp)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
@@ -219,9 +217,11 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         if conn is None:  # a resume that looked finished but was not (prepare_output decided)
             conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
         print_dashboard(conn, say)
+        # The plan's memory model takes the data's lengths and the models' shapes as the
+        # preflight's process measured and built them: this process builds no model.
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
                             cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)),
-                            lengths=checked.lengths, pool=pool)  # the plan's memory model
+                            lengths=checked.lengths, shapes=checked.shapes, pool=pool)
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -15,6 +15,8 @@ import ray
 from ray import tune
 
 from dpo_sweep import space as space_mod
+from dpo_sweep.config import ModelSpec
+from dpo_sweep.plan.memory import ModelShape
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.train.lengths import LengthProfile
 from dpo_sweep.sweep import warm_worker
@@ -76,9 +78,11 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
               cluster: dict[str, float], trainer: str = DEFAULT_TRAINER,
               out: Callable[[str], None] = say, full_grid: bool = False,
               lengths: Mapping[str, LengthProfile | None] | None = None,
+              shapes: Mapping[ModelSpec, ModelShape] | None = None,
               pool: warm_worker.WarmPool | None = None) -> SweepSummary:
     """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster;
-    ``lengths``: each trial's data lengths as preflight measured them (the plan's memory model);
+    ``lengths`` / ``shapes``: each trial's data lengths and each model's shape as preflight
+    measured and built them (the plan's memory model);
     ``pool``: warm workers the caller started (:func:`start_warm_workers`) and closes."""
 
     todo = [absolute_paths(t) for t in sp.trials if t.trial_id not in done_ids]
@@ -97,7 +101,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     stop = StopRequest()
     pending = pending_rows(out_dir)  # a resumed sweep's rows that wait for their learning trial
     plan = SweepPlan(todo, budget_gb=card_memory_gb() if use_gpu else None, full_grid=full_grid, lengths=lengths,
-                     measured=pending)
+                     shapes=shapes, measured=pending)
     if pending:
         kept = plan.restored()
         drop_rows(out_dir, {r.trial_id for r in pending} - kept)  # their groups are measured again
