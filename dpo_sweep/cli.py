@@ -13,6 +13,7 @@ import sys
 import threading
 
 from dpo_sweep.errors import UserError
+from dpo_sweep.results_dir import ResultsDir
 
 
 def _safety_margin_flag(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--memory-budget-gb", type=float, help="budget for the recommendation")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="change the space file's settings, as validate and trial take them, e.g. "
-                   "--set train.steps=8 --set micro_batch=2 (repeatable; DIR/space.yaml records the result)")
+                   f"--set train.steps=8 --set micro_batch=2 (repeatable; DIR/{ResultsDir.SPACE} records the result)")
     r.add_argument("--full-grid", action="store_true",
                    help="run every configuration in full: no pruning, shared measurements or short accumulation")
     _safety_margin_flag(r)
@@ -51,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-analyse a results dir; rewrite frontier/recommendation/report")
     rep.add_argument("dir")
     rep.add_argument("--memory-budget-gb", type=float,
-                     help="budget for the recommendation (default: the card size of space.yaml or environment.json)")
+                     help=("budget for the recommendation (default: the card size of "
+                           f"{ResultsDir.SPACE} or {ResultsDir.ENVIRONMENT})"))
     _safety_margin_flag(rep)
 
     rec = sub.add_parser("recommend", help="print the recommended configuration for a memory budget")
@@ -80,7 +82,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for note in summary.notes():
             print(note)
     from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (README)
-    from dpo_sweep.plan.schedule import plan_labels
+    from dpo_sweep.plan.labels import plan_labels
 
     lengths = preflight.lengths_by_trial(sp.trials, data)  # the worst micro-batch of each trial's own data
     header = ["trial_id", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",

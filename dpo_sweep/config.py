@@ -10,6 +10,8 @@ from typing import Any, Iterable, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dpo_sweep.results_dir import ResultsDir
+
 CheckpointLevel = Literal["none", "L1", "L2", "L3", "full"]
 CHECKPOINT_LEVELS: tuple[str, ...] = get_args(CheckpointLevel)
 #: Levels that are refused at validation, with the reason shown to the user.
@@ -488,7 +490,7 @@ class TrialConfig(_Strict):
     checkpoint_level: CheckpointLevel = "none"
     beta: float = Field(0.1, gt=0, description="DPO beta (strength of the KL anchor).")
     swept_train: tuple[str, ...] = Field(
-        (), description="The train fields listed under search: (results.csv columns of their own)."
+        (), description=f"The train fields listed under search: ({ResultsDir.RESULTS} columns of their own)."
     )
 
     def effective_batch(self) -> int:

@@ -28,13 +28,12 @@ from typing import Any, Iterable
 
 from dpo_sweep.config import LEVER_PACKAGES, ModelSpec, TrialConfig, cuda_levers, distinct_models
 from dpo_sweep.errors import DataError, UserError
+from dpo_sweep.results_dir import ResultsDir
 # standard library only: cheap to import
 from dpo_sweep.train.data import (DataKey, PairDataset, SourceRows, TokenizerKey, check_rows, data_key, load_pairs,
                                   read_file, tokenize_rows, tokenizer_key)
 from dpo_sweep.train.lengths import LengthProfile, data_shape
 
-#: Files that ``trial`` and ``run`` write into the output folder.
-RESULT_FILES = ("results.csv", "steps.csv")
 
 @dataclass(frozen=True)
 class DataSummary:
@@ -97,8 +96,7 @@ def check_output_dir(out_dir: Path, flag: str = "--output") -> None:
     if not _writable(existing):
         raise UserError(f"{shown}: {existing} is not writable (permissions or a read-only file "
                         "system); give a folder you can write to")
-    for name in RESULT_FILES:
-        target = out_dir / name
+    for target in ResultsDir(out_dir).row_files:
         if target.exists() and not target.is_file():
             raise UserError(f"{shown}: {target} exists and is not a file, so the results cannot be "
                             "written there; move it away or give another --output")

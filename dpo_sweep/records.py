@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from dpo_sweep.results_dir import ResultsDir
+
 if TYPE_CHECKING:
     from dpo_sweep.config import TrialConfig
 
@@ -270,18 +272,11 @@ def damaged_text(path: str | Path, damaged: list[DamagedLine]) -> str:
     return f"{path}: " + "; ".join(d.text() for d in damaged)
 
 
-#: A results directory's record of the machine (``telemetry.environment_info``'s dict).
-ENVIRONMENT_FILE = "environment.json"
-#: A results directory's winner as a space file of one trial (``dpo_sweep.analysis.winner``).
-RECOMMENDED_FILE = "recommended.yaml"
-
-
 def write_environment_json(out_dir: str | Path, info: dict[str, Any]) -> Path:
     """Write ``info`` as ``out_dir``/environment.json (no torch here: the sweep's driver writes the
     one its preflight's process collected)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / ENVIRONMENT_FILE
+    path = ResultsDir(out_dir).environment
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
     return path
 
@@ -292,13 +287,13 @@ def write_results(out_dir: str | Path, results: Iterable[TrialResult], append: b
     added to an existing results.csv's header (:func:`write_csv`)."""
     results = list(results)
     extra = [c for c in dict.fromkeys(k for r in results for k in r.extra) if c not in RESULTS_COLUMNS]
-    return write_csv(Path(out_dir) / "results.csv", results, RESULTS_COLUMNS + extra, append=append)
+    return write_csv(ResultsDir(out_dir).results, results, RESULTS_COLUMNS + extra, append=append)
 
 
 def replace_results(out_dir: str | Path, rows: Iterable[TrialResult]) -> None:
     """Rewrite results.csv with ``rows`` in place of the rows of the same trial ids (the planner's
     runoff re-times rows already written), atomically (:func:`rewrite_csv`); other rows stay."""
-    path = Path(out_dir) / "results.csv"
+    path = ResultsDir(out_dir).results
     header = _header(path)
     new = {r.trial_id: _row(r, header) for r in rows}
     rewrite_csv(path, [new.get(old["trial_id"], old) for old in read_csv_rows(path)], header)
@@ -306,7 +301,7 @@ def replace_results(out_dir: str | Path, rows: Iterable[TrialResult]) -> None:
 
 def write_steps(out_dir: str | Path, steps: Iterable[StepRecord], append: bool = False) -> list[str]:
     """steps.csv; returns the columns appending added to its header (:func:`write_csv`)."""
-    return write_csv(Path(out_dir) / "steps.csv", steps, STEPS_COLUMNS, append=append)
+    return write_csv(ResultsDir(out_dir).steps, steps, STEPS_COLUMNS, append=append)
 
 
 def widened_line(path: str | Path, added: list[str]) -> str:

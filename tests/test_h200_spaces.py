@@ -11,7 +11,7 @@ import pytest
 
 from dpo_sweep import cli
 from dpo_sweep import space as space_mod
-from dpo_sweep.plan.schedule import plan_labels
+from dpo_sweep.plan.labels import plan_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = ROOT / "search_spaces"

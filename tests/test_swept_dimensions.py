@@ -88,3 +88,12 @@ def test_a_swept_learning_rate_is_a_frontier_column(tmp_path):
     assert "| beta | lr | peak memory (GB) |" in outcome.frontier_markdown
     assert "| 2 | none | 1 | 0.1 | 5e-06 | 5.00 |" in outcome.frontier_markdown
     assert "beta 0.1, lr 5e-06)" in outcome.recommendation["reason"]
+
+
+def test_the_levers_are_frontier_columns_when_they_differ(tmp_path):
+    rows = [trial("t000_mb2_none_ga1_b0.1_adapter-full", 60.0, 100.0, 0.02, mb=2, seed=0),
+            trial("t001_mb2_none_ga1_b0.1_adapter-lora", 30.0, 110.0, 0.02, mb=2, seed=0)]
+    rows = [replace(r, adapter=a, optimizer="adamw_8bit") for r, a in zip(rows, ("full", "lora"))]
+    outcome = analyse_dir(write_dir(tmp_path / "r", rows), memory_budget_gb=80.0)
+    assert "| beta | adapter | seed | peak memory (GB) |" in outcome.frontier_markdown  # optimizer is one value
+    assert "| 2 | none | 1 | 0.1 | lora |" in outcome.frontier_markdown

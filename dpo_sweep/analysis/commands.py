@@ -19,6 +19,7 @@ from dpo_sweep.analysis import noise_floor, pareto, results, tables, winner as w
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
+from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.space import SweepSpace
 
 #: Keys under which environment.json may hold the GPU's total memory, in GB (1e9 bytes) ...
@@ -96,7 +97,7 @@ def load_space_settings(out_dir: Path) -> SpaceSettings:
     """DIR/space.yaml's resources and objectives (the runner's copy of the space file), each
     section validated by its config model; the defaults when the file is absent. The analysis
     needs no other section, so a hand-written file of only these keys is enough."""
-    path = out_dir / "space.yaml"
+    path = ResultsDir(out_dir).space
     if not path.is_file():
         return SpaceSettings()
     raw = space_mod.load_raw(path)
@@ -119,10 +120,10 @@ def resolve_budget(memory_budget_gb: float | None, env: Mapping[str, Any] | None
     if memory_budget_gb is not None:  # recommend() refuses a non-positive budget, whatever its source
         return float(memory_budget_gb), "--memory-budget-gb"
     if emulated_gb is not None:
-        return float(emulated_gb), "space.yaml resources.gpu_memory_gb (the emulated card)"
+        return float(emulated_gb), f"{ResultsDir.SPACE} resources.gpu_memory_gb (the emulated card)"
     from_env = gpu_memory_gb_from_environment(env)
     if from_env is not None:
-        return from_env, "environment.json (the GPU's memory)"
+        return from_env, f"{ResultsDir.ENVIRONMENT} (the GPU's memory)"
     return None, "none"
 
 
@@ -167,20 +168,21 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     from dpo_sweep.report.html import write_report
 
     out_dir = Path(out_dir)
+    files = ResultsDir(out_dir)
     analysed, rec, objs, env, space = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
     steps = results.load_steps(out_dir)
     winner = winner_of(out_dir, analysed, rec, space)
     recommended_path = winner_mod.write_winner(out_dir, winner)
 
     table = tables.frontier_markdown(analysed)
-    frontier_path = out_dir / "frontier.md"
+    frontier_path = files.frontier
     floor = noise_floor.noise_floor_markdown(noise_floor.noise_floor(analysed, steps))
     frontier_path.write_text(_frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else ""),
                              encoding="utf-8")
     rec_json = rec.to_json_dict()
-    rec_path = out_dir / "recommendation.json"
+    rec_path = files.recommendation
     rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    report_path = write_report(out_dir / "report.html",
+    report_path = write_report(files.report,
                                build_report_data(analysed, rec, objs, steps, env, load_data_json(out_dir), winner))
     winner_text = format_winner(winner, recommended_path)
     return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed, objs,
@@ -198,9 +200,9 @@ def format_winner(winner: winner_mod.Winner, written: Path | None, out_dir: Path
     """The winner as a file to run and as TRL arguments, for the console (empty: no winner).
     ``written``: where recommended.yaml is; None: not written (``out_dir``: the results dir)."""
     if winner.trial is None:
-        return f"\n  (no recommended.yaml: {winner.note})" if winner.note else ""
-    where = (f"\nrecommended.yaml: {written} (dpo-sweep validate / dpo-sweep trial it)" if written is not None
-             else f"\nrecommended.yaml: `dpo-sweep report {out_dir}` writes it")
+        return f"\n  (no {ResultsDir.RECOMMENDED}: {winner.note})" if winner.note else ""
+    where = (f"\n{ResultsDir.RECOMMENDED}: {written} (dpo-sweep validate / dpo-sweep trial it)" if written is not None
+             else f"\n{ResultsDir.RECOMMENDED}: `dpo-sweep report {out_dir}` writes it")
     return (f"{where}\nas TRL DPOConfig arguments:\n"
             + winner_mod.trl_text(winner.trl_arguments, winner.trl_gaps))
 
@@ -212,7 +214,7 @@ def describe_objectives(objs: tuple[pareto.Objective, ...]) -> str:
 
 def objective_notes(objs: tuple[pareto.Objective, ...]) -> list[str]:
     """One line per objective read other than as written (printed by report and recommend)."""
-    return [f"note: objectives.{o.note.removeprefix('read from the old ')} of DIR/space.yaml read as "
+    return [f"note: objectives.{o.note.removeprefix('read from the old ')} of DIR/{ResultsDir.SPACE} read as "
             f"{o.name}: {o.direction} (the time objective is throughput now)" for o in objs if o.note]
 
 

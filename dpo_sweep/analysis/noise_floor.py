@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from dpo_sweep.analysis.tables import POOLED_COLUMN, fmt_sig, swept_train_columns, to_markdown
+from dpo_sweep.results_dir import ResultsDir
 
 #: Columns that set the maths of a trial's updates (besides the swept train columns).
 SAME_MATHS_COLUMNS = ("model", "seq_len", "effective_batch", "beta", "loss_type", "precision", "reference")
@@ -122,13 +123,13 @@ def noise_floor_markdown(groups: list[SameMathsGroup]) -> str:
             "split differently): their losses differ only by rounding, so they are never ranked against "
             "each other by loss std (the frontier and the recommendation use each group's largest loss std, "
             "`loss_std_pooled`). `max |delta loss|`: the largest gap between their losses at one step "
-            "(steps.csv).\n\n" + to_markdown(NOISE_FLOOR_HEADER, noise_floor_rows(groups)))
+            f"({ResultsDir.STEPS}).\n\n" + to_markdown(NOISE_FLOOR_HEADER, noise_floor_rows(groups)))
 
 
 def noise_floor_sentence(group: SameMathsGroup) -> str:
     """One group in words (the HTML report's note)."""
     drift = (f"max |delta loss| {fmt_sig(group.max_abs_delta_loss)} over {group.steps_compared} steps"
-             if group.steps_compared else "no steps.csv rows to compare")
+             if group.steps_compared else f"no {ResultsDir.STEPS} rows to compare")
     return (f"Noise floor: {', '.join(group.trial_ids)} are the same maths (effective batch "
             f"{fmt_sig(group.effective_batch)}, beta {fmt_sig(group.beta)}, split differently): {drift}, loss std "
             f"{fmt_sig(group.loss_std_low)} - {fmt_sig(group.loss_std_high)}; not ranked against each other by it.")

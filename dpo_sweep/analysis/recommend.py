@@ -35,6 +35,7 @@ from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentenc
                                         tie_sentence, tied_faster)
 from dpo_sweep.analysis.tables import fmt_setting, is_finite, swept_train_fields, varying_columns
 from dpo_sweep.errors import UserError
+from dpo_sweep.results_dir import ResultsDir
 
 DEFAULT_SAFETY_MARGIN = 0.05
 #: Strongest checkpointing first: the order in which a smaller-memory configuration is "cheaper".
@@ -350,7 +351,7 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
         text += (f" It peaks at {_gb(winner['peak_mem_gb'])}; no loss std was measured for it, so the "
                  "normal range could not judge it.")
     if usable_gb is None:
-        text += (" No memory budget was given (pass --memory-budget-gb, or keep environment.json with "
+        text += (f" No memory budget was given (pass --memory-budget-gb, or keep {ResultsDir.ENVIRONMENT} with "
                  "the GPU's memory in the results dir), so memory did not limit the choice.")
     return text
 
@@ -386,7 +387,7 @@ def _nothing_fits(df: pd.DataFrame, usable: float | None, limit: float | None,
         why = f"Nothing to recommend: no completed trial{normal} is on the frontier"
     else:
         why = f"Nothing fits: no configuration{normal} peaks {under}"
-    why += f" ({len(df)} trial(s): {_status_counts(df)})." if len(df) else " (results.csv has no trials)."
+    why += f" ({len(df)} trial(s): {_status_counts(df)})." if len(df) else f" ({ResultsDir.RESULTS} has no trials)."
     why += left_out_sentence(fitting, POOLED_COLUMN, limit)
     if len(fitting):
         why += " A larger memory budget would not change this."

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweep.errors import UserError  # standard library only
-from dpo_sweep.records import (ENVIRONMENT_FILE, RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS, StepRecord, TrialResult,
-                               damaged_text, read_csv_table)
+from dpo_sweep.records import (RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS, StepRecord, TrialResult, damaged_text,
+                               read_csv_table)
+from dpo_sweep.results_dir import ResultsDir
 
 #: Columns without which no frontier can be computed; every other contract column is optional
 #: when loading (a missing one is filled with NaN or "" so old or hand-made files still load).
@@ -146,14 +147,14 @@ def load_results(out_dir: str | Path) -> "Any":
     if not out_dir.is_dir():
         raise UserError(f"results directory {out_dir} does not exist; pass the --output directory "
                           "of a `dpo-sweep run` (default reports/<space name>/)")
-    path = out_dir / "results.csv"
+    path = ResultsDir(out_dir).results
     if not path.is_file():
         raise UserError(f"{path} not found; run `dpo-sweep run SPACE.yaml --output {out_dir}` "
                           "or `dpo-sweep trial` first")
     df = _read_csv(path)
     missing = [c for c in ANALYSIS_REQUIRED_COLUMNS if c not in df.columns]
     if missing:
-        raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; the results.csv "
+        raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; the {ResultsDir.RESULTS} "
                           f"contract needs at least {', '.join(ANALYSIS_REQUIRED_COLUMNS)}")
     kinds = _column_kinds(TrialResult)
     _refuse_unreadable(path, df, kinds, allowed={"status": STATUSES})
@@ -173,13 +174,13 @@ def load_steps(out_dir: str | Path) -> "Any | None":
     """Read ``DIR/steps.csv`` if present (None when absent or empty); columns as STEPS_COLUMNS."""
     import pandas as pd
 
-    path = Path(out_dir) / "steps.csv"
+    path = ResultsDir(out_dir).steps
     if not path.is_file() or path.stat().st_size == 0:
         return None
     df = _read_csv(path)
     missing = [c for c in ("trial_id", "step") if c not in df.columns]
     if missing:
-        raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; the steps.csv contract "
+        raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; the {ResultsDir.STEPS} contract "
                           f"has {', '.join(STEPS_COLUMNS)}")
     _refuse_unreadable(path, df, _column_kinds(StepRecord))
     df["trial_id"] = df["trial_id"].fillna("").astype(str)
@@ -193,7 +194,7 @@ def load_environment(out_dir: str | Path) -> dict[str, Any] | None:
     """Read ``DIR/environment.json`` if present and valid JSON object (None otherwise)."""
     import json
 
-    path = Path(out_dir) / ENVIRONMENT_FILE
+    path = ResultsDir(out_dir).environment
     if not path.is_file():
         return None
     try:

@@ -105,11 +105,13 @@ def named_settings(rec: Any) -> list[str]:
     return [k for k in rec.varying if k not in swept] + swept
 
 
-def swept_columns(df: pd.DataFrame) -> list[str]:
+def swept_columns(df: pd.DataFrame, levers: bool = False) -> list[str]:
     """The results columns of swept train fields (``lr``, ``seed``, ``adaptive_clip``, ...: the
     columns named after a train field that the fixed schema lacks), after the setting columns
-    (loss_type, precision, reference) in which the trials differ."""
-    varying = [c for c in ("model", *_SETTING_COLUMNS) if c in df and df[c].dropna().astype(str).nunique() > 1]
+    (loss_type, precision, reference) in which the trials differ; with ``levers``, the adapter and
+    optimizer too when they differ (the frontier's table; the all-trials table has them always)."""
+    settings = ("model", *(("adapter", "optimizer") if levers else ()), *_SETTING_COLUMNS)
+    varying = [c for c in settings if c in df and df[c].dropna().astype(str).nunique() > 1]
     return varying + swept_train_fields(df.columns)
 
 
@@ -153,7 +155,7 @@ def _step_time(r: Any) -> str:
 def frontier_header(df: pd.DataFrame) -> tuple[str, ...]:
     """FRONTIER_HEADER with the swept train fields after beta and ``stability`` after loss std."""
     base = list(FRONTIER_HEADER)
-    return tuple(base[:4] + swept_columns(df) + base[4:8] + (["stability"] if has_verdicts(df) else []) + base[8:])
+    return tuple(base[:4] + swept_columns(df, levers=True) + base[4:8] + (["stability"] if has_verdicts(df) else []) + base[8:])
 
 
 def trials_header(df: pd.DataFrame) -> tuple[str, ...]:
@@ -174,7 +176,7 @@ def memory_order(df: pd.DataFrame) -> pd.DataFrame:
 
 def frontier_rows(analysed: pd.DataFrame) -> list[list[str]]:
     """One row of strings per trial, in :func:`frontier_header`'s columns, sorted by memory."""
-    rows, swept, verdicts = [], swept_columns(analysed), has_verdicts(analysed)
+    rows, swept, verdicts = [], swept_columns(analysed, levers=True), has_verdicts(analysed)
     for _, r in memory_order(analysed).iterrows():
         config = [fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]),
                   fmt_beta(r["beta"])] + [fmt_setting(r[c]) for c in swept]

@@ -20,7 +20,7 @@ import yaml
 from dpo_sweep import space as space_mod
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import SpaceError
-from dpo_sweep.records import RECOMMENDED_FILE
+from dpo_sweep.results_dir import ResultsDir
 
 #: What each checkpoint level means in TRL terms: only ``none`` and ``full`` exist there.
 _TRL_CHECKPOINTING = {"none": False, "full": True}
@@ -108,7 +108,7 @@ def pinned_space(trial: TrialConfig, row: pd.Series, objectives: dict[str, Any] 
 
 def space_text(raw: dict[str, Any], trial: TrialConfig, results_dir: Path) -> str:
     """recommended.yaml: a header with the commands, then the mapping."""
-    path = results_dir / RECOMMENDED_FILE
+    path = ResultsDir(results_dir).recommended
     header = (f"# The recommended configuration of the sweep in {results_dir}: trial {trial.trial_id},\n"
               "# every setting pinned (one trial). Written by `dpo-sweep report`; the runtime choices\n"
               "# (attention, liger-kernel) are pinned to what the trial ran with.\n"
@@ -150,6 +150,8 @@ def trl_config(trial: TrialConfig, row: pd.Series) -> tuple[dict[str, Any], list
         args["group_by_length"] = True
     if model.get("liger_kernel") is True:
         args["use_liger_kernel"] = True
+    if t.optimizer in _TRL_OPTIM:
+        args["optim"] = _TRL_OPTIM[t.optimizer]
     init = {"attn_implementation": model["attn_implementation"]} if model.get("attn_implementation") != "auto" else {}
     if t.precision == "bf16":
         init["torch_dtype"] = "bfloat16"  # pure bf16: the weights themselves, not only autocast
@@ -161,8 +163,30 @@ def trl_config(trial: TrialConfig, row: pd.Series) -> tuple[dict[str, Any], list
     return args, _trl_gaps(trial, model)
 
 
+#: transformers' names of torchao's low-bit AdamW (TrainingArguments.optim).
+_TRL_OPTIM = {"adamw_8bit": "adamw_torch_8bit", "adamw_4bit": "adamw_torch_4bit"}
+
+
+def _peft_gap(t: Any) -> str:
+    """The adapter as DPOTrainer takes it: a peft config beside DPOConfig, not a field of it."""
+    lora = (f"LoraConfig(r={t.lora_r}, lora_alpha={t.lora_alpha}, lora_dropout={t.lora_dropout}, "
+            f"target_modules={list(t.lora_targets)!r}, task_type='CAUSAL_LM')")
+    text = (f"adapter {t.adapter}: pass DPOTrainer(..., peft_config={lora}); with a peft model and no "
+            "ref_model TRL's reference is the model with its adapters off, as here")
+    if t.adapter == "qlora":
+        text += (". QLoRA's frozen base in 4-bit NF4 (torchao's NF4 here): with bitsandbytes, model_init_kwargs "
+                 "quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', "
+                 "bnb_4bit_compute_dtype=torch.bfloat16)")
+    return text
+
+
 def _trl_gaps(trial: TrialConfig, model: dict[str, Any]) -> list[str]:
     t, gaps = trial.train, []
+    if t.adapter != "full":
+        gaps.append(_peft_gap(t))
+    if t.optimizer_in_backward:
+        gaps.append("optimizer_in_backward: each parameter stepped in its gradient hook during backward; "
+                    "the Trainer steps the optimizer after backward (more gradient memory)")
     if trial.checkpoint_level not in _TRL_CHECKPOINTING:
         gaps.append(f"checkpoint_level {trial.checkpoint_level}: TRL checkpoints whole decoder layers or "
                     "nothing (gradient_checkpointing True = level full); the selective levels L1-L3 need "
@@ -219,9 +243,10 @@ def winner_of(results_dir: Path, row: pd.Series | None, objectives: dict[str, An
     """The winner of ``results_dir`` (``row``: its results row; None: nothing was recommended)."""
     if row is None:
         return Winner(None)
-    path = results_dir / "space.yaml"
+    path = ResultsDir(results_dir).space
     if not path.is_file():
-        return Winner(None, note=f"{path} is absent (results.csv only), so the winner's other settings are unknown")
+        return Winner(None, note=f"{path} is absent ({ResultsDir.RESULTS} only), so the winner's other "
+                      "settings are unknown")
     try:
         trials = space_mod.parse(without_step_time(space_mod.load_raw(path)), str(path)).trials
     except SpaceError as err:
@@ -239,7 +264,7 @@ def winner_of(results_dir: Path, row: pd.Series | None, objectives: dict[str, An
 
 def write_winner(results_dir: Path, winner: Winner) -> Path | None:
     """Write (or, with no winner, remove a stale) DIR/recommended.yaml; its path when written."""
-    path = results_dir / RECOMMENDED_FILE
+    path = ResultsDir(results_dir).recommended
     if winner.trial is None:
         path.unlink(missing_ok=True)
         return None

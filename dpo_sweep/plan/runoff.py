@@ -40,7 +40,6 @@ from dpo_sweep.records import TrialResult
 #: grad_acc, the cost the planner exists to avoid; ties wider than this are rare and the rest keep
 #: their extrapolated times.
 RUNOFF_MAX = 3
-RUNOFF_SUFFIX = "-runoff"
 #: At most one runoff per this many memory/time measurements, in all rounds together (and at
 #: least RUNOFF_MAX): a runoff costs what a full-grid trial does.
 RUNOFF_PER_MEASUREMENTS = 2

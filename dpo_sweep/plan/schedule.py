@@ -1,9 +1,11 @@
-"""The sweep's plan (issue 15): which trials run, in what order, what is pruned, and each
+"""The sweep's plan: which trials run, in what order, what is pruned, and each
 configuration's results row once the trials it depends on are in. Pure: no Ray, no torch; the
 Ray Tune ``Searcher`` (:mod:`dpo_sweep.sweep.planner`) only asks it for the next trial and tells
 it what finished.
 
-The story of a sweep:
+The story of a sweep, in three phases (:class:`~dpo_sweep.plan.jobs.JobKind`: each job says its
+phase, and the configuration it runs for as its ``source``; the state of each phase is an object
+of :mod:`~dpo_sweep.plan.state`):
 
 1. Configurations that share a :func:`~dpo_sweep.plan.rules.measurement_key` form one group; the
    group's measuring configuration (the smallest grad_acc) runs as a **measure** trial under its
@@ -46,20 +48,19 @@ from typing import Callable, Mapping, Sequence
 
 from dpo_sweep import budget
 from dpo_sweep.config import ModelSpec, TrialConfig
-from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
+from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted
+from dpo_sweep.plan.jobs import Job, JobKind, without_eval
 from dpo_sweep.plan.levers import trainable_params
 from dpo_sweep.plan.memory import MemoryEstimate, ModelShape, model_shape, planning_device, predict_peak_gb
-from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, pending_stability, shared_row, with_stability
-from dpo_sweep.plan.runoff import (RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, frontier_ties,
-                                   runoff_cap, timed_row)
+from dpo_sweep.plan.rows import LearningSource, pending_stability, with_stability
+from dpo_sweep.plan.runoff import RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, finalists, frontier_ties, runoff_cap
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
                                   measure_grad_acc, measurement_key, pick_learning_trial, prune_after_oom,
                                   prune_over_budget)
+from dpo_sweep.plan.state import Group, GroupState, LearnState, MeasureState, RowState, RunoffState
 from dpo_sweep.records import PENDING, StepRecord, TrialResult, failed_result
 from dpo_sweep.train.lengths import LengthProfile
 
-MEASURE, LEARN, RUNOFF = "measure", "learn", "runoff"
-LEARNING_SUFFIX = "-learning"
 Estimator = Callable[[TrialConfig], MemoryEstimate]
 
 
@@ -80,44 +81,14 @@ class DataEstimate:
                                shape=model_shape(cfg.model, self.shapes))
 
 
-@dataclass(frozen=True)
-class Job:
-    """One Ray trial the plan wants run: ``cfg.trial_id == job_id``."""
-
-    job_id: str
-    cfg: TrialConfig
-    kind: str  # measure | learn | runoff
-    key: str   # its measurement_key (measure, runoff) or learning_key (learn)
-    note: str = ""  # learn: why it runs in the space's precision (stability_note), else ""
-
-
-@dataclass
-class _Group:
-    measuring: TrialConfig
-    members: tuple[TrialConfig, ...]
-    state: str = "pending"  # pending | running | done | pruned
-    ran_grad_acc: int = 0
-    predicted_gb: float = math.nan
-    result: TrialResult | None = None
-    steps: tuple[StepRecord, ...] = ()
-    saved: dict[str, TrialResult] = field(default_factory=dict)  # rows a resumed sweep restored, by trial id
-
-
-@dataclass
-class _Output:
-    steps: list[StepRecord] = field(default_factory=list)
-    rows: list[TrialResult] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    replaced: list[TrialResult] = field(default_factory=list)
-
-
 class SweepPlan:
     """The planner's state over one sweep's configurations (see the module doc).
 
     ``next_job()`` -> the next :class:`Job` to start, or None (wait while :meth:`running`, else
     the sweep is over); ``finish(job_id, result, steps)`` when a job's trial ended;
     ``take_output()`` -> the step rows and results rows ready to append since the last call;
-    ``take_notes()`` -> the console lines the plan has to say since the last call.
+    ``take_notes()`` -> the console lines the plan has to say since the last call. Its state is
+    one object per phase (measure, learn, runoff) and the rows handed out.
     """
 
     def __init__(self, trials: Sequence[TrialConfig], *, budget_gb: float | None = None,
@@ -141,32 +112,26 @@ class SweepPlan:
         self._order = {t.trial_id: i for i, t in enumerate(trials)}
         self._cfgs = {t.trial_id: t for t in trials}
         if full_grid:
-            self._groups = {t.trial_id: _Group(t, (t,)) for t in trials}
+            groups = {t.trial_id: Group(t, (t,)) for t in trials}
         else:
-            self._groups = {measurement_key(g.measuring): _Group(g.measuring, g.members) for g in dedupe(trials)}
-        self._group_of = {m.trial_id: key for key, g in self._groups.items() for m in g.members}
-        self._learning_keys = {t.trial_id: learning_key(t) for t in trials}
-        self._learned: dict[str, LearningSource | None] = {}
-        self._learning_oom: dict[str, str] = {}  # learning_key -> why its learning precision did not fit
+            groups = {measurement_key(g.measuring): Group(g.measuring, g.members) for g in dedupe(trials)}
+        self._measure = MeasureState(groups, {m.trial_id: key for key, g in groups.items() for m in g.members},
+                                     full_grid)
+        self._learn = LearnState({t.trial_id: learning_key(t) for t in trials})
+        self._runoff = RunoffState()
         self._running: dict[str, Job] = {}
-        self._runoff_queue: list[Job] = []  # this round's runoffs still to start
-        self._runoff_tried: set[tuple[str, int]] = set()  # (measurement_key, grad_acc) given a runoff
-        self._runoff_times: dict[tuple[str, int], TrialResult] = {}  # (measurement_key, grad_acc) -> ok runoff
-        self._measurements: list[Measurement] = []
-        self._calibration: Calibration = calibrate([])
-        self._written: set[str] = set()
-        self._stability_due: set[str] = set()  # rows written whose stability columns are still to come
-        self._out = _Output()
+        self._out = RowState()
         self._restore(measured)
 
     def summary_line(self) -> str:
         """What the sweep will do, before it starts."""
         if self.full_grid:
             return f"planner off (--full-grid): {len(self._order)} configuration(s), each run in full"
-        budgets = {self.budget_of(g.measuring) for g in self._groups.values()} - {None}
+        groups = self._measure.groups
+        budgets = {self.budget_of(g.measuring) for g in groups.values()} - {None}
         learning = dict.fromkeys(f"{c.train.steps} steps in {c.train.precision}"
                                  for c in map(learning_config, self._cfgs.values()))
-        return (f"planner: {len(self._order)} configuration(s) share {len(self._groups)} memory/time "
+        return (f"planner: {len(self._order)} configuration(s) share {len(groups)} memory/time "
                 f"measurement(s), cheapest predicted peak first; over-budget pruning "
                 + (f"against {', '.join(f'{b:.1f}' for b in sorted(budgets))} GB" if budgets else "off (no budget known)")
                 + f"; learning trials of {' or '.join(learning)} (train.learning_steps, learning_precision)")
@@ -190,22 +155,12 @@ class SweepPlan:
     def finish(self, job_id: str, result: TrialResult, steps: Sequence[StepRecord]) -> None:
         job = self._running.pop(job_id)
         self._out.steps.extend(steps)
-        if job.kind == LEARN and result.status == "oom" and job.cfg.train.precision != self._precision_of(job.key):
-            # The memory model under-predicted the learning precision (it can by up to 6.8 %): learn
-            # in the space's precision instead, as when it is predicted not to fit.
-            self._learning_oom[job.key] = f"{job_id} ran out of memory"
-        elif job.kind == LEARN:
-            self._learned[job.key] = LearningSource.of(job.cfg, result, job.note)
-        elif job.kind == RUNOFF:
+        if job.kind is JobKind.LEARN:
+            self._finish_learning(job, result)
+        elif job.kind is JobKind.RUNOFF:
             self._finish_runoff(job, result)
         else:
-            group = self._groups[job.key]
-            group.state, group.result, group.steps = "done", result, tuple(steps)
-            if result.status == "ok" and math.isfinite(result.peak_mem_gb):
-                self._measurements.append(Measurement(job.cfg, result.peak_mem_gb))
-                self._calibration = calibrate(self._measurements, self._estimate)
-            if result.status == "oom" and not self.full_grid:
-                self._prune_after(job.cfg)
+            self._finish_measurement(job, result, steps)
         self._emit_ready()
 
     def take_output(self) -> tuple[list[StepRecord], list[TrialResult]]:
@@ -225,76 +180,89 @@ class SweepPlan:
 
     def unwritten(self) -> list[str]:
         """Configurations without a results row yet, in the space's order."""
-        return [t for t in self._order if t not in self._written]
+        return [t for t in self._order if t not in self._out.written]
 
     def unfinished(self) -> list[str]:
         """Configurations whose row is not final yet: not written, or written with its stability
         still pending (its learning trial has not ended), in the space's order."""
-        return [t for t in self._order if t not in self._written or t in self._stability_due]
+        return [t for t in self._order if t not in self._out.written or t in self._out.pending]
 
     def learning_due(self) -> list[TrialConfig]:
         """One configuration of each learning set-up whose written rows wait for a learning trial
         that has not started, as that trial would run (``learning_config``): what is left to run
         besides the unwritten configurations (the recorder's estimate)."""
-        running = {j.key for j in self._running.values() if j.kind == LEARN}
+        running = {j.key for j in self._running_of(JobKind.LEARN)}
         due = {}
-        for t in self._stability_due:
-            lkey = self._learning_keys[t]
-            if lkey not in self._learned and lkey not in running and not self._own_learning(self._cfgs[t]):
+        for t in self._out.pending:
+            lkey = self._learn.key_of[t]
+            if lkey not in self._learn.learned and lkey not in running and not self._measure.own_learning(self._cfgs[t]):
                 due.setdefault(lkey, learning_config(self._cfgs[t]))
         return list(due.values())
 
     def restored(self) -> set[str]:
         """The configurations whose rows a resumed sweep kept (``measured``): only learned now."""
-        return {t for g in self._groups.values() for t in g.saved}
+        return {t for g in self._measure.groups.values() for t in g.saved}
+
+    def groups(self) -> list[Group]:
+        """The measurement groups, in the order of their measuring configurations in the space."""
+        return list(self._measure.groups.values())
+
+    def _running_of(self, kind: JobKind) -> list[Job]:
+        return [j for j in self._running.values() if j.kind is kind]
 
     def _restore(self, rows: Sequence[TrialResult]) -> None:
         saved = {r.trial_id: r for r in rows if r.status == "ok" and r.stability == PENDING}
-        for group in self._groups.values():
+        for group in self._measure.groups.values():
             if group.members and all(m.trial_id in saved for m in group.members):
-                group.state, group.ran_grad_acc = "done", measure_grad_acc(group.measuring)
+                group.state, group.ran_grad_acc = GroupState.DONE, measure_grad_acc(group.measuring)
                 group.result, group.saved = saved[group.measuring.trial_id], {m.trial_id: saved[m.trial_id]
                                                                                for m in group.members}
                 group.predicted_gb = group.result.predicted_peak_gb
-                self._written.update(group.saved)
-                self._stability_due.update(group.saved)
+                self._out.written.update(group.saved)
+                self._out.pending.update(group.saved)
 
     def predict(self, cfg: TrialConfig) -> float:
         """The calibrated predicted peak (GB); NaN when the model's config cannot be read here."""
         try:
-            return predicted(self._calibration, cfg, self._estimate)
+            return predicted(self._measure.calibration, cfg, self._estimate)
         except (OSError, ValueError, KeyError):
             return math.nan
 
-    # --- measurements ------------------------------------------------------------------------
+    # --- the measure phase -------------------------------------------------------------------
 
-    def _pending(self) -> list[_Group]:
-        return [g for g in self._groups.values() if g.state == "pending"]
-
-    def _cheapest(self, groups: list[_Group]) -> _Group:
+    def _cheapest(self, groups: list[Group]) -> Group:
         if self.full_grid:
             return groups[0]
 
-        def key(g: _Group) -> tuple:
+        def key(g: Group) -> tuple:
             gb = self.predict(g.measuring)
             return (math.isnan(gb), gb if not math.isnan(gb) else 0.0, self._order[g.measuring.trial_id])
         return min(groups, key=key)
 
     def _next_measurement(self) -> Job | None:
-        while pending := self._pending():
+        while pending := self._measure.pending():
             group = self._cheapest(pending)
             group.predicted_gb = self.predict(group.measuring)
             reason = None if self.full_grid else self.over_budget(group.measuring)
             if reason:
                 self._prune(group, reason)
                 continue
-            group.state = "running"
+            group.state = GroupState.RUNNING
             group.ran_grad_acc = group.measuring.grad_acc if self.full_grid else measure_grad_acc(group.measuring)
             cfg = group.measuring.model_copy(update={"grad_acc": group.ran_grad_acc})
-            if not self._own_learning(group.measuring):  # its rows' stability comes from a learning trial
-                cfg = _without_eval(cfg)
-            return Job(cfg.trial_id, cfg, MEASURE, self._group_of[cfg.trial_id])
+            if not self._measure.own_learning(group.measuring):  # its rows' stability comes from a learning trial
+                cfg = without_eval(cfg)
+            return Job.of(JobKind.MEASURE, group.measuring, cfg, self._measure.group_of[cfg.trial_id])
         return None
+
+    def _finish_measurement(self, job: Job, result: TrialResult, steps: Sequence[StepRecord]) -> None:
+        group = self._measure.groups[job.key]
+        group.state, group.result, group.steps = GroupState.DONE, result, tuple(steps)
+        if result.status == "ok" and math.isfinite(result.peak_mem_gb):
+            self._measure.measurements.append(Measurement(job.cfg, result.peak_mem_gb))
+            self._measure.calibration = calibrate(self._measure.measurements, self._estimate)
+        if result.status == "oom" and not self.full_grid:
+            self._prune_after(job.cfg)
 
     def budget_of(self, cfg: TrialConfig) -> float | None:
         """What bounds the peak: the emulated card (resources.gpu_memory_gb), else the GPU's
@@ -311,12 +279,12 @@ class SweepPlan:
         return prune_over_budget(cfg, gb, budget, self.margin, uncapped_gb=est.total_gb - budgeted_gb(cfg, est))
 
     def _prune_after(self, oom_cfg: TrialConfig) -> None:
-        pending = {g.measuring.trial_id: g for g in self._pending()}
+        pending = {g.measuring.trial_id: g for g in self._measure.pending()}
         for cfg, reason in prune_after_oom(oom_cfg, [g.measuring for g in pending.values()]):
             self._prune(pending[cfg.trial_id], reason)
 
-    def _prune(self, group: _Group, reason: str) -> None:
-        group.state = "pruned"
+    def _prune(self, group: Group, reason: str) -> None:
+        group.state = GroupState.PRUNED
         if math.isnan(group.predicted_gb):  # pruned after an OOM before it was next in line
             group.predicted_gb = self.predict(group.measuring)
         for m in group.members:
@@ -324,16 +292,7 @@ class SweepPlan:
             self._emit(replace(row, predicted_peak_gb=group.predicted_gb, trainable_params=_trainable(m, self._shapes),
                                extra=m.swept_columns()))
 
-    # --- learning trials ---------------------------------------------------------------------
-
-    def _ran_in_full(self, cfg: TrialConfig) -> bool:
-        group = self._groups[self._group_of[cfg.trial_id]]
-        return group.measuring.trial_id == cfg.trial_id and group.ran_grad_acc == cfg.grad_acc
-
-    def _own_learning(self, cfg: TrialConfig) -> bool:
-        """``cfg``'s own trial gives its stability columns: it ran in full, and (unless full_grid,
-        where every row is its own) with exactly its set-up's learning steps and precision."""
-        return self._ran_in_full(cfg) and (self.full_grid or learning_config(cfg) == cfg)
+    # --- the learn phase ---------------------------------------------------------------------
 
     def _learning_over_budget(self, cfg: TrialConfig) -> str | None:
         """Why ``learning_config(cfg)`` is predicted not to fit, or None. A learning trial in the
@@ -343,32 +302,20 @@ class SweepPlan:
             return None
         return self.over_budget(lcfg)
 
-    def _precision_of(self, lkey: str) -> str:
-        """The space's precision of a learning set-up (precision is part of its learning_key)."""
-        return next(self._cfgs[t].train.precision for t, k in self._learning_keys.items() if k == lkey)
-
-    def _step_ms(self, cfg: TrialConfig) -> float:
-        group = self._groups[self._group_of[cfg.trial_id]]
-        if cfg.trial_id in group.saved:
-            return group.saved[cfg.trial_id].step_time_ms
-        if cfg.grad_acc == group.ran_grad_acc:
-            return group.result.step_time_ms
-        ms = fitted_step_ms(group.steps, group.ran_grad_acc, cfg.grad_acc)
-        return ms if math.isfinite(ms) else math.inf
-
     def _next_learning(self) -> Job | None:
-        needing = {self._learning_keys[t] for t in self.unfinished()}
-        for lkey in dict.fromkeys(self._learning_keys.values()):
-            if lkey not in needing or lkey in self._learned or any(j.kind == LEARN and j.key == lkey for j in self._running.values()):
+        needing = {self._learn.key_of[t] for t in self.unfinished()}
+        running = {j.key for j in self._running_of(JobKind.LEARN)}
+        for lkey in dict.fromkeys(self._learn.key_of.values()):
+            if lkey not in needing or lkey in self._learn.learned or lkey in running:
                 continue
-            cfgs = [self._cfgs[t] for t, k in self._learning_keys.items() if k == lkey]
-            groups = [self._groups[self._group_of[c.trial_id]] for c in cfgs]
-            if any(g.state in ("pending", "running") for g in groups):
+            cfgs = [self._cfgs[t] for t, k in self._learn.key_of.items() if k == lkey]
+            groups = [self._measure.of(c) for c in cfgs]
+            if not all(g.ended for g in groups):
                 continue  # pick the fastest once every configuration of the set-up is measured
-            ok = [c for c, g in zip(cfgs, groups) if g.state == "done" and g.result.status == "ok"]
-            full = [c for c in ok if self._own_learning(c)]
+            ok = [c for c, g in zip(cfgs, groups) if g.measured_ok]
+            full = [c for c in ok if self._measure.own_learning(c)]
             if full:
-                self._learned[lkey] = LearningSource.of(full[0], self._groups[self._group_of[full[0].trial_id]].result)
+                self._learn.learned[lkey] = LearningSource.of(full[0], self._measure.of(full[0]).result)
                 continue
             return self._learning_job(ok, lkey)
         return None
@@ -377,64 +324,66 @@ class SweepPlan:
         """The learning trial of a set-up whose measured ok configurations are ``ok``: the fastest
         whose learning configuration fits, else the fastest in the space's precision, noted."""
         def fastest(cfgs: list[TrialConfig]) -> TrialConfig | None:
-            return pick_learning_trial(cfgs, predict=lambda _c: 0.0, budget_gb=math.inf, step_ms=self._step_ms)
+            return pick_learning_trial(cfgs, predict=lambda _c: 0.0, budget_gb=math.inf, step_ms=self._measure.step_ms)
 
-        ran_out = self._learning_oom.get(lkey)
+        ran_out = self._learn.ran_out.get(lkey)
         reasons = {c.trial_id: ran_out or self._learning_over_budget(c) for c in ok}
-        pick, note = fastest([c for c in ok if reasons[c.trial_id] is None]), ""
-        if pick is not None:
-            cfg, job_id = learning_config(pick), pick.trial_id + LEARNING_SUFFIX
-        elif (pick := fastest(ok)) is not None:
-            cfg = learning_config(pick, precision=pick.train.precision)
-            job_id = pick.trial_id + LEARNING_SUFFIX + (f"-{cfg.train.precision}" if ran_out else "")
-            wanted = pick.train.learning_precision_resolved()
-            why = ran_out or (f"no configuration of its set-up fits (it would have been {pick.trial_id}, "
-                              f"{reasons[pick.trial_id].removeprefix('pruned: ')})")
-            note = f"learning trial {job_id} runs in {cfg.train.precision}, the space's precision: in {wanted} {why}"
-            self._out.notes.append(f"note: {note}")
-        else:
-            self._learned[lkey] = None
+        if (pick := fastest([c for c in ok if reasons[c.trial_id] is None])) is not None:
+            return Job.of(JobKind.LEARN, pick, learning_config(pick), lkey)
+        if (pick := fastest(ok)) is None:
+            self._learn.learned[lkey] = None
             return None
-        return Job(job_id, cfg.model_copy(update={"trial_id": job_id}), LEARN, lkey, note)
+        cfg = learning_config(pick, precision=pick.train.precision)
+        job = Job.of(JobKind.LEARN, pick, cfg, lkey, variant=cfg.train.precision if ran_out else "")
+        wanted = pick.train.learning_precision_resolved()
+        why = ran_out or (f"no configuration of its set-up fits (it would have been {pick.trial_id}, "
+                          f"{reasons[pick.trial_id].removeprefix('pruned: ')})")
+        note = f"learning trial {job.job_id} runs in {cfg.train.precision}, the space's precision: in {wanted} {why}"
+        self._out.notes.append(f"note: {note}")
+        return replace(job, note=note)
 
-    # --- the runoff ----------------------------------------------------------------------------
+    def _finish_learning(self, job: Job, result: TrialResult) -> None:
+        if result.status == "oom" and job.cfg.train.precision != job.source.train.precision:
+            # The memory model under-predicted the learning precision (it can by up to 6.8 %): learn
+            # in the space's precision instead, as when it is predicted not to fit.
+            self._learn.ran_out[job.key] = f"{job.job_id} ran out of memory"
+        else:
+            self._learn.learned[job.key] = LearningSource.of(job.cfg, result, job.note)
+
+    # --- the runoff phase ----------------------------------------------------------------------
 
     def _next_runoff(self) -> Job | None:
         if self.full_grid:
             return None
-        if not self._runoff_queue:
-            if any(g.state in ("pending", "running") for g in self._groups.values()):
+        if not self._runoff.queue:
+            if self._measure.ongoing():
                 return None  # the fastest is known once every group is measured
-            if any(j.kind == RUNOFF for j in self._running.values()):
+            if self._running_of(JobKind.RUNOFF):
                 return None  # the next round reads the times this one brings
-            self._runoff_queue = self._runoff_round()
-        return self._runoff_queue.pop(0) if self._runoff_queue else None
+            self._runoff.queue = self._runoff_round()
+        return self._runoff.queue.pop(0) if self._runoff.queue else None
 
     def _runoff_round(self) -> list[Job]:
         """The next round of runoffs (see plan/runoff.py): the recommendation's finalists, then
         the frontier's ties, none timed in full before, within what is left of the cap."""
-        left = runoff_cap(len(self._groups)) - len(self._runoff_tried)
-
-        def untried(rows: list[TrialResult], limit: int) -> list[TrialResult]:
-            picked = [r for r in rows if (self._group_of[r.trial_id], r.grad_acc) not in self._runoff_tried][:limit]
-            self._runoff_tried.update((self._group_of[r.trial_id], r.grad_acc) for r in picked)
-            return picked
-
-        leaders = untried(finalists(self._fitting_rows(), usable_gb=None, limit=None), min(left, RUNOFF_MAX))
-        edges = untried(frontier_ties(self._fitting_rows(margin=None), limit=None), left - len(leaders))
+        left, group_of = runoff_cap(len(self._measure.groups)) - len(self._runoff.tried), self._measure.group_of
+        leaders = self._runoff.untried(finalists(self._fitting_rows(), usable_gb=None, limit=None), group_of,
+                                       min(left, RUNOFF_MAX))
+        edges = self._runoff.untried(frontier_ties(self._fitting_rows(margin=None), limit=None), group_of,
+                                     left - len(leaders))
         for rows, why in ((leaders, "tied with the fastest within the step-time noise"),
                           (edges, "tie on the memory/throughput frontier")):
             if rows:
                 self._out.notes.append(f"runoff: {', '.join(r.trial_id for r in rows)} {why} on extrapolated "
                                        "step times; timing each in full at its grad_acc")
-        return [self._runoff_job(r) for r in leaders + edges]
+        return [self._runoff_job(self._cfgs[r.trial_id]) for r in leaders + edges]
 
     def _fitting_rows(self, margin: float | None = RUNOFF_SAFETY_MARGIN) -> list[TrialResult]:
         """Every measured ok row that fits its budget less ``margin`` (the recommendation's default
         margin; None: every ok row, as the frontier takes them)."""
         rows = []
-        for group in self._groups.values():
-            if group.state != "done" or group.result.status != "ok":
+        for group in self._measure.groups.values():
+            if not group.measured_ok:
                 continue
             for m in group.members:
                 budget_gb = self.budget_of(m)
@@ -443,93 +392,58 @@ class SweepPlan:
                     rows.append(self._time_row(m, group))
         return rows
 
-    def _runoff_job(self, row: TrialResult) -> Job:
-        cfg = self._cfgs[row.trial_id]
-        job_id = cfg.trial_id + RUNOFF_SUFFIX
-        return Job(job_id, _without_eval(cfg).model_copy(update={"trial_id": job_id}), RUNOFF, self._group_of[cfg.trial_id])
+    def _runoff_job(self, cfg: TrialConfig) -> Job:
+        return Job.of(JobKind.RUNOFF, cfg, without_eval(cfg), self._measure.group_of[cfg.trial_id])
 
     def _finish_runoff(self, job: Job, result: TrialResult) -> None:
-        group = self._groups[job.key]
+        group = self._measure.groups[job.key]
         if result.status != "ok":
             self._out.notes.append(f"runoff: {job.job_id} {result.status}; its rows keep the extrapolated step time")
             return
         grad_acc = job.cfg.grad_acc
-        before = self._time_row(self._cfgs[job.job_id.removesuffix(RUNOFF_SUFFIX)], group)
-        self._runoff_times[(job.key, grad_acc)] = result
+        before = self._time_row(job.source, group)
+        self._runoff.times[(job.key, grad_acc)] = result
         self._out.notes.append(f"runoff: {job.job_id} {result.step_time_ms:.0f} ms per step in full "
                                f"(extrapolated {before.step_time_ms:.0f} ms)")
         for m in group.members:
-            if m.grad_acc == grad_acc and m.trial_id in self._written and (row := self._row_of(m, group)):
+            if m.grad_acc == grad_acc and m.trial_id in self._out.written and (row := self._row_of(m, group)):
                 self._out.replaced.append(row)
 
     # --- rows ----------------------------------------------------------------------------------
 
-    def _time_row(self, m: TrialConfig, group: _Group) -> TrialResult:
+    def _time_row(self, m: TrialConfig, group: Group) -> TrialResult:
         """``m``'s row from its group's measurement (a resumed sweep's: the row it restored), with
         its runoff's time when it had one."""
-        row = group.saved.get(m.trial_id) or shared_row(
-            m, group.result, group.steps, ran_grad_acc=group.ran_grad_acc, measured_by=group.measuring.trial_id,
-            predicted_peak_gb=group.predicted_gb)
-        runoff = self._runoff_times.get((self._group_of[m.trial_id], m.grad_acc))
-        return timed_row(row, runoff) if runoff is not None and row.status == "ok" else row
+        return group.row(m, runoff=self._runoff.times.get((self._measure.group_of[m.trial_id], m.grad_acc)))
 
-    def _row_of(self, m: TrialConfig, group: _Group) -> TrialResult:
+    def _row_of(self, m: TrialConfig, group: Group) -> TrialResult:
         """``m``'s results row; while its learning trial is still to come, with its stability
         columns :data:`PENDING` (:func:`~dpo_sweep.plan.rows.pending_stability`)."""
         row = self._time_row(m, group)
         if row.status != "ok":
             return row
-        if self._own_learning(m):
+        if self._measure.own_learning(m):
             return with_stability(row, LearningSource.of(m, row))
-        if (lkey := self._learning_keys[m.trial_id]) in self._learned:
-            return with_stability(row, self._learned[lkey])
+        if (lkey := self._learn.key_of[m.trial_id]) in self._learn.learned:
+            return with_stability(row, self._learn.learned[lkey])
         return pending_stability(row)
 
     def _emit_ready(self) -> None:
-        for group in self._groups.values():
-            if group.state != "done":
+        for group in self._measure.groups.values():
+            if group.state is not GroupState.DONE:
                 continue
             for m in group.members:
-                if m.trial_id not in self._written:
+                if m.trial_id not in self._out.written:
                     self._emit(self._row_of(m, group))
-                elif m.trial_id in self._stability_due and self._learning_keys[m.trial_id] in self._learned:
+                elif m.trial_id in self._out.pending and self._learn.key_of[m.trial_id] in self._learn.learned:
                     self._out.replaced.append(self._row_of(m, group))  # its learning trial ended
-                    self._stability_due.discard(m.trial_id)
+                    self._out.pending.discard(m.trial_id)
 
     def _emit(self, row: TrialResult) -> None:
-        self._written.add(row.trial_id)
+        self._out.written.add(row.trial_id)
         if row.stability == PENDING:
-            self._stability_due.add(row.trial_id)
+            self._out.pending.add(row.trial_id)
         self._out.rows.append(row)
-
-
-def plan_labels(trials: Sequence[TrialConfig], budget_gb: float | None = None,
-                estimate: Estimator | None = None,
-                lengths: Mapping[str, LengthProfile | None] | None = None) -> dict[str, str]:
-    """``dpo-sweep validate``'s plan column, by trial id: ``run`` (at which grad_acc), ``shares
-    measurement with X`` or ``pruned: ...`` over budget (pruning after an OOM is known only when
-    the sweep runs); ``estimate`` / ``lengths`` as for :class:`SweepPlan`."""
-    plan = SweepPlan(trials, budget_gb=budget_gb, estimate=estimate, lengths=lengths)
-    labels: dict[str, str] = {}
-    for group in plan._groups.values():
-        reason = plan.over_budget(group.measuring)
-        head = group.measuring
-        short = measure_grad_acc(head)
-        for m in group.members:
-            if reason:
-                labels[m.trial_id] = reason
-            elif m is head:
-                labels[m.trial_id] = "run" if short == m.grad_acc else f"run at grad_acc {short}, time extrapolated"
-            else:
-                labels[m.trial_id] = f"shares measurement with {head.trial_id}"
-    return labels
-
-
-def _without_eval(cfg: TrialConfig) -> TrialConfig:
-    """``cfg`` for a trial that only measures or times it: no held-batch evaluation after its
-    steps (``train.evaluate``; 0.17-0.35 s of a 1B trial on the H200), whose ``eval_loss`` no row
-    would take."""
-    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"evaluate": False})})
 
 
 def _trainable(cfg: TrialConfig, shapes: Mapping[ModelSpec, ModelShape]) -> int | None:

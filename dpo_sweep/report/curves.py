@@ -9,6 +9,7 @@ import pandas as pd
 
 from dpo_sweep.analysis import tables
 from dpo_sweep.report.figures import esc, num, nums, trial_label
+from dpo_sweep.results_dir import ResultsDir
 
 MAX_POINTS_PER_CURVE = 200
 
@@ -34,7 +35,7 @@ def step_curves(steps: pd.DataFrame, analysed: pd.DataFrame, column: str, title:
         rows = _thin(rows.sort_values("step"), MAX_POINTS_PER_CURVE)
         row = by_id.get(str(trial_id))
         name = trial_label(row) if row is not None else esc(tables.short_id(str(trial_id)))
-        status = str(row["status"]) if row is not None else "not in results.csv"
+        status = str(row["status"]) if row is not None else f"not in {ResultsDir.RESULTS}"
         traces.append({
             "type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": esc(trial_id),
             "x": nums(rows["step"]), "y": nums(rows[column]) if column in rows else [],

@@ -14,8 +14,9 @@ import pandas as pd
 from dpo_sweep.analysis import noise_floor, tables
 from dpo_sweep.analysis.pareto import Objective
 from dpo_sweep.analysis.recommend import Recommendation
-from dpo_sweep.analysis.winner import RECOMMENDED_FILE, Winner, trl_text
+from dpo_sweep.analysis.winner import Winner, trl_text
 from dpo_sweep.records import STATUSES
+from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
 from dpo_sweep.report import curves, figures
 from dpo_sweep.report.data_shape import data_shape_section
@@ -252,7 +253,7 @@ def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Obje
         ("normal loss std range",
          "-" if rec.loss_std_limit is None else f"<= {tables.fmt_sig(rec.loss_std_limit)}"),
         ("memory model", tables.prediction_error(analysed, environment) or "no prediction with a measured peak"),
-        ("per-step data", "steps.csv" if steps is not None else "absent (results.csv only)"),
+        ("per-step data", ResultsDir.STEPS if steps is not None else f"absent ({ResultsDir.RESULTS} only)"),
         ("units", "GB = 1e9 bytes; step time is the median optimizer step in ms (warm-up excluded); "
                   "tokens/s the median of the measured steps' throughputs"),
     ]
@@ -299,7 +300,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
                  for dom_id, column, title, y_title, caption, threshold in _STEP_PLOTS
                  if column in steps and steps[column].notna().any()]  # no empty axes for an unmeasured column
     else:
-        notes.append("steps.csv is absent or empty: the per-step curves (loss, grad norm, log-ratio std, "
+        notes.append(f"{ResultsDir.STEPS} is absent or empty: the per-step curves (loss, grad norm, log-ratio std, "
                      "reward accuracy, step time, memory) are not shown.")
     has_curves = bool(figs)  # before the length histograms, which are no curves of the trials
     shape = data_shape_section(datasets or [], analysed)
@@ -329,7 +330,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         notes=notes,
         data_shape=shape.lines,
         use_it=_use_it(winner),
-        use_commands=((f"dpo-sweep validate {RECOMMENDED_FILE}", f"dpo-sweep trial {RECOMMENDED_FILE}")
+        use_commands=((f"dpo-sweep validate {ResultsDir.RECOMMENDED}", f"dpo-sweep trial {ResultsDir.RECOMMENDED}")
                       if winner and winner.trial else ()),
         trl_code=trl_text(winner.trl_arguments, winner.trl_gaps) if winner and winner.trial else "",
     )
@@ -339,7 +340,7 @@ def _use_it(winner: Winner | None) -> list[str]:
     if winner is None or (winner.trial is None and not winner.note):
         return []
     if winner.trial is None:
-        return [f"No {RECOMMENDED_FILE}: {winner.note}."]
-    return [f"{RECOMMENDED_FILE}, next to this report, is the winner with every setting pinned; in this "
+        return [f"No {ResultsDir.RECOMMENDED}: {winner.note}."]
+    return [f"{ResultsDir.RECOMMENDED}, next to this report, is the winner with every setting pinned; in this "
             "folder the first command checks it, the second runs it once:",
             "The same configuration as TRL DPOConfig arguments (lines starting # name what TRL cannot express):"]

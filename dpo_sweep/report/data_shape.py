@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpo_sweep.train.lengths import DATA_FILE
+from dpo_sweep.results_dir import ResultsDir
 
 #: Which lengths get a histogram, and their legend names.
 LENGTH_FIELDS = {"prompt": "prompt", "chosen": "chosen (with EOS)", "rejected": "rejected (with EOS)"}
@@ -27,7 +27,7 @@ class DataShapeSection:
 
 def load_data_json(out_dir: str | Path) -> list[dict[str, Any]]:
     """``DIR/data.json``'s data sets; [] when it is absent or unreadable (an older results dir)."""
-    path = Path(out_dir) / DATA_FILE
+    path = ResultsDir(out_dir).data
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -58,7 +58,7 @@ def padding_line(analysed: pd.DataFrame) -> str:
     lo, hi = float(ok["padding_frac"].min()), float(ok["padding_frac"].max())
     span = f"{lo:.1%}" if math.isclose(lo, hi, abs_tol=5e-4) else f"{lo:.1%} - {hi:.1%}"
     return (f"padding: {span} of the token positions of the trials' typical micro-batches are padding "
-            "(results.csv padding_frac; 0 with train.padding_free)")
+            f"({ResultsDir.RESULTS} padding_frac; 0 with train.padding_free)")
 
 
 def length_histogram(d: dict[str, Any]) -> dict[str, Any]:

@@ -185,7 +185,7 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
     """
     measured = analysed[analysed["peak_mem_gb"].notna() & analysed["tokens_per_s"].notna()]
     ok = measured[measured["status"] == "ok"]
-    swept = tables.swept_columns(analysed)
+    swept = tables.swept_columns(analysed, levers=True)
     others = [lv for lv in level_order(analysed["checkpoint_level"]) if lv not in _SYMBOLS]
     std = ok["loss_std"].astype(float)
     std = std[np.isfinite(std)]
@@ -346,7 +346,7 @@ def dimension_panels(analysed: pd.DataFrame, budget_gb: float | None) -> dict[st
     groups = analysed.assign(_group=[_status_group(r) for _, r in analysed.iterrows()])
     x_oom = oom_x_gb(analysed, budget_gb)
     dimensions = panel_dimensions(analysed)
-    swept = tables.swept_columns(analysed)
+    swept = tables.swept_columns(analysed, levers=True)
     n = len(dimensions)
     gap = 0.04
     width = (1.0 - gap * (n - 1)) / n

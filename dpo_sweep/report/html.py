@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 
 from dpo_sweep.report.data import ReportData
+from dpo_sweep.results_dir import ResultsDir
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 _JSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
@@ -59,6 +60,11 @@ def _environment() -> jinja2.Environment:
     )
 
 
+#: A table of more columns than this is set in smaller type (``table.wide``): the all-trials table
+#: of a sweep over the levers has 21, which at the normal size overflow 1280 px by 70 px.
+WIDE_TABLE_COLUMNS = 19
+
+
 def render_html(data: ReportData, js: str | None = None) -> str:
     """The report page. ``js``: plotly.js source (default: the installed bundle)."""
     figures = [{"id": f.dom_id, **f.spec} for f in data.figures]
@@ -68,6 +74,8 @@ def render_html(data: ReportData, js: str | None = None) -> str:
         figure_json=script_safe_json(figures),
         recommendation_text=json.dumps(data.recommendation_json, indent=2, ensure_ascii=False),
         plotly_packed=packed_js(plotly_js() if js is None else js),
+        WIDE_TABLE_COLUMNS=WIDE_TABLE_COLUMNS,
+        files=ResultsDir,  # the folder's file names, as the page mentions them
     )
 
 

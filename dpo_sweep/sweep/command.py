@@ -38,14 +38,13 @@ from dpo_sweep import preflight
 from dpo_sweep.train.lengths import write_data_json
 from dpo_sweep import space as space_mod
 from dpo_sweep.errors import UserError
+from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.folder_lock import FolderLock
 from dpo_sweep.sweep.local_cluster import stop_guard
-from dpo_sweep.sweep.output_dir import (RESULTS_FILE, default_output_dir, finished_trial_ids, prepare_output,
-                                         save_environment)
+from dpo_sweep.sweep.output_dir import default_output_dir, finished_trial_ids, prepare_output, save_environment
 from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, connect_ray, print_dashboard,
                                          stop_local_autoscaler)
-from dpo_sweep.sweep.trial_run import LOGS_DIR
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
 from dpo_sweep.sweep.startup import BackgroundPreflight, CheckedInputs
@@ -111,8 +110,8 @@ def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Pat
         return EXIT_INTERRUPTED
     print(f"error: the first {summary.ran} trial(s) all failed "
           f"before their first step with the same cause; the sweep stopped, "
-          f"{len(summary.not_run)} trial(s) not run. Their rows and logs: {out_dir / RESULTS_FILE}, "
-          f"{out_dir / LOGS_DIR}/. The cause: {summary.stopped}", file=sys.stderr)
+          f"{len(summary.not_run)} trial(s) not run. Their rows and logs: {ResultsDir(out_dir).results}, "
+          f"{ResultsDir(out_dir).logs}/. The cause: {summary.stopped}", file=sys.stderr)
     return 1
 
 
@@ -211,7 +210,7 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
             checked = pending.result()
         done_ids = _prepare(args, out_dir, checked, sp)
         if done_ids >= {t.trial_id for t in sp.trials}:
-            say(f"resume: all {total} trial(s) are already in {out_dir / RESULTS_FILE}; nothing to run")
+            say(f"resume: all {total} trial(s) are already in {ResultsDir(out_dir).results}; nothing to run")
             _analyse(out_dir, args, say, sp.spec)
             return 0
         if conn is None:  # a resume that looked finished but was not (prepare_output decided)
@@ -234,8 +233,9 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         release.start(pool, conn)  # also ends the trials still running when the sweep stopped early
     if summary.stopped is not None:
         return _stopped_early(summary, args, out_dir, total)
+    files = ResultsDir(out_dir)
     say(f"sweep finished: {summary.ran} configuration(s) in {summary.ray_trials} Ray trial(s), "
-        f"{summary.skipped} skipped; results in {out_dir / RESULTS_FILE}, worker output in {out_dir / LOGS_DIR}/")
+        f"{summary.skipped} skipped; results in {files.results}, worker output in {files.logs}/")
     _analyse(out_dir, args, say, sp.spec)
     if summary.crashed:
         print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "

@@ -22,8 +22,7 @@ from types import TracebackType
 from typing import IO
 
 from dpo_sweep.errors import UserError
-
-LOCK_FILE = ".sweep.lock"
+from dpo_sweep.results_dir import ResultsDir
 
 
 def holder_text(path: Path) -> str:
@@ -45,7 +44,7 @@ class FolderLock:
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
-        self.path = out_dir / LOCK_FILE
+        self.path = ResultsDir(out_dir).lock
         self._fh: IO[str] | None = None
         self._created: list[Path] = []
 

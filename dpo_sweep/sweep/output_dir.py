@@ -9,9 +9,7 @@ from typing import Any, Callable, Mapping
 
 from dpo_sweep.records import (PENDING, RESULTS_COLUMNS, STEPS_COLUMNS, TrialResult, damaged_text, read_csv_rows,
                                read_csv_table, rewrite_csv, rows_as, write_environment_json)
-
-RESULTS_FILE = "results.csv"
-STEPS_FILE = "steps.csv"
+from dpo_sweep.results_dir import ResultsDir
 
 
 def default_output_dir(space_name: str) -> Path:
@@ -20,21 +18,20 @@ def default_output_dir(space_name: str) -> Path:
 
 def finished_trial_ids(out_dir: Path) -> set[str]:
     """Trial ids whose row in ``DIR/results.csv`` is final (not waiting for a learning trial)."""
-    return {r["trial_id"] for r in read_csv_rows(out_dir / RESULTS_FILE)
+    return {r["trial_id"] for r in read_csv_rows(ResultsDir(out_dir).results)
             if r.get("trial_id") and r.get("stability") != PENDING}
 
 
 def pending_rows(out_dir: Path) -> list[TrialResult]:
     """The rows of ``DIR/results.csv`` written when measured whose learning trial had not ended."""
-    return rows_as(TrialResult, (r for r in read_csv_rows(out_dir / RESULTS_FILE)
+    return rows_as(TrialResult, (r for r in read_csv_rows(ResultsDir(out_dir).results)
                                  if r.get("trial_id") and r.get("stability") == PENDING))
 
 
 def drop_rows(out_dir: Path, trial_ids: set[str]) -> None:
     """Remove the rows of ``trial_ids`` from results.csv and their trials' steps from steps.csv
     (atomic rewrites): configurations a resumed sweep measures again."""
-    for name in (RESULTS_FILE, STEPS_FILE):
-        path = out_dir / name
+    for path in ResultsDir(out_dir).row_files:
         rows = read_csv_rows(path)
         kept = [r for r in rows if r.get("trial_id") not in trial_ids]
         if len(kept) != len(rows):
@@ -44,7 +41,7 @@ def drop_rows(out_dir: Path, trial_ids: set[str]) -> None:
 def referenced_trial_ids(out_dir: Path) -> set[str]:
     """Trials that rows of ``DIR/results.csv`` name as their measurement or learning trial (a
     planner's ``<id>-learning`` trial has steps but no row of its own)."""
-    rows = read_csv_rows(out_dir / RESULTS_FILE)
+    rows = read_csv_rows(ResultsDir(out_dir).results)
     return {r[c] for r in rows for c in ("measured_by", "stability_from") if r.get(c)}
 
 
@@ -52,7 +49,7 @@ def _drop_orphan_steps(out_dir: Path, keep_ids: set[str]) -> None:
     """A sweep killed between writing a trial's steps and its summary row leaves step rows of a
     trial that will run again: drop them (and a cut-off line) so that steps.csv holds every trial
     exactly once."""
-    path = out_dir / STEPS_FILE
+    path = ResultsDir(out_dir).steps
     table = read_csv_table(path)
     kept = [r for r in table.rows if r.get("trial_id") in keep_ids]
     if len(kept) == len(table.rows) and not table.damaged:
@@ -76,8 +73,8 @@ def _renamed_id(value: str, renamed: Mapping[str, str]) -> str:
 def rename_trials(out_dir: Path, renamed: Mapping[str, str]) -> int:
     """Rewrite the trial ids of ``DIR/results.csv`` and ``DIR/steps.csv`` that ``renamed`` maps
     (an older version's ids for the same trials; space.Space.renamed); returns the rows renamed."""
-    count = 0
-    for path, columns in ((out_dir / RESULTS_FILE, RESULTS_COLUMNS), (out_dir / STEPS_FILE, STEPS_COLUMNS)):
+    count, files = 0, ResultsDir(out_dir)
+    for path, columns in ((files.results, RESULTS_COLUMNS), (files.steps, STEPS_COLUMNS)):
         rows = read_csv_rows(path)
         changed = False
         for row in rows:
@@ -94,7 +91,7 @@ def _drop_damaged_rows(out_dir: Path) -> set[str]:
     """Rewrite results.csv without its damaged records (a line cut off by a kill or a full disk
     during an append: :func:`~dpo_sweep.records.read_csv_table`), saying which; their trials are
     not finished, so they run again. Returns the trial ids those records name."""
-    path = out_dir / RESULTS_FILE
+    path = ResultsDir(out_dir).results
     table = read_csv_table(path)
     if not table.damaged:
         return set()
@@ -118,14 +115,14 @@ def prepare_output(space_path: Path, out_dir: Path, resume: bool, renamed: Mappi
         done = finished_trial_ids(out_dir)
         _drop_orphan_steps(out_dir, (done | referenced_trial_ids(out_dir)) - (rerun - done))
     else:
-        old = [p for p in (out_dir / RESULTS_FILE, out_dir / STEPS_FILE) if p.exists()]
+        old = [p for p in ResultsDir(out_dir).row_files if p.exists()]
         if old:
-            aside = out_dir / time.strftime("previous-%Y%m%d-%H%M%S")
+            aside = ResultsDir(out_dir).previous(time.strftime("%Y%m%d-%H%M%S"))
             aside.mkdir(exist_ok=True)
             for p in old:
                 shutil.move(str(p), aside / p.name)
             print(f"earlier results moved to {aside} (use --resume to continue a sweep instead)")
-    target = out_dir / "space.yaml"
+    target = ResultsDir(out_dir).space
     if space_text is not None:
         target.write_text(space_text)
     elif space_path.resolve() != target.resolve():
@@ -144,4 +141,4 @@ def save_environment(out_dir: Path, out: Callable[[str], None],
             info = environment_info()
         write_environment_json(out_dir, info)
     except Exception as err:  # noqa: BLE001 - a missing GPU library must not stop the sweep
-        out(f"note: environment.json not written ({type(err).__name__}: {err})")
+        out(f"note: {ResultsDir.ENVIRONMENT} not written ({type(err).__name__}: {err})")

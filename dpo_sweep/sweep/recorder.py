@@ -17,6 +17,7 @@ from ray import tune
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import TrialResult, replace_results, widened_line, write_results, write_steps
+from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.collector import CollectedTrial, TrialCollector
 from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.output_dir import save_environment
@@ -172,9 +173,9 @@ class SweepRecorder(tune.Callback):
         steps, rows = self.plan.take_output()
         # Steps first: a kill between the two writes leaves orphan steps, which --resume drops.
         if steps and (added := write_steps(self.out_dir, steps, append=True)):
-            say(widened_line(self.out_dir / "steps.csv", added))
+            say(widened_line(ResultsDir(self.out_dir).steps, added))
         if rows and (added := write_results(self.out_dir, rows, append=True)):
-            say(widened_line(self.out_dir / "results.csv", added))  # --resume into an older results.csv
+            say(widened_line(ResultsDir(self.out_dir).results, added))  # --resume into an older results.csv
         if replaced := self.plan.take_replaced():  # their stability, or a runoff's time, came after them
             replace_results(self.out_dir, replaced)
             for line in stability_lines(replaced):

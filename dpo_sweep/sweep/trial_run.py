@@ -23,12 +23,11 @@ from typing import Any, Callable, Iterator
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.records import StepRecord
+from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport
 
 #: Where the trainer lives; tests may point a sweep at a stand-in with the same signature.
 DEFAULT_TRAINER = "dpo_sweep.train.loop:run_trial"
-#: Under the results directory: one log file per trial with everything its workers print.
-LOGS_DIR = "logs"
 
 
 def import_trainer(path: str) -> Callable[..., Any]:
@@ -46,7 +45,7 @@ def startup_line(trial_id: str, ray_s: float, import_s: float) -> str:
 
 def worker_log_path(log_dir: str, trial_id: str, rank: int) -> Path:
     """``DIR/logs/<trial_id>.log`` for rank 0, ``<trial_id>.rank<N>.log`` for the others."""
-    return Path(log_dir) / (f"{trial_id}.log" if rank == 0 else f"{trial_id}.rank{rank}.log")
+    return Path(log_dir) / ResultsDir.log_name(trial_id, rank)
 
 
 @contextmanager

@@ -21,9 +21,10 @@ from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.train.lengths import LengthProfile
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.trainable import TRIAL_CPUS, tune_trainable
-from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER, LOGS_DIR
+from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER
 from dpo_sweep.sweep.console import say
-from dpo_sweep.sweep.output_dir import RESULTS_FILE, drop_rows, pending_rows
+from dpo_sweep.results_dir import ResultsDir
+from dpo_sweep.sweep.output_dir import drop_rows, pending_rows
 from dpo_sweep.sweep.ray_cluster import InfrastructureError
 from dpo_sweep.sweep.recorder import SweepRecorder
 from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
@@ -88,7 +89,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     todo = [absolute_paths(t) for t in sp.trials if t.trial_id not in done_ids]
     total = len(sp.trials)
     if done_ids:
-        out(f"resume: {total - len(todo)} of {total} trial(s) already in {out_dir / RESULTS_FILE}")
+        out(f"resume: {total - len(todo)} of {total} trial(s) already in {ResultsDir(out_dir).results}")
     if not todo:
         return SweepSummary(out_dir, ran=0, skipped=total, finished=total)
     slots = trial_slots(sp, cluster, max_concurrent)
@@ -122,7 +123,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
             param_space={
                 "use_gpu": use_gpu,
                 "storage_path": storage,
-                "log_dir": str((out_dir / LOGS_DIR).resolve()),
+                "log_dir": str(ResultsDir(out_dir).logs.resolve()),
                 "trainer": trainer,
                 "warm_pool": pool.name if pool is not None else None,
             },

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.train.data import PairDataset
 from dpo_sweep.train.order import pair_length
 
 #: Bars per histogram in data.json: enough to show a long tail, few enough to read.
 HISTOGRAM_BINS = 24
-DATA_FILE = "data.json"
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def data_shape(ds: PairDataset, profile: LengthProfile, *, model: str, max_lengt
 
 def write_data_json(out_dir: str | Path, shapes: Sequence[dict[str, Any]]) -> Path:
     """``data.json``: ``{"datasets": [data_shape, ...]}`` in the results folder."""
-    path = Path(out_dir) / DATA_FILE
+    path = ResultsDir(out_dir).data
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"datasets": list(shapes)}, indent=1) + "\n")
     return path

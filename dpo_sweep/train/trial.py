@@ -10,6 +10,7 @@ from pathlib import Path
 from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
 from dpo_sweep.records import write_results, write_steps
+from dpo_sweep.results_dir import ResultsDir
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
@@ -36,5 +37,5 @@ def cmd_trial(args: argparse.Namespace) -> int:
               + f"), eval_loss {r.eval_loss:.4g}")
     else:
         print(f"done: status {r.status}: {r.error}", file=sys.stderr)
-    print(f"wrote {out / 'results.csv'} and {out / 'steps.csv'}")
+    print(f"wrote {ResultsDir(out).results} and {ResultsDir(out).steps}")
     return 0 if r.status in ("ok", "oom", "diverged") else 1

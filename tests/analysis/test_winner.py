@@ -142,3 +142,22 @@ def test_the_model_decides_between_trials_of_the_same_values(tmp_path):
     row = load_results(results_for(tmp_path, raw, 0)).iloc[0].copy()
     row["trial_id"], row["model"] = "renamed", "llama-3.2-1b"
     assert winner.find_trial(trials, row) == trials[1]
+
+
+def test_a_lora_winner_with_a_low_bit_adamw_names_its_peft_config_and_optim(tmp_path):
+    from peft import LoraConfig
+    from transformers.training_args import OptimizerNames
+
+    raw = quick_space(tmp_path, train={"adapter": "lora", "lora_r": 8, "lora_alpha": 16, "optimizer": "adamw_8bit"})
+    t = space_mod.parse(raw).trials[0]
+    args, gaps = winner.trl_config(t, load_results(results_for(tmp_path, raw, 0)).iloc[0])
+    assert OptimizerNames(args["optim"]) == OptimizerNames.ADAMW_TORCH_8BIT  # transformers' torchao AdamW8bit
+    (peft,) = [g for g in gaps if g.startswith("adapter lora")]
+    call = peft[peft.index("LoraConfig("):peft.index(", task_type='CAUSAL_LM')")] + ", task_type='CAUSAL_LM')"
+    config = eval(call, {"LoraConfig": LoraConfig})  # the text pastes as peft's own call
+    assert (config.r, config.lora_alpha, set(config.target_modules)) == (8, 16, set(t.train.lora_targets))
+    (tmp_path / "full").mkdir()
+    plain = quick_space(tmp_path / "full")
+    full = space_mod.parse(plain).trials[0]
+    args, gaps = winner.trl_config(full, load_results(results_for(tmp_path / "full", plain, 0)).iloc[0])
+    assert "optim" not in args and not any(g.startswith("adapter") for g in gaps)

@@ -10,7 +10,8 @@ import pytest
 from dpo_sweep.config import DEFAULT_LEARNING_STEPS, TrainSpec
 from dpo_sweep.plan.memory import MemoryEstimate
 from dpo_sweep.plan.rules import learning_config, learning_key, measurement_key
-from dpo_sweep.plan.schedule import LEARN, MEASURE, SweepPlan
+from dpo_sweep.plan.jobs import JobKind
+from dpo_sweep.plan.schedule import SweepPlan
 from tests.plan.test_plan_schedule import collect, drive, estimate, run, space
 from tests.testkit import make_cfg
 
@@ -25,7 +26,7 @@ def estimate_by_precision(cfg) -> MemoryEstimate:
 
 
 def learn_jobs(jobs):
-    return [j for j in jobs if j.kind == LEARN]
+    return [j for j in jobs if j.kind == JobKind.LEARN]
 
 
 def test_learning_steps_default_to_sixteen_or_the_space_s_steps_when_more():
@@ -67,9 +68,9 @@ def test_a_short_bf16_space_learns_for_sixteen_steps_in_bf16_mixed():
     learn = learn_jobs(jobs)
     assert len(learn) == 4  # two effective batches x two betas
     assert {(j.cfg.train.steps, j.cfg.train.warmup_steps, j.cfg.train.precision) for j in learn} == {(16, 2, "bf16-mixed")}
-    assert all(j.cfg.train.steps == 5 and j.cfg.train.precision == "bf16" for j in jobs if j.kind == MEASURE)
+    assert all(j.cfg.train.steps == 5 and j.cfg.train.precision == "bf16" for j in jobs if j.kind == JobKind.MEASURE)
     # Only the learning trials' held-batch loss reaches a row: the measurements skip it (train.evaluate).
-    assert [j.cfg.train.evaluate for j in jobs if j.kind == MEASURE] == [False, False]
+    assert [j.cfg.train.evaluate for j in jobs if j.kind == JobKind.MEASURE] == [False, False]
     assert all(j.cfg.train.evaluate for j in learn)
     for r in rows.values():
         assert r.stability_from.endswith("-learning") and r.stability_from != r.trial_id
@@ -173,7 +174,7 @@ def test_a_learning_trial_that_runs_out_of_memory_in_the_learning_precision_is_r
 def test_a_learning_trial_that_runs_out_of_memory_in_the_space_s_own_precision_is_not_run_again():
     trials = bf16_space(micro_batch=[2], grad_acc=[2])
     trials = [t.model_copy(update={"train": t.train.model_copy(update={"learning_precision": "bf16"})}) for t in trials]
-    jobs, rows = drive(SweepPlan(trials, estimate=estimate), lambda job: run(job, "oom" if job.kind == LEARN else "ok"))
+    jobs, rows = drive(SweepPlan(trials, estimate=estimate), lambda job: run(job, "oom" if job.kind == JobKind.LEARN else "ok"))
     assert [j.job_id for j in learn_jobs(jobs)] == [f"{trials[0].trial_id}-learning"]
     (row,) = rows.values()  # ok in memory and time; no stability columns to give
     assert row.status == "ok" and row.stability == "" and row.stability_from == trials[0].trial_id + "-learning"

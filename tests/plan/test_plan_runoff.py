@@ -94,7 +94,8 @@ def test_frontier_ties_time_only_extrapolated_rows_once_per_configuration():
 
 # --- the runoff in the plan (no Ray): stand-in trials of tests/plan/test_plan_schedule.py ---------
 
-from dpo_sweep.plan.schedule import LEARN, MEASURE, RUNOFF, SweepPlan  # noqa: E402
+from dpo_sweep.plan.jobs import JobKind  # noqa: E402
+from dpo_sweep.plan.schedule import SweepPlan  # noqa: E402
 from dpo_sweep.records import read_csv_rows, replace_results, write_results  # noqa: E402
 from tests.plan.test_plan_schedule import drive, estimate, run, space  # noqa: E402
 
@@ -104,8 +105,8 @@ def test_tied_extrapolated_configurations_are_timed_in_full_after_every_measurem
     trials = space(checkpoint_level=["none", "L1"], grad_acc=[8], beta=[0.1, 0.2])
     jobs, rows = drive(SweepPlan(trials, estimate=estimate))
     kinds = [j.kind for j in jobs]
-    assert kinds[:2] == [MEASURE, MEASURE] and kinds[2:4] == [RUNOFF, RUNOFF]  # after both measurements
-    runoff = [j for j in jobs if j.kind == RUNOFF]
+    assert kinds[:2] == [JobKind.MEASURE, JobKind.MEASURE] and kinds[2:4] == [JobKind.RUNOFF, JobKind.RUNOFF]  # after both measurements
+    runoff = [j for j in jobs if j.kind == JobKind.RUNOFF]
     assert [(j.cfg.grad_acc, j.cfg.checkpoint_level) for j in runoff] == [(8, "none"), (8, "L1")]
     assert all(j.job_id.endswith("-runoff") for j in runoff)
     assert not any(j.cfg.train.evaluate for j in runoff)  # a time, no held-batch loss
@@ -122,7 +123,7 @@ def test_a_finalist_must_fit_the_budget_less_the_recommendation_margin():
     trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
     plan = SweepPlan(trials, estimate=estimate, budget_gb=15.5, margin=0.5)
     jobs, rows = drive(plan)
-    assert [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF] == ["L1", "none"]
+    assert [j.cfg.checkpoint_level for j in jobs if j.kind == JobKind.RUNOFF] == ["L1", "none"]
     assert {r.checkpoint_level: r.step_time_source for r in rows.values()} == {"none": "runoff", "L1": "runoff"}
     l1, none = (next(t.trial_id for t in trials if t.checkpoint_level == c) for c in ("L1", "none"))
     notes = plan.take_notes()
@@ -136,7 +137,7 @@ def _timed(job, tps, spread):
     its step times' p10/p90 at -/+ ``spread``: a measure trial (2 of grad_acc 8 micro-steps) gets
     the short-run numbers that extrapolate to it, a runoff the numbers themselves."""
     result, steps = run(job)
-    work, ratio = (8 / job.cfg.grad_acc, 830.0 / result.step_time_ms) if job.kind == MEASURE else (1.0, 1.0)
+    work, ratio = (8 / job.cfg.grad_acc, 830.0 / result.step_time_ms) if job.kind == JobKind.MEASURE else (1.0, 1.0)
     ms = result.step_time_ms
     return dataclasses.replace(result, tokens_per_s=tps * ratio / work, step_time_p10_ms=ms * (1 - spread),
                                step_time_p90_ms=ms * (1 + spread)), steps
@@ -153,11 +154,11 @@ def test_runoff_rounds_go_on_until_the_frontier_has_no_tie_left():
 
     def outcome(job):
         level = job.cfg.checkpoint_level
-        return _timed(job, *short[level]) if job.kind == MEASURE else _timed(job, full[level], 0.001)
+        return _timed(job, *short[level]) if job.kind == JobKind.MEASURE else _timed(job, full[level], 0.001)
 
     plan = SweepPlan(trials, estimate=estimate)
     jobs, rows = drive(plan, outcome)
-    runoffs = [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF]
+    runoffs = [j.cfg.checkpoint_level for j in jobs if j.kind == JobKind.RUNOFF]
     assert runoffs == ["none", "L1", "L2"]
     assert {r.checkpoint_level: round(r.tokens_per_s) for r in rows.values()} == full
     assert all(r.step_time_source == "runoff" for r in rows.values())
@@ -174,8 +175,8 @@ def test_runoffs_stop_at_the_cap(monkeypatch):
     short = {"none": (965.0, 0.005), "L1": (960.0, 0.005), "L2": (875.0, 0.07)}
     full = {"none": 965.0, "L1": 940.0, "L2": 850.0}
     jobs, rows = drive(SweepPlan(trials, estimate=estimate), lambda j: _timed(
-        j, *short[j.cfg.checkpoint_level]) if j.kind == MEASURE else _timed(j, full[j.cfg.checkpoint_level], 0.001))
-    assert [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF] == ["none", "L1"]
+        j, *short[j.cfg.checkpoint_level]) if j.kind == JobKind.MEASURE else _timed(j, full[j.cfg.checkpoint_level], 0.001))
+    assert [j.cfg.checkpoint_level for j in jobs if j.kind == JobKind.RUNOFF] == ["none", "L1"]
     assert rows[next(t.trial_id for t in trials if t.checkpoint_level == "L2")].step_time_source == "extrapolated"
     from dpo_sweep.plan.runoff import runoff_cap
     assert runoff_cap(25) == 12 and runoff_cap(5) == 3  # one per two measurements, at least 3
@@ -187,7 +188,7 @@ def test_rows_written_before_their_runoff_ended_are_handed_back_rewritten():
     measure = plan.next_job()
     plan.finish(measure.job_id, *run(measure))
     runoff, learn = plan.next_job(), plan.next_job()  # both start: two trials at a time
-    assert (runoff.kind, learn.kind) == (RUNOFF, LEARN)
+    assert (runoff.kind, learn.kind) == (JobKind.RUNOFF, JobKind.LEARN)
     plan.finish(learn.job_id, *run(learn))
     (written,) = plan.take_output()[1]  # written when measured, its stability to come
     assert written.step_time_source == "extrapolated" and written.stability == "pending"
@@ -205,8 +206,8 @@ def test_rows_written_before_their_runoff_ended_are_handed_back_rewritten():
 def test_a_runoff_that_fails_leaves_the_extrapolated_time_and_says_so():
     trials = space(grad_acc=[8])
     plan = SweepPlan(trials, estimate=estimate)
-    jobs, rows = drive(plan, outcome=lambda j: run(j, status="oom") if j.kind == RUNOFF else run(j))
-    assert [j.kind for j in jobs].count(RUNOFF) == 1
+    jobs, rows = drive(plan, outcome=lambda j: run(j, status="oom") if j.kind == JobKind.RUNOFF else run(j))
+    assert [j.kind for j in jobs].count(JobKind.RUNOFF) == 1
     assert rows[trials[0].trial_id].step_time_source == "extrapolated"
     assert any("runoff" in n and "oom" in n for n in plan.take_notes())
 
@@ -214,9 +215,9 @@ def test_a_runoff_that_fails_leaves_the_extrapolated_time_and_says_so():
 def test_full_grid_and_measured_rows_have_no_runoff():
     trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
     jobs, _ = drive(SweepPlan(trials, estimate=estimate, full_grid=True))
-    assert RUNOFF not in {j.kind for j in jobs}
+    assert JobKind.RUNOFF not in {j.kind for j in jobs}
     jobs, _ = drive(SweepPlan(space(micro_batch=[1, 2], grad_acc=[2]), estimate=estimate))  # ran at their grad_acc
-    assert RUNOFF not in {j.kind for j in jobs}
+    assert JobKind.RUNOFF not in {j.kind for j in jobs}
 
 
 def test_replace_results_rewrites_only_the_rows_of_those_trial_ids(tmp_path):
@@ -236,7 +237,7 @@ def test_a_peak_at_exactly_the_usable_budget_fits():
     # The plan: both levels peak at 22.80 GB on a 24 GB card, tie, and are timed in full.
     trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
     jobs, _ = drive(SweepPlan(trials, estimate=estimate, budget_gb=24.0), lambda job: run(job, peak_gb=22.80))
-    assert [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF] == ["none", "L1"]
+    assert [j.cfg.checkpoint_level for j in jobs if j.kind == JobKind.RUNOFF] == ["none", "L1"]
 
 
 def test_a_resumed_row_timed_by_a_runoff_keeps_the_runoff_time_after_its_learning_trial():
@@ -255,11 +256,11 @@ def test_a_resumed_row_timed_by_a_runoff_keeps_the_runoff_time_after_its_learnin
     while (job := plan.next_job()) is not None:
         jobs.append(job)
         result, steps = run(job)
-        if job.kind == RUNOFF:
+        if job.kind == JobKind.RUNOFF:
             result = dataclasses.replace(result, step_time_ms=999.0)
         plan.finish(job.job_id, result, steps)
         collect(plan, rows)
-    assert [j.kind for j in jobs] == [RUNOFF, LEARN]
+    assert [j.kind for j in jobs] == [JobKind.RUNOFF, JobKind.LEARN]
     (row,) = rows.values()
     assert (row.step_time_ms, row.step_time_source, row.timed_by) == (999.0, "runoff", jobs[0].job_id)
     assert row.stability_from == jobs[1].job_id

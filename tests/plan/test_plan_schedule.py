@@ -7,7 +7,9 @@ import math
 import pytest
 
 from dpo_sweep.plan.memory import MemoryEstimate
-from dpo_sweep.plan.schedule import LEARN, MEASURE, RUNOFF, SweepPlan, plan_labels
+from dpo_sweep.plan.jobs import JobKind
+from dpo_sweep.plan.labels import plan_labels
+from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import StepRecord, TrialResult
 from tests.testkit import make_cfg
 
@@ -82,7 +84,7 @@ def drive(plan: SweepPlan, outcome=lambda job: run(job)):
 def test_cheapest_predicted_memory_runs_first():
     trials = space(micro_batch=[4, 1, 2], checkpoint_level=["none", "full"])
     jobs, _ = drive(SweepPlan(trials, estimate=estimate))
-    jobs = [j for j in jobs if j.kind == MEASURE]  # the learning trial comes after them
+    jobs = [j for j in jobs if j.kind == JobKind.MEASURE]  # the learning trial comes after them
     peaks = [estimate(j.cfg).total_gb for j in jobs]
     assert peaks == sorted(peaks) and len(jobs) == 6
     assert [(j.cfg.micro_batch, j.cfg.checkpoint_level) for j in jobs[:2]] == [(1, "full"), (2, "full")]
@@ -91,7 +93,7 @@ def test_cheapest_predicted_memory_runs_first():
 def test_two_betas_share_one_measurement_and_say_which_trial_measured_them():
     trials = space(micro_batch=[1, 2], beta=[0.1, 0.2])  # grad_acc 1: each measurement is a full run
     jobs, rows = drive(SweepPlan(trials, estimate=estimate))
-    measure = [j for j in jobs if j.kind == MEASURE]
+    measure = [j for j in jobs if j.kind == JobKind.MEASURE]
     assert [j.job_id for j in measure] == [trials[0].trial_id, trials[2].trial_id]
     for t in trials:
         r = rows[t.trial_id]
@@ -123,7 +125,7 @@ def test_after_an_oom_what_dominates_it_is_pruned_naming_the_trial():
 def test_over_budget_by_more_than_the_margin_is_pruned_before_it_runs():
     trials = space(micro_batch=[1, 2, 4], checkpoint_level=["none"])  # 15, 19, 27 GB predicted
     jobs, rows = drive(SweepPlan(trials, estimate=estimate, budget_gb=18.5))
-    assert [j.cfg.micro_batch for j in jobs if j.kind == MEASURE] == [1, 2]  # 19 GB is within 5 % of 18.5: it runs
+    assert [j.cfg.micro_batch for j in jobs if j.kind == JobKind.MEASURE] == [1, 2]  # 19 GB is within 5 % of 18.5: it runs
     r = rows[trials[2].trial_id]
     assert r.status == "pruned" and "over the 18.5 GB budget" in r.error and r.predicted_peak_gb == 27.0
     assert plan_labels(trials, 18.5, estimate)[trials[2].trial_id] == r.error
@@ -140,10 +142,10 @@ def test_an_emulated_card_bounds_the_allocator_without_the_context():
 def test_short_accumulation_runs_two_micro_steps_and_extrapolates_the_step_time():
     trials = space(grad_acc=[8, 64])
     jobs, rows = drive(SweepPlan(trials, estimate=estimate))
-    measure = [j for j in jobs if j.kind == MEASURE]
+    measure = [j for j in jobs if j.kind == JobKind.MEASURE]
     assert [(j.job_id, j.cfg.grad_acc) for j in measure] == [(trials[0].trial_id, 2)]
     # grad_acc 64 is the fastest (tokens/s) and alone: the runoff times it in full (test_plan_runoff.py)
-    assert [j.job_id for j in jobs if j.kind == RUNOFF] == [trials[1].trial_id + "-runoff"]
+    assert [j.job_id for j in jobs if j.kind == JobKind.RUNOFF] == [trials[1].trial_id + "-runoff"]
     for t in trials:
         r = rows[t.trial_id]
         assert r.grad_acc == t.grad_acc and r.step_time_source == ("runoff" if t.grad_acc == 64 else "extrapolated")
@@ -156,10 +158,10 @@ def test_short_accumulation_runs_two_micro_steps_and_extrapolates_the_step_time(
 def test_one_learning_trial_per_set_up_gives_the_stability_columns():
     trials = space(micro_batch=[1, 2], grad_acc=[4], beta=[0.1, 0.2], checkpoint_level=["none", "L1"])
     jobs, rows = drive(SweepPlan(trials, estimate=estimate))
-    learn = [j for j in jobs if j.kind == LEARN]
+    learn = [j for j in jobs if j.kind == JobKind.LEARN]
     # Effective batch 4 and 8 x two betas: four learning set-ups, each run once at its grad_acc 4.
     assert len(learn) == 4 and all(j.cfg.grad_acc == 4 for j in learn)
-    assert len([j for j in jobs if j.kind == MEASURE]) == 4  # mb x level; the betas share them
+    assert len([j for j in jobs if j.kind == JobKind.MEASURE]) == 4  # mb x level; the betas share them
     for r in rows.values():
         assert r.stability_from.endswith("-learning") and r.loss_std == pytest.approx(0.04)
         job = next(j for j in learn if j.job_id == r.stability_from)
@@ -173,7 +175,7 @@ def test_full_grid_runs_every_configuration_in_full_in_the_space_order():
     jobs, rows = drive(SweepPlan(trials, estimate=estimate, full_grid=True, budget_gb=1.0),
                        lambda job: run(job, "oom" if job.cfg.micro_batch == 2 else "ok"))
     assert [j.job_id for j in jobs] == [t.trial_id for t in trials]
-    assert all(j.cfg.grad_acc == 4 and j.kind == MEASURE for j in jobs)
+    assert all(j.cfg.grad_acc == 4 and j.kind == JobKind.MEASURE for j in jobs)
     assert {r.status for r in rows.values()} == {"ok", "oom"}
     assert all(r.measured_by == r.trial_id for r in rows.values())
     assert all(r.step_time_source == "measured" and r.stability_from == r.trial_id
@@ -205,7 +207,7 @@ def test_rows_are_handed_out_when_measured_and_rewritten_when_their_learning_tri
     rows = {}
     for _ in range(2):  # the two measurements
         job = plan.next_job()
-        assert job.kind == MEASURE
+        assert job.kind == JobKind.MEASURE
         plan.finish(job.job_id, *run(job))
         collect(plan, rows)
     assert set(rows) == {t.trial_id for t in trials}  # on disk before any learning trial ran
@@ -232,8 +234,8 @@ def test_a_resumed_plan_keeps_measured_rows_and_runs_only_their_learning_trial()
         jobs.append(job)
         plan.finish(job.job_id, *run(job))
         collect(plan, rows)
-    assert [j.kind for j in jobs if j.kind == MEASURE] == []  # nothing measured again
-    assert [j.kind for j in jobs].count(LEARN) == 2  # effective batches 8 and 16
+    assert [j.kind for j in jobs if j.kind == JobKind.MEASURE] == []  # nothing measured again
+    assert [j.kind for j in jobs].count(JobKind.LEARN) == 2  # effective batches 8 and 16
     assert set(rows) == set(written)
     assert all(r.stability_from.endswith("-learning") for r in rows.values())
 

@@ -12,7 +12,7 @@ import time
 
 from sweep_cluster import DPO_SWEEP, REPO, auth_env, write_space
 
-from dpo_sweep.sweep.folder_lock import LOCK_FILE
+from dpo_sweep.results_dir import ResultsDir
 
 HOLD = ("import sys, time; from pathlib import Path; from dpo_sweep.sweep.folder_lock import FolderLock\n"
         "with FolderLock(Path(sys.argv[1])):\n"
@@ -51,7 +51,7 @@ def test_the_lock_of_a_killed_process_holds_nothing(tmp_path):
     holder = _holder(out)
     os.kill(holder.pid, signal.SIGKILL)
     holder.wait()
-    assert str(holder.pid) in (out / LOCK_FILE).read_text()  # the file is left behind, with its details
+    assert str(holder.pid) in ResultsDir(out).lock.read_text()  # the file is left behind, with its details
     again = _holder(out)  # and is taken at once
     again.kill()
     again.wait()

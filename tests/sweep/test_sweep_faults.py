@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sweep_cluster import DPO_SWEEP, auth_env, read_csv, run_sweep, start_sweep, stop_process, write_space
 
-from dpo_sweep.sweep.folder_lock import LOCK_FILE
+from dpo_sweep.results_dir import ResultsDir
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,7 @@ def test_a_second_sweep_a_kill_and_a_cut_line_lose_and_double_nothing(tmp_path):
         stop_process(first)
     assert _session_pids(first.pid) == set()
     assert gone_s < 10, gone_s
-    assert (out / LOCK_FILE).exists()  # left by the kill: it must not block --resume
+    assert ResultsDir(out).lock.exists()  # left by the kill: it must not block --resume
     # 2. The last line cut inside a cell, as a kill during the append leaves it.
     rows = read_csv(out / "results.csv")
     assert rows and len(before) <= (out / "results.csv").stat().st_size
@@ -99,4 +99,4 @@ def test_a_second_sweep_a_kill_and_a_cut_line_lose_and_double_nothing(tmp_path):
     assert sorted(r["trial_id"] for r in final) == sorted({r["trial_id"] for r in final}) and len(final) == 3
     steps = [(s["trial_id"], s["step"], s["worst_case"]) for s in read_csv(out / "steps.csv")]
     assert len(steps) == len(set(steps)) and {t for t, _, _ in steps} == {r["trial_id"] for r in final}
-    assert not (out / LOCK_FILE).exists()  # a sweep that ends leaves no lock behind
+    assert not ResultsDir(out).lock.exists()  # a sweep that ends leaves no lock behind

@@ -186,7 +186,8 @@ def test_rows_written_when_measured_count_their_learning_trial_in_what_is_left(t
     """Each row is written when its measurement ends, and the estimate of what is left counts the
     learning trial its stability still waits for (it used to say ~0 s left with that trial to run);
     when the learning trial ends, the console says the rows' stability."""
-    from dpo_sweep.plan.schedule import LEARN, SweepPlan
+    from dpo_sweep.plan.jobs import JobKind
+    from dpo_sweep.plan.schedule import SweepPlan
     from tests.plan.test_plan_schedule import estimate
 
     trials = [make_cfg(trial_id=f"t{i}", grad_acc=4, checkpoint_level=level) for i, level in enumerate(("none", "L1", "L2"))]
@@ -203,7 +204,7 @@ def test_rows_written_when_measured_count_their_learning_trial_in_what_is_left(t
         row = TrialResult(trial_id=job.cfg.trial_id, status="ok", **job.cfg.knobs(), peak_mem_gb=1.0)
         rec.on_trial_result(0, [], trial, OutcomeReport(row).to_report())
         rec.on_trial_result(0, [], trial, TrialEnding().to_report())
-    assert kinds[-1] == LEARN
+    assert kinds[-1] == JobKind.LEARN
     out = capsys.readouterr().out.splitlines()
     lines = [line for line in out if line.startswith("[")]
     assert len(lines) == 3 and not any(line.endswith("elapsed, ~0 s left") for line in lines), lines
