@@ -6,6 +6,7 @@ pairs; then what such a user meets, measured.
     python benchmarks/user_case.py cost --dir /tmp/case --small 64          # trial wall time vs data size
     python benchmarks/user_case.py extrapolate --dir /tmp/case --out-dir D  # short vs full step times
     python benchmarks/user_case.py memory --dir /tmp/case --out-dir D       # predicted vs measured peaks
+    python benchmarks/user_case.py sweep --dir /tmp/case --out-dir D        # the 16-configuration sweep, its ETAs
 
 Every trial runs in this process, one after another (one ``WarmState`` kept and released between
 them, as a warm worker does), through the trainer's own ``run_trial``. ``--arch tiny-qwen2`` / ``tiny-mistral``
@@ -362,9 +363,87 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
     table(rows)
 
 
+def sweep_space(case: Path, max_length: int, budget_gb: float, effective: int) -> str:
+    """The user's 16-configuration sweep of the case: micro_batch 1-8 x none/L1/L2/full at one
+    effective batch, ``budget_gb`` emulated (``resources.gpu_memory_gb``), precomputed reference."""
+    return f"""# A real user's sweep (benchmarks/user_case.py sweep): the case's checkpoint folder and chat pairs.
+name: user-case-{case.name}
+model: {{name_or_path: {case / 'ckpt'}, dtype: bfloat16}}
+data: {{path: {case / 'pairs.jsonl'}}}
+train: {{steps: 4, warmup_steps: 1, max_length: {max_length}, precision: bf16, reference: precomputed}}
+resources: {{workers_per_trial: 1, use_gpu: auto, gpu_memory_gb: {budget_gb:g}}}
+search:
+  micro_batch: [1, 2, 4, 8]
+  checkpoint_level: [none, L1, L2, full]
+  effective_batch: [{effective}]
+  beta: [0.1]
+"""
+
+
+#: A progress line's ``| 1 min 05 s elapsed, ~3 min 10 s left``.
+_PROGRESS = r"\| ([\d hmins]+?) elapsed, ~([\d hmins]+?|\?) left"
+
+
+def _seconds(text: str) -> float:
+    import re
+
+    if text == "?":
+        return math.nan
+    units = {"h": 3600, "min": 60, "s": 1}
+    return float(sum(int(n) * units[u] for n, u in re.findall(r"(\d+) (h|min|s)\b", text)))
+
+
+def eta_rows(lines: list[tuple[float, str]], end_s: float) -> list[dict]:
+    """Each progress line's estimate of what is left against what was left (``end_s``: the
+    sweep's wall time; ``lines``: (seconds since the start, console line))."""
+    import re
+
+    rows = []
+    for at, line in lines:
+        if m := re.search(_PROGRESS, line):
+            left = _seconds(m.group(2))
+            rows.append({"at_s": round(at, 1), "elapsed_said_s": _seconds(m.group(1)), "eta_s": left,
+                         "true_left_s": round(end_s - at, 1),
+                         "error": (left / (end_s - at) - 1) if end_s > at and math.isfinite(left) else math.nan})
+    return rows
+
+
+def sweep(case: Path, out_dir: Path, max_length: int, budget_gb: float, effective: int, timeout_s: float) -> None:
+    """``dpo-sweep run`` of :func:`sweep_space` in a subprocess, every console line timestamped:
+    its wall time, and each ETA it printed against the truth (``eta.csv``); the results folder in
+    ``out_dir/sweep``."""
+    import subprocess
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    space = out_dir / "space.yaml"
+    space.write_text(sweep_space(case, max_length, budget_gb, effective))
+    cmd = [sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", str(out_dir / "sweep"), "--no-dashboard"]
+    started, lines = time.monotonic(), []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT) as proc:
+        try:
+            for line in proc.stdout:
+                lines.append((time.monotonic() - started, line.rstrip()))
+                print(f"[{lines[-1][0]:7.1f} s] {line.rstrip()}", flush=True)
+                if time.monotonic() - started > timeout_s:
+                    proc.terminate()
+        finally:
+            rc = proc.wait()
+    wall = time.monotonic() - started
+    (out_dir / "console.log").write_text("".join(f"[{at:7.1f} s] {text}\n" for at, text in lines))
+    rows = eta_rows(lines, wall)
+    if rows:
+        write_csv(out_dir / "eta.csv", rows)
+        table(rows)
+    # From the end of the first minute on (of the command's wall time), while at least 30 s are left:
+    # near the end a few seconds off read as a large share of what is left.
+    late = [abs(r["error"]) for r in rows if r["at_s"] >= 60 and r["true_left_s"] >= 30 and math.isfinite(r["error"])]
+    print(f"sweep: exit {rc}, {wall:.0f} s; ETA from the first minute on, 30 s or more left: "
+          + (f"max |error| {max(late):.0%} over {len(late)} lines" if late else "no such line"))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=("make", "cost", "extrapolate", "memory", "probe", "refit"))
+    ap.add_argument("command", choices=("make", "cost", "extrapolate", "memory", "probe", "refit", "sweep"))
     ap.add_argument("--dir", type=Path, help="the case's folder (make writes it)")
     ap.add_argument("--preset", help="cost: a preset on synthetic pairs instead of the case's folder")
     ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen2-3b")
@@ -381,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "(memory runs them at grad_acc 2)")
     ap.add_argument("--no-weights", action="store_true", help="make: config and tokenizer only (for refit)")
     ap.add_argument("--steps-csv", type=Path, help="refit: an extrapolate run's extrapolation_steps/steps.csv")
+    ap.add_argument("--budget-gb", type=float, default=48.0, help="sweep: the card emulated (resources.gpu_memory_gb)")
+    ap.add_argument("--timeout-s", type=float, default=540.0, help="sweep: stop the sweep after this long")
     args = ap.parse_args(argv)
     if args.command == "make":
         make(args.arch, args.pairs, args.dir, sigma=args.sigma, weights=not args.no_weights)
@@ -391,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "extrapolate":
         extrapolation(args.dir, args.out_dir, args.effective_batch, args.max_length, args.steps,
                       parse_configs(args.configs) if args.configs else EXTRAPOLATION_CONFIGS)
+    elif args.command == "sweep":
+        sweep(args.dir, args.out_dir, args.max_length, args.budget_gb, args.effective_batch, args.timeout_s)
     elif args.command == "probe":
         probe(args.dir, args.out_dir, args.max_length, args.micro_batch)
     else:

@@ -199,6 +199,17 @@ class SweepPlan:
                 due.setdefault(lkey, learning_config(self._cfgs[t]))
         return list(due.values())
 
+    def runoffs_due(self) -> list[TrialConfig]:
+        """The configurations of the runoffs still to start, for the recorder's estimate: the
+        queued ones once the runoff phase has begun (a later round is known only when this one has
+        ended); before it, the first round that the rows measured so far would call for. The
+        space's configurations, as the runoffs run them (whole, at their own grad_acc)."""
+        if self.full_grid:
+            return []
+        if not self._runoff.tried:
+            return [self._cfgs[r.trial_id] for r in self._runoff_rows(mark=False)]
+        return [j.source for j in self._runoff.queue]
+
     def restored(self) -> set[str]:
         """The configurations whose rows a resumed sweep kept (``measured``): only learned now."""
         return {t for g in self._measure.groups.values() for t in g.saved}
@@ -366,17 +377,30 @@ class SweepPlan:
     def _runoff_round(self) -> list[Job]:
         """The next round of runoffs (see plan/runoff.py): the recommendation's finalists, then
         the frontier's ties, none timed in full before, within what is left of the cap."""
-        left, group_of = runoff_cap(len(self._measure.groups)) - len(self._runoff.tried), self._measure.group_of
-        leaders = self._runoff.untried(finalists(self._fitting_rows(), usable_gb=None, limit=None), group_of,
-                                       min(left, RUNOFF_MAX))
-        edges = self._runoff.untried(frontier_ties(self._fitting_rows(margin=None), limit=None), group_of,
-                                     left - len(leaders))
+        leaders, edges = self._runoff_picks(mark=True)
         for rows, why in ((leaders, "tied with the fastest within the step-time noise"),
                           (edges, "tie on the memory/throughput frontier")):
             if rows:
                 self._out.notes.append(f"runoff: {', '.join(r.trial_id for r in rows)} {why} on extrapolated "
                                        "step times; timing each in full at its grad_acc")
         return [self._runoff_job(self._cfgs[r.trial_id]) for r in leaders + edges]
+
+    def _runoff_rows(self, mark: bool) -> list[TrialResult]:
+        leaders, edges = self._runoff_picks(mark)
+        return leaders + edges
+
+    def _runoff_picks(self, mark: bool) -> tuple[list[TrialResult], list[TrialResult]]:
+        """(finalists, frontier ties) of a round from the rows measured so far; ``mark``: given
+        their runoff now (else a look only: a tie found twice is picked once either way)."""
+        left, group_of = runoff_cap(len(self._measure.groups)) - len(self._runoff.tried), self._measure.group_of
+        leaders = self._runoff.untried(finalists(self._fitting_rows(), usable_gb=None, limit=None), group_of,
+                                       min(left, RUNOFF_MAX), mark)
+        ties = frontier_ties(self._fitting_rows(margin=None), limit=None)
+        if not mark:  # what marking the leaders would have kept out
+            taken = {(group_of[r.trial_id], r.grad_acc) for r in leaders}
+            ties = [r for r in ties if (group_of[r.trial_id], r.grad_acc) not in taken]
+        edges = self._runoff.untried(ties, group_of, left - len(leaders), mark)
+        return leaders, edges
 
     def _fitting_rows(self, margin: float | None = RUNOFF_SAFETY_MARGIN) -> list[TrialResult]:
         """Every measured ok row that fits its budget less ``margin`` (the recommendation's default

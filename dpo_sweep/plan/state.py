@@ -120,11 +120,13 @@ class RunoffState:
     tried: set[tuple[str, int]] = field(default_factory=set)
     times: dict[tuple[str, int], TrialResult] = field(default_factory=dict)
 
-    def untried(self, rows: list[TrialResult], group_of: dict[str, str], limit: int) -> list[TrialResult]:
+    def untried(self, rows: list[TrialResult], group_of: dict[str, str], limit: int,
+                mark: bool = True) -> list[TrialResult]:
         """The first ``limit`` of ``rows`` whose (measurement_key, grad_acc) had no runoff yet,
-        marked as given one now."""
+        marked as given one now (``mark``; unmarked: a look only)."""
         picked = [r for r in rows if (group_of[r.trial_id], r.grad_acc) not in self.tried][:limit]
-        self.tried.update((group_of[r.trial_id], r.grad_acc) for r in picked)
+        if mark:
+            self.tried.update((group_of[r.trial_id], r.grad_acc) for r in picked)
         return picked
 
 

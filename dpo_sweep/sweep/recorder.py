@@ -100,11 +100,12 @@ def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float 
     return line
 
 
-def trial_line(job_id: str, kind: str, grad_acc: int, result: TrialResult, elapsed_s: float) -> str:
-    """``  trial t000 (measure, grad_acc 2) ok  peak 17.71 GB  step 380 ms | 25 s elapsed``: a Ray
-    trial that ended without a results row of its own yet."""
+def trial_line(job_id: str, kind: str, grad_acc: int, result: TrialResult, elapsed_s: float,
+               left_s: float = math.nan) -> str:
+    """``  trial t000 (measure, grad_acc 2) ok  peak 17.71 GB  step 380 ms | 25 s elapsed, ~1 min 10 s
+    left``: a Ray trial that ended without a results row of its own yet (the estimate when known)."""
     line = (f"  trial {job_id} ({kind}, grad_acc {grad_acc}) {result.status}  {_peak_and_step(result)}  "
-            f"| {duration(elapsed_s)} elapsed")
+            f"| {duration(elapsed_s)} elapsed" + (f", ~{duration(left_s)} left" if math.isfinite(left_s) else ""))
     return line + (f"  | {console_error(result.error)}" if result.error else "")
 
 
@@ -186,10 +187,7 @@ class SweepRecorder(tune.Callback):
         for row in rows:
             if row.status != "pruned":  # a pruned configuration took no trial time
                 self.done_tokens += self.tokens.get(row.trial_id, 1)
-        left_tokens = (sum(self.tokens.get(t, 1) for t in self.plan.unwritten())
-                       + sum(trial_tokens(c) if self.tokens else 1 for c in self.plan.learning_due()))
-        share = self.run_tokens / self.done_tokens if self.done_tokens and self.run_tokens else 1.0
-        left = eta_s(self.trial_s_per_token, left_tokens, self.concurrent, share)
+        left = self.left_s()
         # The rows that ran first: a row pruned for the memory of a trial of the same flush (it ran
         # out) follows that trial's own line. results.csv keeps the plan's order.
         for row in sorted(rows, key=lambda r: r.status == "pruned"):
@@ -198,6 +196,18 @@ class SweepRecorder(tune.Callback):
         if rows:
             self.last_said = time.monotonic()
         return rows
+
+    def left_s(self) -> float:
+        """The estimate of what is left: the configurations without a row, at the share of their
+        tokens that this run's trials ran per row written (measure trials run a shorter
+        accumulation, and rows share them), plus the learning trials rows wait for and the queued
+        runoffs, which run at their configuration's own accumulation, whole."""
+        share = self.run_tokens / self.done_tokens if self.done_tokens and self.run_tokens else 1.0
+        rows_left = sum(self.tokens.get(t, 1) for t in self.plan.unwritten())
+        whole = [*self.plan.learning_due(), *self.plan.runoffs_due()]
+        whole_left = sum(trial_tokens(c) if self.tokens else 1 for c in whole)
+        return (eta_s(self.trial_s_per_token, rows_left, self.concurrent, share)
+                + eta_s(self.trial_s_per_token, whole_left, self.concurrent))
 
     def _end(self, done: CollectedTrial) -> None:
         job_id = done.result.trial_id
@@ -222,7 +232,7 @@ class SweepRecorder(tune.Callback):
         if job_id not in {row.trial_id for row in self.flush()}:
             # Its rows come later (they wait for their learning trial) or it has none (a learning or
             # runoff trial): say it ended, so that minutes of measuring are not minutes of silence.
-            say(trial_line(job_id, job.kind, job.cfg.grad_acc, r, time.monotonic() - self.started_at))
+            say(trial_line(job_id, job.kind, job.cfg.grad_acc, r, time.monotonic() - self.started_at, self.left_s()))
             self.last_said = time.monotonic()
         cause = same_early_failure(self.endings, self.total)
         if cause is not None and self.stop.reason is None:

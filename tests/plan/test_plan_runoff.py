@@ -264,3 +264,18 @@ def test_a_resumed_row_timed_by_a_runoff_keeps_the_runoff_time_after_its_learnin
     (row,) = rows.values()
     assert (row.step_time_ms, row.step_time_source, row.timed_by) == (999.0, "runoff", jobs[0].job_id)
     assert row.stability_from == jobs[1].job_id
+
+
+def test_runoffs_due_previews_the_round_the_rows_so_far_call_for_then_the_queue():
+    trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
+    plan = SweepPlan(trials, estimate=estimate)
+    first = plan.next_job()
+    plan.finish(first.job_id, *run(first))
+    assert [c.trial_id for c in plan.runoffs_due()] == [first.cfg.trial_id]  # the fastest so far, extrapolated
+    second = plan.next_job()
+    plan.finish(second.job_id, *run(second))
+    assert not plan.take_notes()  # a look: nothing said, nothing marked
+    due = [c.trial_id for c in plan.runoffs_due()]
+    runoff = plan.next_job()  # the round starts: the same two
+    assert runoff.kind == JobKind.RUNOFF and due == [runoff.source.trial_id] + [c.trial_id for c in plan.runoffs_due()]
+    assert len(due) == 2 and SweepPlan(trials, estimate=estimate, full_grid=True).runoffs_due() == []

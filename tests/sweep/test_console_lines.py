@@ -45,6 +45,9 @@ class FakePlan:
     def learning_due(self):
         return []
 
+    def runoffs_due(self):
+        return []
+
     def unwritten(self):
         return []
 

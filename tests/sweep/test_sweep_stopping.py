@@ -214,3 +214,25 @@ def test_rows_written_when_measured_count_their_learning_trial_in_what_is_left(t
     ended = [line for line in out if line.startswith("  trial ")]
     assert len(ended) == 1
     assert ended[0].split()[1].endswith("-learning") and "(learn, grad_acc 4)" in ended[0]
+
+
+def test_what_is_left_counts_learning_trials_and_queued_runoffs_whole(tmp_path):
+    # Measure trials ran a quarter of the tokens of the rows they wrote (grad_acc 2 of 8): the one
+    # configuration without a row is counted at that share; the learning trial its rows wait for
+    # and a queued runoff run at grad_acc 8, whole.
+    full = make_cfg(trial_id="t2", grad_acc=8, micro_batch=2, steps=3)
+
+    class Plan:
+        def unwritten(self):
+            return ["t2"]
+
+        def learning_due(self):
+            return [full]
+
+        def runoffs_due(self):
+            return [full.model_copy(update={"trial_id": "t1-runoff"})]
+
+    rec = recorder.SweepRecorder(tmp_path, Plan(), total=3, already_done=2, trials=[full])
+    rec.trial_s_per_token, rec.run_tokens, rec.done_tokens = [0.001], 1000, 4000
+    tokens = recorder.trial_tokens(full)
+    assert rec.left_s() == pytest.approx(0.001 * (tokens * 0.25 + 2 * tokens))

@@ -1,0 +1,36 @@
+"""benchmarks/user_case.py: the user's sweep space is a valid 16-configuration space of the case's
+own folder and file, and its ETA check reads the console's progress lines."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import user_case  # noqa: E402
+
+from dpo_sweep import space as space_mod  # noqa: E402
+
+
+def test_the_sweep_space_is_sixteen_configurations_of_the_case(tmp_path):
+    raw = yaml.safe_load(user_case.sweep_space(tmp_path / "q", 2048, 48.0, 32))
+    assert raw["model"]["name_or_path"] == str(tmp_path / "q" / "ckpt")
+    assert raw["data"]["path"] == str(tmp_path / "q" / "pairs.jsonl")
+    assert raw["resources"]["gpu_memory_gb"] == 48
+    trials = space_mod.parse(raw).trials
+    assert len(trials) == 16 and {t.grad_acc * t.micro_batch for t in trials} == {32}
+
+
+def test_eta_rows_compare_each_estimate_with_what_was_left():
+    lines = [(10.0, "[1/16] t000 ok  peak 30.1 GB  | 10 s elapsed, ~5 min 00 s left"),
+             (70.0, "  running: t001 (30 s) | 1 min 10 s elapsed"),
+             (130.0, "[2/16] t001 ok  | 2 min 10 s elapsed, ~1 h 02 min left"),
+             (200.0, "[3/16] t002 ok  | 3 min 20 s elapsed, ~? left")]
+    rows = user_case.eta_rows(lines, end_s=310.0)
+    assert [(r["at_s"], r["elapsed_said_s"], r["eta_s"], r["true_left_s"]) for r in rows[:2]] == [
+        (10.0, 10.0, 300.0, 300.0), (130.0, 130.0, 3720.0, 180.0)]
+    assert rows[0]["error"] == 0.0 and math.isnan(rows[2]["eta_s"]) and math.isnan(rows[2]["error"])
