@@ -8,8 +8,8 @@ pairs; then what such a user meets, measured.
     python benchmarks/user_case.py memory --dir /tmp/case --out-dir D       # predicted vs measured peaks
     python benchmarks/user_case.py sweep --dir /tmp/case --out-dir D        # the 16-configuration sweep, its ETAs
 
-Every trial runs in this process, one after another (``release_after_trial`` between them, as a
-warm worker does), through the trainer's own ``run_trial``. ``--arch tiny-qwen2`` / ``tiny-mistral``
+Every trial runs in this process, one after another (one ``WarmState`` kept and released between
+them, as a warm worker does), through the trainer's own ``run_trial``. ``--arch tiny-qwen2`` / ``tiny-mistral``
 run the same on a CPU in seconds. Each command prints a table and writes CSV.
 """
 from __future__ import annotations
@@ -102,15 +102,21 @@ def trial_config(case: Path, *, micro_batch: int, level: str, grad_acc: int, max
                        resources=ResourcesSpec(), micro_batch=micro_batch, checkpoint_level=level, grad_acc=grad_acc)
 
 
-def run(cfg):
+def warm_state():
+    """What this process keeps between its trials, as a warm worker does."""
+    from dpo_sweep.train.warm_state import WarmState
+
+    return WarmState()
+
+
+def run(cfg, warm):
     """One trial in this process, then the process left as a fresh one would start the next."""
     from dpo_sweep.train.loop import resolve_device, run_trial
-    from dpo_sweep.train.setup import release_after_trial
 
     started = time.perf_counter()
-    out = run_trial(cfg, log=lambda m: print(m, flush=True))
+    out = run_trial(cfg, log=lambda m: print(m, flush=True), warm=warm)
     wall = time.perf_counter() - started
-    release_after_trial(resolve_device(cfg))
+    warm.release(resolve_device(cfg))
     return out, wall
 
 
@@ -149,7 +155,7 @@ def cost(case: Path | None, small: int, out_dir: Path, max_length: int, steps: i
     the pairs it reads, then a second one of another configuration (mb 2), which finds both
     cached. A first small trial warms the process up (imports, the first model build) and is
     left out. The ratios compare the whole file with the small one, trial by trial."""
-    rows = []
+    rows, warm = [], warm_state()
     for n in (small, None, small):
         for mb in ((1,) if not rows else (1, 2)):
             if preset:
@@ -157,7 +163,7 @@ def cost(case: Path | None, small: int, out_dir: Path, max_length: int, steps: i
             else:
                 cfg = trial_config(case, micro_batch=mb, level="full", grad_acc=2, max_length=max_length,
                                    steps=steps, warmup=1, max_pairs=n)
-            out, wall = run(cfg)
+            out, wall = run(cfg, warm)
             r = out.result
             rows.append({"pairs": r.pairs_used if n else "all", "trial": "first" if mb == 1 else "second",
                          "config": cfg.trial_id, "status": r.status, "wall_s": wall, "startup_s": r.startup_s,
@@ -187,17 +193,16 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
     from dpo_sweep.plan.rules import measure_grad_acc
     from dpo_sweep.records import write_steps
     from dpo_sweep.train.lengths import LengthProfile
-    from dpo_sweep.train.setup import tokenized_pairs
 
-    rows, all_steps = [], []
+    rows, all_steps, warm = [], [], warm_state()
     for mb, level in configs:
         full = trial_config(case, micro_batch=mb, level=level, grad_acc=effective // mb, max_length=max_length,
                             steps=steps, warmup=1)
         short = full.model_copy(update={"grad_acc": measure_grad_acc(full), "trial_id": full.trial_id + "-short"})
-        lengths = LengthProfile.of(tokenized_pairs(full)[1])
+        lengths = LengthProfile.of(warm.tokenized_pairs(full)[1])
         shape = built_shape(full.model)
-        measured, _ = run(short)
-        timed, _ = run(full)
+        measured, _ = run(short, warm)
+        timed, _ = run(full, warm)
         all_steps += [*measured.steps, *timed.steps]
         m, f = measured.result, timed.result
         ok = m.status == "ok" and f.status == "ok"
@@ -234,7 +239,7 @@ def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: i
     from dpo_sweep.plan.memory import built_shape
     from dpo_sweep.records import StepRecord, read_csv_rows, rows_as
     from dpo_sweep.train.lengths import LengthProfile
-    from dpo_sweep.train.setup import tokenized_pairs
+    from dpo_sweep.train.tokenizer import tokenized_pairs
 
     by_trial: dict[str, list] = {}
     for step in rows_as(StepRecord, read_csv_rows(steps_csv)):
@@ -284,16 +289,15 @@ def memory(case: Path, out_dir: Path, max_length: int, steps: int, configs=MEMOR
     """Predicted (the planner's memory model on the data's own lengths) vs measured peaks."""
     from dpo_sweep.plan.memory import built_shape, planning_device, predict_peak_gb
     from dpo_sweep.train.lengths import LengthProfile
-    from dpo_sweep.train.setup import tokenized_pairs
 
-    rows = []
+    rows, warm = [], warm_state()
     for mb, level, ga in configs:
         extra = {"ema_decay": 0.99} if ema else {}
         cfg = trial_config(case, micro_batch=mb, level=level, grad_acc=ga, max_length=max_length, steps=steps,
                            warmup=1, **extra)
-        lengths = LengthProfile.of(tokenized_pairs(cfg)[1])
+        lengths = LengthProfile.of(warm.tokenized_pairs(cfg)[1])
         est = predict_peak_gb(cfg, device=planning_device(cfg), lengths=lengths, shape=built_shape(cfg.model))
-        out, _ = run(cfg)
+        out, _ = run(cfg, warm)
         r = out.result
         rows.append({"config": cfg.trial_id + ("_ema" if ema else ""), "status": r.status,
                      "predicted_gb": est.total_gb, "measured_gb": r.peak_mem_gb,
@@ -311,8 +315,7 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
 
     from dpo_sweep.plan.memory import (GB, built_shape, element_bytes, last_layer_bytes_per_token,
                                        model_saved_bytes_per_token, resolved_attn)
-    from dpo_sweep.train.setup import autocast, build_trial, configure_device_memory, forward_inputs, load_data, \
-        release_after_trial
+    from dpo_sweep.train.setup import autocast, build_trial, configure_device_memory, forward_inputs, load_data
 
     cuda = torch.cuda.is_available()
     # An indexed device: set_per_process_memory_fraction (configure_device_memory) refuses a bare "cuda".
@@ -321,13 +324,13 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
     peak = torch.cuda.max_memory_allocated if cuda else (lambda: 0)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     reset = torch.cuda.reset_peak_memory_stats if cuda else (lambda: None)
-    rows = []
+    rows, warm = [], warm_state()
     for level in ("none", "L1", "L2", "full"):
         cfg = trial_config(case, micro_batch=micro_batch, level=level, grad_acc=1, max_length=max_length, steps=1,
                            warmup=0)
         configure_device_memory(cfg, device)
-        data = load_data(cfg, 1, lambda m: None, time.perf_counter())
-        setup = build_trial(cfg, device, 1, 0, data, lambda m: None, time.perf_counter())
+        data = load_data(cfg, 1, lambda m: None, time.perf_counter(), warm)
+        setup = build_trial(cfg, device, 1, 0, data, lambda m: None, time.perf_counter(), warm)
         batch = next(setup.worst_batches)
         has_padding = bool((batch.attention_mask == 0).any())
         gpu = batch.to(device)
@@ -355,7 +358,7 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
                      "model_last_layer_gb": tokens * last_layer_bytes_per_token(
                          s, b, **{k: v for k, v in kw.items() if k != "level"}) / GB})
         del setup, logps, gpu, data
-        release_after_trial(device)
+        warm.release(device)
         write_csv(out_dir / f"probe_{case.name}_mb{micro_batch}.csv", rows)
     table(rows)
 

@@ -17,7 +17,7 @@ import full_grid_compare as fgc  # noqa: E402
 
 from dpo_sweep.analysis.results import load_results, load_steps  # noqa: E402
 from dpo_sweep.records import StepRecord, TrialResult, write_results, write_steps  # noqa: E402
-from dpo_sweep.sweep.driver import startup_line  # noqa: E402
+from dpo_sweep.sweep.trial_run import startup_line  # noqa: E402
 
 EXAMPLES = REPO / "reports" / "examples"
 TOKENS_PER_MB = 4 * 128  # grad_acc 4 x 128 tokens

@@ -49,3 +49,51 @@ def test_producers_do_not_import_consumers():
 def test_the_exempt_file_exists():
     # An exemption for a file that was renamed away would silently exempt nothing.
     assert all(p.is_file() for p in EXEMPT)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Each dpo_sweep module -> the dpo_sweep modules it imports (function-level imports included)."""
+    files = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        deps = set()
+        for module in imported_modules(path.read_text()):
+            while module and module not in files:  # `from pkg.mod import name` names pkg.mod.name
+                module = module.rpartition(".")[0]
+            if module and module not in (name, "dpo_sweep"):
+                deps.add(module)
+        graph[name] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: each a path that leads back to its first module."""
+    found: list[list[str]] = []
+    done: set[str] = set()
+
+    def walk(node: str, path: list[str]) -> None:
+        if node in path:
+            found.append(path[path.index(node):] + [node])
+            return
+        if node in done:
+            return
+        for dep in sorted(graph.get(node, ())):
+            walk(dep, path + [node])
+        done.add(node)
+
+    for node in sorted(graph):
+        walk(node, [])
+    return found
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    # The trial's two paths (sweep/trainable.py: Ray Train; sweep/warm_worker.py) share
+    # sweep/trial_run.py and sweep/protocol.py; the warm worker never imports the trainable.
+    graph = _import_graph()
+    assert "dpo_sweep.sweep.trainable" not in graph["dpo_sweep.sweep.warm_worker"]
+    assert _cycles(graph) == []

@@ -12,7 +12,7 @@ from dpo_sweep.records import RESULTS_COLUMNS, read_csv_rows, write_results
 from dpo_sweep.cli import main
 from dpo_sweep.config import SWEPT_TRAIN_COLUMN, TrainSpec
 from dpo_sweep.errors import SpaceError
-from dpo_sweep.sweep.driver import TrialCollector
+from dpo_sweep.sweep.collector import TrialCollector
 
 QUICKSTART = "search_spaces/quickstart.yaml"  # 2 micro_batch x 3 levels x 2 grad_acc x 1 beta = 12
 

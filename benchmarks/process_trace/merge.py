@@ -45,7 +45,7 @@ MARKS = {
     "preflight_done_s": "< dpo_sweep.sweep.startup.check_inputs ",
     "worker_imports_start_s": "> dpo_sweep.sweep.warm_worker.TrialWorker.__init__",
     "worker_imports_end_s": "< dpo_sweep.sweep.warm_worker.TrialWorker.__init__ ",
-    "first_trial_s": "> dpo_sweep.sweep.driver.tune_trainable",
+    "first_trial_s": "> dpo_sweep.sweep.trainable.tune_trainable",
     "first_step_s": "> dpo_sweep.train.loop.train_step",
 }
 

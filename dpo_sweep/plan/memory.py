@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, fields
+from typing import Mapping
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.levers import lever_bytes
@@ -127,20 +128,12 @@ def _hf_config(spec: ModelSpec):
     return AutoConfig.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code)
 
 
-#: Shapes built in another process (``dpo-sweep run``'s preflight builds them, so that the sweep's
-#: driver never imports torch or transformers): :func:`model_shape` gives these first.
-_KNOWN_SHAPES: dict[ModelSpec, ModelShape] = {}
-
-
-def remember_shapes(shapes: dict[ModelSpec, ModelShape]) -> None:
-    """Take ``shapes`` as :func:`model_shape`'s answers for their specs in this process."""
-    _KNOWN_SHAPES.update(shapes)
-
-
-def model_shape(spec: ModelSpec) -> ModelShape:
-    """The shape of ``spec``'s model: one :func:`remember_shapes` gave, else built here."""
-    known = _KNOWN_SHAPES.get(spec)
-    return known if known is not None else built_shape(spec)
+def model_shape(spec: ModelSpec, known: Mapping[ModelSpec, ModelShape] | None = None) -> ModelShape:
+    """The shape of ``spec``'s model: the one ``known`` gives (shapes built in another process:
+    ``dpo-sweep run``'s preflight builds them, so that the sweep's driver never imports torch or
+    transformers), else built here."""
+    shape = (known or {}).get(spec)
+    return shape if shape is not None else built_shape(spec)
 
 
 @functools.lru_cache(maxsize=16)  # a cache of a pure function: the meta build costs ~1 s the first time

@@ -47,11 +47,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 from dpo_sweep import budget
-from dpo_sweep.config import TrialConfig
+from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted
 from dpo_sweep.plan.jobs import Job, JobKind, without_eval
 from dpo_sweep.plan.levers import trainable_params
-from dpo_sweep.plan.memory import MemoryEstimate, model_shape, planning_device, predict_peak_gb
+from dpo_sweep.plan.memory import MemoryEstimate, ModelShape, model_shape, planning_device, predict_peak_gb
 from dpo_sweep.plan.rows import LearningSource, pending_stability, with_stability
 from dpo_sweep.plan.runoff import RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, finalists, frontier_ties, runoff_cap
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
@@ -69,13 +69,16 @@ class DataEstimate:
     """The memory model over each configuration's own data: the lengths preflight measured, by
     trial id (``preflight.lengths_by_trial``), so that the plan orders, prunes and calibrates on
     the worst micro-batch the trial will run - what ``validate`` prints - not on every sequence
-    at max_length. A trial without lengths is sized at max_length. A class, not a closure: the
-    plan travels with the recorder, which Tune pickles."""
+    at max_length. A trial without lengths is sized at max_length. ``shapes``: the models' shapes
+    the preflight built (``startup.model_shapes``); a model without one is built here. A class,
+    not a closure: the plan travels with the recorder, which Tune pickles."""
 
     lengths: Mapping[str, LengthProfile | None] = field(default_factory=dict)
+    shapes: Mapping[ModelSpec, ModelShape] = field(default_factory=dict)
 
     def __call__(self, cfg: TrialConfig) -> MemoryEstimate:
-        return predict_peak_gb(cfg, device=planning_device(cfg), lengths=self.lengths.get(cfg.trial_id))
+        return predict_peak_gb(cfg, device=planning_device(cfg), lengths=self.lengths.get(cfg.trial_id),
+                               shape=model_shape(cfg.model, self.shapes))
 
 
 class SweepPlan:
@@ -91,9 +94,12 @@ class SweepPlan:
     def __init__(self, trials: Sequence[TrialConfig], *, budget_gb: float | None = None,
                  full_grid: bool = False, estimate: Estimator | None = None,
                  lengths: Mapping[str, LengthProfile | None] | None = None,
+                 shapes: Mapping[ModelSpec, ModelShape] | None = None,
                  margin: float = BUDGET_MARGIN, measured: Sequence[TrialResult] = ()) -> None:
         """``estimate``: the memory model (default: :class:`DataEstimate` over ``lengths``, the
-        data's lengths by trial id; ``lengths`` is only for that default). ``measured``: rows a
+        data's lengths by trial id; ``lengths`` is only for that default). ``shapes``: the models'
+        shapes built elsewhere (the memory model's and the trainable-parameter count's; the rest
+        are built here). ``measured``: rows a
         resumed sweep already wrote whose stability is still pending (:data:`PENDING`): a group
         whose every member has one is not measured again, only learned."""
         if estimate is not None and lengths is not None:
@@ -101,7 +107,8 @@ class SweepPlan:
         self.full_grid = full_grid
         self.budget_gb = budget_gb
         self.margin = margin
-        self._estimate = estimate or DataEstimate(lengths or {})
+        self._shapes = shapes or {}
+        self._estimate = estimate or DataEstimate(lengths or {}, self._shapes)
         self._order = {t.trial_id: i for i, t in enumerate(trials)}
         self._cfgs = {t.trial_id: t for t in trials}
         if full_grid:
@@ -293,7 +300,7 @@ class SweepPlan:
             group.predicted_gb = self.predict(group.measuring)
         for m in group.members:
             row = failed_result(m, "pruned", reason)
-            self._emit(replace(row, predicted_peak_gb=group.predicted_gb, trainable_params=_trainable(m),
+            self._emit(replace(row, predicted_peak_gb=group.predicted_gb, trainable_params=_trainable(m, self._shapes),
                                extra=m.swept_columns()))
 
     # --- the learn phase ---------------------------------------------------------------------
@@ -463,10 +470,10 @@ class SweepPlan:
         self._out.rows.append(row)
 
 
-def _trainable(cfg: TrialConfig) -> int | None:
+def _trainable(cfg: TrialConfig, shapes: Mapping[ModelSpec, ModelShape]) -> int | None:
     """The parameters ``cfg`` would train (plan/levers.py), for a row that never built its model;
     None when the model's shape cannot be read here."""
     try:
-        return trainable_params(cfg, model_shape(cfg.model))
+        return trainable_params(cfg, model_shape(cfg.model, shapes))
     except (OSError, ValueError, KeyError):
         return None

@@ -47,7 +47,6 @@ from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, con
                                          stop_local_autoscaler)
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
-from dpo_sweep.plan.memory import remember_shapes
 from dpo_sweep.sweep.startup import BackgroundPreflight, CheckedInputs
 
 if TYPE_CHECKING:
@@ -209,7 +208,6 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
                     raise
             import_tune()
             checked = pending.result()
-        remember_shapes(checked.shapes)  # the plan's memory model: built there, not here
         done_ids = _prepare(args, out_dir, checked, sp)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {ResultsDir(out_dir).results}; nothing to run")
@@ -218,9 +216,11 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         if conn is None:  # a resume that looked finished but was not (prepare_output decided)
             conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
         print_dashboard(conn, say)
+        # The plan's memory model takes the data's lengths and the models' shapes as the
+        # preflight's process measured and built them: this process builds no model.
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
                             cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)),
-                            lengths=checked.lengths, pool=pool)  # the plan's memory model
+                            lengths=checked.lengths, shapes=checked.shapes, pool=pool)
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

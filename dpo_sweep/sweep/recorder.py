@@ -18,7 +18,7 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import TrialResult, replace_results, widened_line, write_results, write_steps
 from dpo_sweep.results_dir import ResultsDir
-from dpo_sweep.sweep import driver
+from dpo_sweep.sweep.collector import CollectedTrial, TrialCollector
 from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.output_dir import save_environment
 from dpo_sweep.sweep.stopping import Ending, StopRequest, same_early_failure
@@ -148,7 +148,7 @@ class SweepRecorder(tune.Callback):
         # dict is only looked up here (by its trial id), never validated again.
         self.plan = plan
         self.total = total
-        self.collector = driver.TrialCollector()
+        self.collector = TrialCollector()
         self.finished = already_done
         self.ended: set[str] = set()
         self.crashed: list[str] = []
@@ -209,7 +209,7 @@ class SweepRecorder(tune.Callback):
         return (eta_s(self.trial_s_per_token, rows_left, self.concurrent, share)
                 + eta_s(self.trial_s_per_token, whole_left, self.concurrent))
 
-    def _end(self, done: driver.CollectedTrial) -> None:
+    def _end(self, done: CollectedTrial) -> None:
         job_id = done.result.trial_id
         if job_id in self.ended:
             return

@@ -13,7 +13,9 @@ import ray
 from dpo_sweep import space as space_mod
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
-from dpo_sweep.sweep import driver, warm_worker
+from dpo_sweep.sweep import warm_worker
+from dpo_sweep.sweep.trainable import TRIAL_CPUS
+from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER
 
 
 def absolute_paths(cfg: TrialConfig) -> TrialConfig:
@@ -45,11 +47,11 @@ def default_max_concurrent(use_gpu: bool, cluster_gpus: float, workers_per_trial
 
 
 def check_fits(cfg: TrialConfig, cluster_cpus: float) -> None:
-    need = cfg.resources.workers_per_trial * cfg.resources.cpus_per_worker + driver.TRIAL_CPUS
+    need = cfg.resources.workers_per_trial * cfg.resources.cpus_per_worker + TRIAL_CPUS
     if need > cluster_cpus + 1e-9:
         raise UserError(
             f"resources: a trial needs {need:g} CPUs ({cfg.resources.workers_per_trial} workers x "
-            f"cpus_per_worker {cfg.resources.cpus_per_worker:g} + {driver.TRIAL_CPUS:g} for the trial) "
+            f"cpus_per_worker {cfg.resources.cpus_per_worker:g} + {TRIAL_CPUS:g} for the trial) "
             f"but the Ray cluster has {cluster_cpus:g}; lower resources.cpus_per_worker or "
             "resources.workers_per_trial")
 
@@ -74,7 +76,7 @@ def trial_slots(sp: space_mod.Space, cluster: Mapping[str, float], max_concurren
 
 
 def start_warm_workers(trials: Sequence[TrialConfig], slots: TrialSlots,
-                       trainer: str = driver.DEFAULT_TRAINER) -> warm_worker.WarmPool | None:
+                       trainer: str = DEFAULT_TRAINER) -> warm_worker.WarmPool | None:
     """The sweep's warm workers (:mod:`~dpo_sweep.sweep.warm_worker`), one per concurrent trial,
     when its trials run in them; they start importing now. Only on a connected cluster: a Ray call
     here would start a Ray of its own otherwise."""

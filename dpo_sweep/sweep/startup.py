@@ -44,8 +44,8 @@ PREFLIGHT_NICENESS = 10
 @dataclass(frozen=True)
 class CheckedInputs:
     """What the preflight gave: the data summaries (printed, data.json), each trial's lengths (the
-    plan's memory model) by trial id, each model's shape for the memory model
-    (:func:`dpo_sweep.plan.memory.remember_shapes`), this machine's environment.json, and notes on
+    plan's memory model) by trial id, each model's shape for the memory model (passed to the
+    plan: ``SweepPlan(shapes=...)``), this machine's environment.json, and notes on
     this machine for the console (:func:`dpo_sweep.telemetry.bytecode.bytecode_note`)."""
 
     data: tuple[preflight.DataSummary, ...]

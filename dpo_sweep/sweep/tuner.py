@@ -1,7 +1,7 @@
 """The sweep itself: the trials not yet in results.csv, run with ``tune.Tuner`` on the connected
 Ray cluster. The planner's Searcher (:mod:`dpo_sweep.sweep.planner`) decides which Tune trials
 run (fewer than the configurations: shared measurements, pruning; ``full_grid``: one per
-configuration); see :mod:`dpo_sweep.sweep.driver` for one trial."""
+configuration); see :mod:`dpo_sweep.sweep.trainable` for one trial."""
 from __future__ import annotations
 
 import logging
@@ -15,9 +15,13 @@ import ray
 from ray import tune
 
 from dpo_sweep import space as space_mod
+from dpo_sweep.config import ModelSpec
+from dpo_sweep.plan.memory import ModelShape
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.train.lengths import LengthProfile
-from dpo_sweep.sweep import driver, warm_worker
+from dpo_sweep.sweep import warm_worker
+from dpo_sweep.sweep.trainable import TRIAL_CPUS, tune_trainable
+from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER
 from dpo_sweep.sweep.console import say
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.output_dir import drop_rows, pending_rows
@@ -72,12 +76,14 @@ def tune_config(max_concurrent: int, search_alg: PlanSearcher | None = None, num
 
 
 def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None, done_ids: set[str],
-              cluster: dict[str, float], trainer: str = driver.DEFAULT_TRAINER,
+              cluster: dict[str, float], trainer: str = DEFAULT_TRAINER,
               out: Callable[[str], None] = say, full_grid: bool = False,
               lengths: Mapping[str, LengthProfile | None] | None = None,
+              shapes: Mapping[ModelSpec, ModelShape] | None = None,
               pool: warm_worker.WarmPool | None = None) -> SweepSummary:
     """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster;
-    ``lengths``: each trial's data lengths as preflight measured them (the plan's memory model);
+    ``lengths`` / ``shapes``: each trial's data lengths and each model's shape as preflight
+    measured and built them (the plan's memory model);
     ``pool``: warm workers the caller started (:func:`start_warm_workers`) and closes."""
 
     todo = [absolute_paths(t) for t in sp.trials if t.trial_id not in done_ids]
@@ -96,7 +102,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     stop = StopRequest()
     pending = pending_rows(out_dir)  # a resumed sweep's rows that wait for their learning trial
     plan = SweepPlan(todo, budget_gb=card_memory_gb() if use_gpu else None, full_grid=full_grid, lengths=lengths,
-                     measured=pending)
+                     shapes=shapes, measured=pending)
     if pending:
         kept = plan.restored()
         drop_rows(out_dir, {r.trial_id for r in pending} - kept)  # their groups are measured again
@@ -112,7 +118,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     pool = pool or start_warm_workers(todo, slots, trainer)
     try:
         tuner = tune.Tuner(
-            tune.with_resources(driver.tune_trainable, {"CPU": driver.TRIAL_CPUS}),
+            tune.with_resources(tune_trainable, {"CPU": TRIAL_CPUS}),
             # The trial's config comes from the planner's Searcher ({"trial": ...}).
             param_space={
                 "use_gpu": use_gpu,

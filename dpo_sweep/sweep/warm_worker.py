@@ -12,21 +12,21 @@ trainer once, when it is created, and runs trial after trial:
    no trial uses (:func:`~dpo_sweep.sweep.worker_setup.unused_packages_hidden`), and keeps what
    its imports made out of the garbage collector's walks (``gc.freeze``).
 1. :func:`run_in_warm_worker` (in the Tune trial process) takes a free one and hands it the validated
-   ``TrialConfig``; the actor runs :func:`~dpo_sweep.sweep.driver.run_and_report` in a thread and
+   ``TrialConfig``; the actor runs :func:`~dpo_sweep.sweep.trial_run.run_and_report` in a thread and
    streams each report back (a Ray streaming generator), which the trial process forwards with
    ``tune.report`` - the same keys, in the same order, as a Ray Train worker's.
-2. A failure is classified inside the actor, as :func:`~dpo_sweep.sweep.driver.tune_trainable`
+2. A failure is classified inside the actor, as :func:`~dpo_sweep.sweep.trainable.tune_trainable`
    classifies a Train worker's (``oom`` / ``error``, the peak up to the failure), and only its
    text leaves: the exception and its traceback, which hold the failed step's tensors, are
    dropped in the actor before the memory is released.
-3. After every trial :func:`~dpo_sweep.train.setup.release_after_trial` leaves the process as a
+3. After every trial its :class:`~dpo_sweep.train.warm_state.WarmState` leaves the process as a
    fresh one would start the next: liger's patches undone, garbage collected, CUDA's cached
    blocks given back and its peak counters reset (CPU: malloc trimmed). The trainer itself sets
-   every per-trial setting (seed, allocator cap) at the start of each trial; what it keeps is
-   the last data set's tokenised pairs (:func:`~dpo_sweep.train.setup.tokenized_pairs`), which
-   the next trial of the sweep would make again the same. Peaks stay honest:
-   tests/gpu and tests/sweep compare a warm worker's trial, after a bigger one, with a fresh
-   process's.
+   every per-trial setting (seed, allocator cap) at the start of each trial; what the worker
+   keeps, in that same object, is the last data set's tokenised pairs and their precomputed
+   reference log-probs, which the next trial of the sweep would make again the same. Peaks stay
+   honest: tests/gpu and tests/sweep compare a warm worker's trial, after a bigger one, with a
+   fresh process's.
 4. After an ``error`` (not an OOM: that is a normal result and the allocator recovers) the actor
    is replaced: a CUDA error can leave the context unusable. If the actor dies, the trial is an
    ``error`` naming that, and the next trial gets a new one.
@@ -46,12 +46,9 @@ from typing import Any, Iterator, Sequence
 import ray
 
 from dpo_sweep.config import TrialConfig, distinct_models
-from dpo_sweep.sweep import driver
+from dpo_sweep.sweep.protocol import TrialFailure, short_error
+from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER, import_trainer, output_to_file, run_and_report, worker_log_path
 from dpo_sweep.sweep.worker_setup import unused_packages_hidden
-
-#: End-of-stream items from the actor (besides the reports: dicts with driver's keys).
-_FAILURE = "warm/failure"  # {"status", "error", "peak_mem_gb"}: how the trial failed
-_REPLACE = "warm/replace"  # True: the actor should not run another trial (after an error)
 
 
 def wanted(cfg: TrialConfig) -> bool:
@@ -63,16 +60,17 @@ class TrialWorker:
     """The long-lived process of one trial slot (see the module doc). A Ray actor of the sweep's
     :class:`WorkerPool`; a plain object in tests."""
 
-    def __init__(self, trainer: str = driver.DEFAULT_TRAINER, models: list[Any] = ()):
+    def __init__(self, trainer: str = DEFAULT_TRAINER, models: list[Any] = ()):
         started = time.time()  # no Ray Train here: importing it cost 2.1 s on the H200
         with unused_packages_hidden():
-            self._run_trial = driver.import_trainer(trainer)
-            from dpo_sweep.train import setup  # the trainer's own modules: imported with it
-            from dpo_sweep.train.model import prepare_imports
+            self._run_trial = import_trainer(trainer)
+            from dpo_sweep.train.model import prepare_imports  # the trainer's own modules: imported with it
+            from dpo_sweep.train.warm_state import WarmState
 
             for spec in models:  # the modelling code the sweep's trials will build (lazy in transformers)
                 prepare_imports(spec)
-        self._release = setup.release_after_trial
+        #: What this worker keeps from one trial to the next, and how it lets go of the rest.
+        self._warm = WarmState()
         # What the imports made lives as long as the process: out of the collector's sight, so
         # that the full collection after every trial walks only what trials made (with all of it
         # imported, one collection took 0.15 s on the 2-core machine).
@@ -83,7 +81,8 @@ class TrialWorker:
         self.trials_run = 0
 
     def run(self, loop_config: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """Run one trial, yielding its reports as they happen, then at most one failure item."""
+        """Run one trial, yielding its reports as they happen (dicts, as Tune takes them), then its
+        :class:`~dpo_sweep.sweep.protocol.TrialFailure` if it failed."""
         entered = time.time()
         trial_start = float(loop_config["trial_start"])
         first = self._import_window is not None
@@ -93,17 +92,15 @@ class TrialWorker:
         import_end = min(max(ready, ray_end), entered)
         reports: queue.Queue = queue.Queue()
         ended = object()
-        failure: dict[str, Any] = {}
+        failure: list[TrialFailure] = []
 
         def work() -> None:
             try:
-                driver.run_and_report(loop_config, self._run_trial, ray_end=ray_end,
-                                      import_end=import_end, report=reports.put, rank=0)
+                run_and_report(loop_config, self._run_trial, ray_end=ray_end,
+                               import_end=import_end, report=reports.put, rank=0, warm=self._warm)
             except BaseException as exc:  # noqa: BLE001 - every failure becomes this trial's status
-                status, message = driver.classify_failure(exc)
                 # Worded as a Ray Train worker's failure is: one worker, rank 0.
-                failure["status"], failure["error"] = status, driver._short(f"rank 0: {message}")
-                failure["peak_mem_gb"] = driver.failure_peak(exc)
+                failure.append(TrialFailure.from_exception(exc, rank=0))
                 del exc  # the traceback holds the failed step's frames and tensors
             finally:
                 reports.put(ended)
@@ -112,7 +109,7 @@ class TrialWorker:
         cfg: TrialConfig = loop_config["trial"]
         with contextlib.ExitStack() as stack:
             if log_dir:  # everything the trial prints goes to its log file, as a Train worker's does
-                stack.enter_context(driver.output_to_file(driver.worker_log_path(log_dir, cfg.trial_id, 0)))
+                stack.enter_context(output_to_file(worker_log_path(log_dir, cfg.trial_id, 0)))
             if first:  # where this worker's own start went, beside the trial's start-up split
                 print(import_window_line(cfg.trial_id, began, ready, trial_start), flush=True)
             try:
@@ -123,9 +120,9 @@ class TrialWorker:
                 thread.join()
             finally:
                 self.trials_run += 1
-                self._release(_device_of(cfg))
-        if failure:
-            yield {_FAILURE: failure, _REPLACE: failure["status"] != "oom"}
+                self._warm.release(_device_of(cfg))
+        if failure:  # a plain yield: Ray drives the generator with send(), which a list's iterator lacks
+            yield failure[0]
 
 
 def import_window_line(trial_id: str, began: float, ready: float, trial_start: float) -> str:
@@ -213,29 +210,25 @@ def start_pool(name: str, count: int, trials: Sequence[TrialConfig], use_gpu: bo
     return WarmPool(name, actor, workers)
 
 
-def run_in_warm_worker(loop_config: dict[str, Any], pool_name: str) -> dict[str, Any]:
+def run_in_warm_worker(loop_config: dict[str, Any], pool_name: str) -> TrialFailure | None:
     """Run the trial of ``loop_config`` in a warm worker of the sweep's pool, forwarding its
-    reports to Tune; returns the trial's summary (``status``, ``error``, maybe ``peak_mem_gb``)
-    as :func:`~dpo_sweep.sweep.driver.tune_trainable` reports it."""
+    reports to Tune; how it failed, None when it did not."""
     from ray import tune
 
     pool = ray.get_actor(pool_name)
     worker = ray.get(pool.acquire.remote())
-    summary: dict[str, Any] = {"status": "finished", "error": ""}
-    replace = False
+    failure: TrialFailure | None = None
     try:
         # Named after the trial: the dashboard's task list shows which trial a worker runs.
         for ref in worker.run.options(name=f"trial {loop_config['trial'].trial_id}").remote(loop_config):
             item = ray.get(ref)
-            if _FAILURE in item:
-                summary.update(status=item[_FAILURE]["status"], error=item[_FAILURE]["error"],
-                               peak_mem_gb=item[_FAILURE]["peak_mem_gb"])
-                replace = item[_REPLACE]
+            if isinstance(item, TrialFailure):
+                failure = item
             else:
                 tune.report(item)
     except ray.exceptions.RayActorError as exc:
-        summary.update(status="error", error=driver._short(f"the trial's worker process died: {exc}"))
-        replace = True
+        failure = TrialFailure("error", short_error(f"the trial's worker process died: {exc}"))
     finally:
-        pool.release.remote(worker, replace)
-    return summary
+        # After an error (or a dead actor) a new worker takes this one's place.
+        pool.release.remote(worker, failure is not None and not failure.process_usable)
+    return failure

@@ -58,6 +58,7 @@ from dpo_sweep.train.setup import (
     load_data,
     precompute_reference,
 )
+from dpo_sweep.train.warm_state import WarmState
 
 @dataclass(frozen=True)
 class TrialOutcome:
@@ -105,13 +106,14 @@ def _world() -> tuple[int, int]:
 
 def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None = None,
               log: Logger | None = print, catch_failures: bool = True,
-              clock: TrialClock | None = None) -> TrialOutcome:
+              clock: TrialClock | None = None, warm: WarmState | None = None) -> TrialOutcome:
     """Run one trial on this process's device (and its process group, if any).
 
     With ``catch_failures`` an OOM becomes status ``oom`` and any other exception ``error``;
     without it they propagate (Ray Train then reports them). Bad input (:class:`UserError`)
     always propagates. A NaN/inf loss is status ``diverged`` either way. ``clock``: where the
     trial's ``startup_s`` counts from (a sweep passes the Tune trial's start); by default here.
+    ``warm``: what this process keeps from its earlier trials (a warm worker's); None: nothing.
     """
     say = log or (lambda _msg: None)
     clock = clock or TrialClock()
@@ -124,7 +126,7 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
         report(record)
 
     try:
-        return _train(cfg, device, clock, keep, say)
+        return _train(cfg, device, clock, keep, say, warm)
     except UserError:
         raise
     except torch.OutOfMemoryError as err:
@@ -149,17 +151,17 @@ def _failed(cfg: TrialConfig, status: str, err: BaseException, done: list[StepRe
 
 
 def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
-           on_step: Callable[[StepRecord], None], say: Logger) -> TrialOutcome:
+           on_step: Callable[[StepRecord], None], say: Logger, warm: WarmState | None) -> TrialOutcome:
     since = time.perf_counter()
     world, rank = _world()
     say = say if rank == 0 else (lambda _m: None)
     configure_device_memory(cfg, device)
-    data = load_data(cfg, world, say, since)
+    data = load_data(cfg, world, say, since, warm)
     clock.mark("data")
     sampler = make_memory_sampler(device)
     # `with`: an exception of the body (an OOM) wins over one of the sampler thread.
     with sampler:
-        setup = build_trial(cfg, device, world, rank, data, say, since)
+        setup = build_trial(cfg, device, world, rank, data, say, since, warm)
         clock.mark("model")
         timer = StepTimer(device, cfg.train.warmup_steps)
         steps: list[StepOutput] = []
@@ -206,7 +208,7 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     grad_acc = cfg.grad_acc if worst else setup.grad_acc_schedule.for_step(step)
     beta = knobs.seed_beta(step, cfg.train.steps, cfg.beta) if cfg.train.beta_schedule == "seed" else cfg.beta
     device_sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=setup.device)
-    host_sums = [0] * len(metrics.HOST_SUMS)  # pairs, sequences, slots, tokens: known without the device
+    host_counts = metrics.HostCounts()  # known without the device
     max_seq_len = 0
     flop_counts = NO_TOKENS
     phases = PhaseMarks(setup.device)  # no sync of its own: read after the timer's end-of-step sync
@@ -217,35 +219,35 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
         flop_counts += flop_token_counts(batch, chunked_head=cfg.train.logp_chunk_tokens > 0)
         sync = micro == grad_acc - 1 or cfg.resources.sync_every_micro_step
         device_sums += _micro_step(setup, batch, sync, poison, beta, grad_acc)
-        host_sums = [host_sums[0] + batch.pairs, host_sums[1] + 2 * batch.pairs, host_sums[2] + batch.slots(),
-                     host_sums[3] + batch.tokens()]
+        host_counts = host_counts.plus(batch.pairs, batch.slots(), batch.tokens())
         phases.mark()
     grad_norm = _optimizer_step(setup)
     phases.mark()
-    sums = _all_reduce_sums(setup, device_sums, host_sums)
+    sums = _all_reduce_sums(setup, device_sums, host_counts)
     step_time_ms = timer.end_step(counted=not worst)  # the worst case is not a typical step
     durations_ms = phases.durations_ms()
     micro_step_ms, optimizer_ms = micro_and_optimizer_ms(durations_ms, last_syncs=setup.world > 1)
     clock.step_ended()
-    totals = sums.tolist()  # one host sync per step, after the step is done
-    if setup.world == 1:
-        totals += host_sums
-    tokens = int(totals[-1])
+    # One host sync per step, after the step is done; one process has its counts already.
+    totals = metrics.StepSums.from_tensor(sums, host=host_counts if setup.world == 1 else None)
+    tokens = int(totals.tokens)
     peaks = sampler.peaks()
     peaks = dataclasses.replace(peaks, peak_gb=_max_over_workers(setup, peaks.peak_gb))
-    means = metrics.step_means(totals)
+    means = totals.means()
     record = StepRecord(
-        trial_id=cfg.trial_id, step=step, loss=means["loss"],
+        trial_id=cfg.trial_id, step=step, loss=means.loss,
         grad_norm=float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm),
         step_time_ms=step_time_ms, peak_mem_gb=peaks.peak_gb,
-        reward_accuracy=means["rewards/accuracies"], reward_margin=means["rewards/margins"],
-        logps_chosen=means["logps/chosen"], logps_rejected=means["logps/rejected"], kl=means["kl"],
-        rewards_chosen=means["rewards/chosen"], rewards_rejected=means["rewards/rejected"],
+        reward_accuracy=means.reward_accuracy, reward_margin=means.reward_margin,
+        logps_chosen=means.logps_chosen, logps_rejected=means.logps_rejected,
+        # steps.csv has both columns (kl: the contract's name; logratio_mean: the stability
+        # signal's): one value under two names.
+        kl=means.logratio_mean, logratio_mean=means.logratio_mean, logratio_std=means.logratio_std,
+        rewards_chosen=means.rewards_chosen, rewards_rejected=means.rewards_rejected,
         tokens_per_s=tokens / (step_time_ms / 1e3), lr=float(setup.scheduler.get_last_lr()[0]),
         measured=step > cfg.train.warmup_steps, micro_step_ms=micro_step_ms, optimizer_ms=optimizer_ms,
-        logratio_mean=means["logratio_mean"], logratio_std=means["logratio_std"], beta=beta, grad_acc=grad_acc,
-        micro_ms=",".join(f"{ms:.3f}" for ms in durations_ms[:-1]),
-        max_seq_len=int(_max_over_workers(setup, max_seq_len)), padding_frac=means["padding_frac"],
+        beta=beta, grad_acc=grad_acc, micro_ms=",".join(f"{ms:.3f}" for ms in durations_ms[:-1]),
+        max_seq_len=int(_max_over_workers(setup, max_seq_len)), padding_frac=means.padding_frac,
         worst_case=worst,
     )
     if not worst:
@@ -304,11 +306,12 @@ def _optimizer_step(setup: TrialSetup) -> torch.Tensor:
     return grad_norm
 
 
-def _all_reduce_sums(setup: TrialSetup, device_sums: torch.Tensor, host_sums: list[int]) -> torch.Tensor:
-    """The step's sums over all workers (host sums join them: one all-reduce, not two)."""
+def _all_reduce_sums(setup: TrialSetup, device_sums: torch.Tensor, counts: metrics.HostCounts) -> torch.Tensor:
+    """The step's sums over all workers, :class:`~dpo_sweep.train.metrics.StepSums`' layout (the
+    host counts join the device sums: one all-reduce, not two); one process: the device sums."""
     if setup.world == 1:
         return device_sums
-    sums = torch.cat([device_sums, torch.tensor(host_sums, dtype=torch.float64).to(setup.device)])
+    sums = torch.cat([device_sums, counts.to_tensor(setup.device)])
     dist.all_reduce(sums)
     return sums
 

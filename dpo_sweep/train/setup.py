@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
 import dataclasses
-import functools
-import ctypes.util
-import gc
 import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -29,13 +25,14 @@ from dpo_sweep.train.adapters import (AdaptersOff, InBackwardOptimizer, apply_ad
                                      refuse_cpu_levers)
 from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, worst_case_batches
 from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
-from dpo_sweep.train.data import PairDataset, data_key, load_pairs
+from dpo_sweep.train.data import PairDataset
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
-from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference, undo_liger
+from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference
 from dpo_sweep.train.order import pair_length, usable_pairs
 from dpo_sweep.train.reference import ReferenceTables, pairs_read, table_key
-from dpo_sweep.train.tokenizer import load_tokenizer
+from dpo_sweep.train.tokenizer import tokenized_pairs
+from dpo_sweep.train.warm_state import WarmState
 
 Logger = Callable[[str], None]
 
@@ -90,80 +87,10 @@ def configure_device_memory(cfg: TrialConfig, device: torch.device) -> None:
     torch.cuda.set_per_process_memory_fraction(fraction, device)
 
 
-def release_after_trial(device: torch.device) -> None:
-    """Leave the process as a fresh one would start the next trial (a warm worker runs trial after
-    trial): liger's patches undone, the trial's garbage collected, the allocator's cached blocks
-    given back to the driver and torch's peak counters reset on CUDA; on the CPU glibc's free
-    lists trimmed back to the OS, so that the next trial's RSS starts near a fresh process's.
-    Call it once nothing of the trial is referenced any more (its exception included: a
-    traceback holds the frames, and the frames the tensors)."""
-    undo_liger()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        # cuBLAS keeps a workspace per (handle, stream) in the caching allocator: 1 MiB each that
-        # an earlier trial's shapes created and a fresh process would not hold (seen on the H200).
-        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # CUDA builds only
-        if clear_workspaces is not None:
-            clear_workspaces()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    _malloc_trim()
-
-
-def _malloc_trim() -> None:
-    trim = _libc_malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _libc_malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim`` (None on musl, macOS), looked up once per process: the lookup
-    (``find_library`` asks ldconfig) is the same for every trial."""
-    name = ctypes.util.find_library("c")
-    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-
-
-#: The last tokenizer and tokenised pairs this process made, by what made them (:func:`_data_key`).
-#: A warm worker runs trial after trial on the sweep's one data set: its later trials take them from
-#: here instead of tokenising again (0.2-0.4 s a trial on the H200). Both are never changed after
-#: they are made (a frozen dataclass of tuples; the tokenizer is only read).
-_LAST_DATA: dict[tuple, tuple[Any, PairDataset]] = {}
-#: The precomputed reference's log-probs of those pairs (train/reference.py): a later trial of the
-#: sweep on the same weights only computes the pairs no earlier trial read.
-_REFERENCE_TABLES = ReferenceTables()
-
-
-def tokenized_pairs(cfg: TrialConfig) -> tuple[Any, PairDataset]:
-    """``cfg``'s tokenizer and its data tokenised at ``train.max_length``; the same objects as the
-    last call's when they would be made from the same inputs."""
-    key = _data_key(cfg)
-    if key not in _LAST_DATA:
-        _LAST_DATA.clear()  # one data set at a time: a sweep has one
-        _REFERENCE_TABLES.clear()
-        tok = load_tokenizer(cfg.model)
-        _LAST_DATA[key] = (tok, load_pairs(cfg.data, tok, cfg.train.max_length))
-    return _LAST_DATA[key]
-
-
-def _data_key(cfg: TrialConfig) -> tuple:
-    """What the tokenised pairs are made from (:func:`~dpo_sweep.train.data.data_key`: the data
-    spec, the tokenizer, max_length), and a data file's size and modification time (a file
-    rewritten since is read again)."""
-    stamp = None
-    if cfg.data.path is not None:
-        try:
-            st = os.stat(cfg.data.path)
-            stamp = (st.st_size, st.st_mtime_ns)
-        except OSError:
-            stamp = None  # load_pairs says what is wrong with it
-    return (data_key(cfg), stamp)
-
-
-def load_data(cfg: TrialConfig, world: int, say: Logger, since: float) -> TrialData:
-    """The trial's tokenized pairs; ``since``: the ``perf_counter`` its log lines count from."""
-    tok, ds = tokenized_pairs(cfg)
+def load_data(cfg: TrialConfig, world: int, say: Logger, since: float, warm: WarmState | None = None) -> TrialData:
+    """The trial's tokenized pairs (``warm``'s when it holds them); ``since``: the ``perf_counter``
+    its log lines count from."""
+    tok, ds = warm.tokenized_pairs(cfg) if warm is not None else tokenized_pairs(cfg)
     usable = usable_pairs(len(ds), cfg.micro_batch, world, grad_acc=cfg.grad_acc)
     if usable == 0:
         raise DataError(f"{ds.source}: {len(ds)} pairs cannot fill one effective batch of micro_batch "
@@ -179,8 +106,9 @@ def load_data(cfg: TrialConfig, world: int, say: Logger, since: float) -> TrialD
 
 
 def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, data: TrialData,
-                say: Logger, since: float) -> TrialSetup:
-    """Models (policy, reference), checkpoint level, parallel wrapper, optimizer and batches."""
+                say: Logger, since: float, warm: WarmState | None = None) -> TrialSetup:
+    """Models (policy, reference), checkpoint level, parallel wrapper, optimizer and batches;
+    ``warm``: the process's reference log-probs from earlier trials (train.reference: precomputed)."""
     train = cfg.train
     refuse_cpu_levers(train, device)
     built = build_model(cfg.model, train.precision, device, seed=train.seed)
@@ -200,8 +128,9 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
     if train.reference == "precomputed":
         # Before the first update the policy *is* the reference: no copy of the weights needed.
         policy.eval()
+        tables = warm.reference_tables if warm is not None else ReferenceTables()
         ref_table = _reference_table(reference_view(SequenceLogProbs(policy, train.logp_chunk_tokens), peft_model),
-                                     data, cfg, device, world, rank, say, since)
+                                     data, cfg, device, world, rank, say, since, tables)
     apply_checkpoint_level(policy, cfg.checkpoint_level)  # after the model is on its device
     policy.train()
     policy_logps = _wrap_parallel(cfg, SequenceLogProbs(policy, train.logp_chunk_tokens), device, world)
@@ -269,9 +198,9 @@ def forward_inputs(batch: MicroBatch, has_padding: bool) -> tuple:
 
 
 def _reference_table(reference: SequenceLogProbs, data: TrialData, cfg: TrialConfig, device: torch.device,
-                     world: int, rank: int, say: Logger, since: float) -> torch.Tensor:
+                     world: int, rank: int, say: Logger, since: float, tables: ReferenceTables) -> torch.Tensor:
     """The reference log-probs of the pairs this rank reads (:func:`~dpo_sweep.train.reference.pairs_read`),
-    ``[pairs, 2]``, NaN for the rest; computed only for those no earlier trial of this process read."""
+    ``[pairs, 2]``, NaN for the rest; computed only for those ``tables`` (earlier trials') lack."""
     ds = data.pairs
     wanted = pairs_read(cfg, ds, world, rank)
 
@@ -283,7 +212,7 @@ def _reference_table(reference: SequenceLogProbs, data: TrialData, cfg: TrialCon
         values[by_length] = precompute_reference(reference, picked, cfg, device, data.pad_token_id)
         return values
 
-    table, computed = _REFERENCE_TABLES.table(table_key(cfg), len(ds), wanted, compute)
+    table, computed = tables.table(table_key(cfg), len(ds), wanted, compute)
     say(f"[{cfg.trial_id}] reference log-probs of the {len(wanted)} pairs this trial reads: {computed} computed, "
         f"{len(wanted) - computed} kept from an earlier trial [{time.perf_counter() - since:.1f} s]")
     return table

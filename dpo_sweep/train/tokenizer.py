@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from dpo_sweep.config import ModelSpec
+from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.errors import UserError
+from dpo_sweep.train.data import PairDataset, load_pairs
 from dpo_sweep.train.pretrained import load_checkpoint_tokenizer
 
 #: Special tokens of the byte-level tokenizer: 256 byte tokens come first, these follow.
@@ -40,3 +41,10 @@ def load_tokenizer(spec: ModelSpec) -> PreTrainedTokenizerBase:
                         "end-of-sequence token, so batches cannot be padded; set eos_token (or pad_token) "
                         "in its tokenizer_config.json")
     return tok
+
+
+def tokenized_pairs(cfg: TrialConfig) -> tuple[PreTrainedTokenizerBase, PairDataset]:
+    """``cfg``'s tokenizer and its data tokenised at ``train.max_length``, made afresh (a warm
+    worker keeps the last ones: :class:`~dpo_sweep.train.warm_state.WarmState`)."""
+    tok = load_tokenizer(cfg.model)
+    return tok, load_pairs(cfg.data, tok, cfg.train.max_length)

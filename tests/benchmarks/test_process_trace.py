@@ -49,7 +49,7 @@ def test_the_start_up_milestones_are_the_first_of_their_events():
               (104.5, "1", "MainThread", "< ray._private.worker.init 4.000"),
               (105.0, "2", "MainThread", "> dpo_sweep.sweep.warm_worker.TrialWorker.__init__"),
               (110.0, "3", "MainThread", "< dpo_sweep.sweep.startup.check_inputs 9.000"),
-              (113.0, "4", "Thread-1_(<lambda>)", "> dpo_sweep.sweep.driver.tune_trainable"),
+              (113.0, "4", "Thread-1_(<lambda>)", "> dpo_sweep.sweep.trainable.tune_trainable"),
               (117.0, "2", "MainThread", "< dpo_sweep.sweep.warm_worker.TrialWorker.__init__ 12.000"),
               (118.0, "2", "trial-t0", "> dpo_sweep.train.loop.train_step"),
               (119.0, "2", "trial-t0", "> dpo_sweep.train.loop.train_step"),

@@ -19,7 +19,7 @@ import sweep_overhead  # noqa: E402
 
 from dpo_sweep import space as space_mod  # noqa: E402
 from dpo_sweep.records import TrialResult  # noqa: E402
-from dpo_sweep.sweep.driver import startup_line  # noqa: E402
+from dpo_sweep.sweep.trial_run import startup_line  # noqa: E402
 from dpo_sweep.sweep.recorder import progress_line  # noqa: E402
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import json
 import math
 import os
@@ -17,7 +16,9 @@ from ray.train import WorkerGroupError
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import StepRecord, TrialResult, write_results, write_steps
 from dpo_sweep.errors import UserError
-from dpo_sweep.sweep import driver, output_dir, recorder, slots
+from dpo_sweep.sweep import output_dir, protocol, recorder, slots, trainable
+from dpo_sweep.sweep.collector import TrialCollector
+from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, TrialFailure
 from testkit import make_cfg
 
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
@@ -32,18 +33,18 @@ def _step(trial_id: str, step: int, loss: float = 0.69, peak: float = 1.5) -> St
 def test_worker_oom_is_status_oom_with_the_allocation_message():
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.3 GiB total)")
     err = WorkerGroupError("rank 1 failed", {0: RuntimeError("peer gone"), 1: oom})
-    status, msg = driver.classify_failure(err)
+    status, msg = protocol.classify_failure(err)
     assert status == "oom"
     assert "Tried to allocate 2.00 GiB" in msg and msg.startswith("rank 1")
 
 
 def test_other_worker_failure_is_status_error_with_the_message():
-    status, msg = driver.classify_failure(WorkerGroupError("x", {0: ValueError("bad shape (3, 4)")}))
+    status, msg = protocol.classify_failure(WorkerGroupError("x", {0: ValueError("bad shape (3, 4)")}))
     assert status == "error" and "ValueError: bad shape (3, 4)" in msg
 
 
 def test_failure_outside_the_workers_is_error():
-    status, msg = driver.classify_failure(RuntimeError("placement group timed out"))
+    status, msg = protocol.classify_failure(RuntimeError("placement group timed out"))
     assert (status, msg) == ("error", "RuntimeError: placement group timed out")
 
 
@@ -53,16 +54,14 @@ def test_wrapped_oom_cause_is_found():
             super().__init__("wrapped")
             self.cause = cause
 
-    status, msg = driver.classify_failure(
+    status, msg = protocol.classify_failure(
         WorkerGroupError("x", {0: Wrapped(torch.OutOfMemoryError("Tried to allocate 1 GiB"))}))
     assert status == "oom" and "Tried to allocate 1 GiB" in msg
 
 
 def _report_step(rec: StepRecord, startup: float, measure: float) -> dict:
-    import dataclasses
-
-    return {driver.STEP_KEY: dataclasses.asdict(rec), driver.STARTUP_KEY: startup,
-            driver.MEASURE_KEY: measure, "trial_id": "tune-id", "training_iteration": rec.step}
+    # With the keys Tune adds to every report.
+    return {**StepReport(rec, startup, measure).to_report(), "trial_id": "tune-id", "training_iteration": rec.step}
 
 
 def test_collector_success_uses_rank0_outcome():
@@ -70,12 +69,11 @@ def test_collector_success_uses_rank0_outcome():
     steps = [_step("t000", 1), _step("t000", 2)]
     result = TrialResult(trial_id="t000", status="ok", **cfg.knobs(), peak_mem_gb=1.5, startup_s=9.0,
                          measure_s=0.2)
-    c = driver.TrialCollector()
+    c = TrialCollector()
     assert c.add("a", cfg, _report_step(steps[0], 9.0, 0.1)) is None
     assert c.add("a", cfg, _report_step(steps[1], 9.0, 0.2)) is None
-    outcome = driver.outcome_to_json(result, {"hostname": "gpu-node-3"})
-    assert c.add("a", cfg, {driver.OUTCOME_KEY: outcome}) is None
-    done = c.add("a", cfg, {driver.SUMMARY_KEY: json.dumps({"status": "finished", "error": ""})})
+    assert c.add("a", cfg, OutcomeReport(result, {"hostname": "gpu-node-3"}).to_report()) is None
+    done = c.add("a", cfg, TrialEnding(wall_s=12.0).to_report())
     r = done.result
     assert (r.trial_id, r.status, r.peak_mem_gb, r.startup_s, r.measure_s) == ("t000", "ok", 1.5, 9.0, 0.2)
     assert [(s.step, s.loss) for s in done.steps] == [(1, 0.69), (2, 0.69)]
@@ -84,9 +82,9 @@ def test_collector_success_uses_rank0_outcome():
 
 def test_collector_oom_keeps_steps_that_ran_and_their_timing():
     cfg = make_cfg(trial_id="t001", steps=3)
-    c = driver.TrialCollector()
+    c = TrialCollector()
     c.add("b", cfg, _report_step(_step("t001", 1, peak=2.5), 7.0, 0.3))
-    done = c.add("b", cfg, {driver.SUMMARY_KEY: json.dumps({"status": "oom", "error": "rank 0: OOM"})})
+    done = c.add("b", cfg, TrialEnding(TrialFailure("oom", "rank 0: OOM")).to_report())
     r = done.result
     assert (r.status, r.error, r.micro_batch, r.steps) == ("oom", "rank 0: OOM", cfg.micro_batch, 1)
     assert r.peak_mem_gb == 2.5 and r.startup_s == 7.0 and r.measure_s == 0.3
@@ -114,40 +112,40 @@ def test_failure_peak_is_what_the_failed_workers_carried_through_pickling():
     # Ray pickles each worker's exception back to the trial process.
     err = WorkerGroupError("x", {0: pickle.loads(pickle.dumps(_oom_with_peak(61.5))),
                                  1: pickle.loads(pickle.dumps(_oom_with_peak(79.0))), 2: RuntimeError("peer")})
-    assert driver.failure_peak(err) == pytest.approx(79.0)
-    assert math.isnan(driver.failure_peak(WorkerGroupError("x", {0: ValueError("bad")})))
-    assert math.isnan(driver.failure_peak(RuntimeError("placement group timed out")))
+    assert protocol.failure_peak(err) == pytest.approx(79.0)
+    assert math.isnan(protocol.failure_peak(WorkerGroupError("x", {0: ValueError("bad")})))
+    assert math.isnan(protocol.failure_peak(RuntimeError("placement group timed out")))
 
 
 def test_collector_oom_row_has_the_peak_up_to_the_failure():
     cfg = make_cfg(trial_id="t004", steps=3)
-    c = driver.TrialCollector()
+    c = TrialCollector()
     c.add("d", cfg, _report_step(_step("t004", 1, peak=2.5), 7.0, 0.3))
-    summary = {"status": "oom", "error": "rank 0: OOM", "peak_mem_gb": 79.0}  # the failing step's
-    done = c.add("d", cfg, {driver.SUMMARY_KEY: json.dumps(summary)})
+    failure = TrialFailure("oom", "rank 0: OOM", peak_mem_gb=79.0)  # the failing step's
+    done = c.add("d", cfg, TrialEnding(failure).to_report())
     assert done.result.peak_mem_gb == 79.0 and [s.step for s in done.steps] == [1]
 
 
 def test_collector_abandoned_trial_is_error():
     cfg = make_cfg(trial_id="t002")
-    done = driver.TrialCollector().abandon("c", cfg, "actor died")
+    done = TrialCollector().abandon("c", cfg, "actor died")
     assert done.result.status == "error" and done.result.error == "actor died" and done.steps == ()
 
 
 def test_outcome_json_round_trip_keeps_nan():
     cfg = make_cfg(trial_id="t003")
     result = TrialResult(trial_id="t003", status="diverged", **cfg.knobs(), error="non-finite loss")
-    back, env = driver.outcome_from_json(driver.outcome_to_json(result, {"gpu_name": None}))
-    steps = [driver.step_from_report(dataclasses.asdict(_step("t003", 1, loss=math.nan)))]
-    assert env == {"gpu_name": None}
-    assert back.status == "diverged" and math.isnan(back.peak_mem_gb) and math.isnan(steps[0].loss)
+    back = OutcomeReport.from_report(OutcomeReport(result, {"gpu_name": None}).to_report())
+    step = StepReport.from_report(StepReport(_step("t003", 1, loss=math.nan)).to_report())
+    assert back.environment == {"gpu_name": None}
+    assert back.result.status == "diverged" and math.isnan(back.result.peak_mem_gb) and math.isnan(step.record.loss)
 
 
 def test_scaling_config_fractional_cpus_and_gpu():
     cfg = make_cfg(resources={"workers_per_trial": 2, "cpus_per_worker": 0.25, "use_gpu": "auto"})
-    sc = driver.scaling_config(cfg, use_gpu=False)
+    sc = trainable.scaling_config(cfg, use_gpu=False)
     assert sc.num_workers == 2 and sc.resources_per_worker == {"CPU": 0.25}
-    assert driver.scaling_config(cfg, use_gpu=True).resources_per_worker == {"CPU": 0.25, "GPU": 1}
+    assert trainable.scaling_config(cfg, use_gpu=True).resources_per_worker == {"CPU": 0.25, "GPU": 1}
 
 
 def test_resources_arithmetic():
@@ -284,7 +282,9 @@ def test_steps_travel_once_in_their_own_reports():
     """The outcome report carries the summary row and the machine, not the steps again."""
     cfg = make_cfg(trial_id="t005")
     result = TrialResult(trial_id="t005", status="ok", **cfg.knobs())
-    assert set(json.loads(driver.outcome_to_json(result, {"hostname": "h"}))) == {"result", "environment"}
+    report = OutcomeReport(result, {"hostname": "h"}).to_report()
+    assert list(report) == [protocol.OUTCOME_KEY]
+    assert set(json.loads(report[protocol.OUTCOME_KEY])) == {"result", "environment"}
 
 
 def test_recorder_looks_configs_up_instead_of_validating_them(tmp_path, capsys):
@@ -295,7 +295,7 @@ def test_recorder_looks_configs_up_instead_of_validating_them(tmp_path, capsys):
     assert plan.next_job().cfg.trial_id == "t006"
     rec = recorder.SweepRecorder(tmp_path, plan, total=1, already_done=0)
     trial = type("T", (), {"trial_id": "tune-6", "config": {"trial": {"trial_id": "t006"}}})()
-    rec.on_trial_result(0, [], trial, {driver.SUMMARY_KEY: json.dumps({"status": "oom", "error": "OOM"})})
+    rec.on_trial_result(0, [], trial, TrialEnding(TrialFailure("oom", "OOM")).to_report())
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert [(r["trial_id"], r["status"], r["micro_batch"]) for r in rows] == [("t006", "oom", str(cfg.micro_batch))]
     assert "[1/1] t006" in capsys.readouterr().out

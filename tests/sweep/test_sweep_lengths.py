@@ -7,8 +7,6 @@ connection and Tune's ``Tuner`` stood in: the stand-in Tuner asks the planner's 
 trials, as Tune would, and ends each with the reports a worker would send."""
 from __future__ import annotations
 
-import dataclasses
-import json
 from types import SimpleNamespace
 
 import ray
@@ -20,7 +18,8 @@ from dpo_sweep.cli import main
 from dpo_sweep.plan.memory import planning_device, predict_peak_gb
 from dpo_sweep.plan.rules import BUDGET_MARGIN
 from dpo_sweep.records import StepRecord, TrialResult, read_csv_rows
-from dpo_sweep.sweep import command, driver, tuner
+from dpo_sweep.sweep import command, tuner
+from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding
 from dpo_sweep.sweep.ray_cluster import RayConnection
 
 #: A 1B model's shapes (nothing is trained: the stand-in Tuner runs no worker) on long-tailed
@@ -51,8 +50,7 @@ class FakeTuner:
                               peak_mem_gb=1.0, reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-1.0,
                               logps_rejected=-1.0, kl=0.0, micro_step_ms=90.0, optimizer_ms=20.0)
             row = TrialResult(trial_id=cfg.trial_id, status="ok", **cfg.knobs(), peak_mem_gb=1.0, step_time_ms=200.0)
-            for report in ({driver.STEP_KEY: dataclasses.asdict(step)}, {driver.OUTCOME_KEY: driver.outcome_to_json(row)},
-                           {driver.SUMMARY_KEY: json.dumps({"status": "finished", "error": ""})}):
+            for report in (StepReport(step).to_report(), OutcomeReport(row).to_report(), TrialEnding().to_report()):
                 self.recorder.on_trial_result(0, [], trial, report)
             self.searcher.on_trial_complete(trial.trial_id, result={})
 

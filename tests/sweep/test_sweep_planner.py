@@ -3,14 +3,12 @@ suggests the plan's trials, waits (None) while one runs, and says FINISHED at th
 recorder hands each trial's reports to the plan and appends the rows the plan has ready."""
 from __future__ import annotations
 
-import dataclasses
-import json
 
 from ray.tune.search import ConcurrencyLimiter, Searcher
 
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import StepRecord, TrialResult, read_csv_rows
-from dpo_sweep.sweep import driver
+from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, TrialFailure
 from dpo_sweep.sweep.output_dir import prepare_output
 from dpo_sweep.sweep.planner import PlanSearcher
 from dpo_sweep.sweep.recorder import SweepRecorder
@@ -25,10 +23,8 @@ def _reports(cfg, status: str) -> list[dict]:
     row = TrialResult(trial_id=cfg.trial_id, status="ok", **cfg.knobs(), peak_mem_gb=2.0, step_time_ms=230.0,
                       loss_std=0.1)
     if status == "oom":
-        return [{driver.SUMMARY_KEY: json.dumps({"status": "oom", "error": "rank 0: OOM"})}]
-    return [{driver.STEP_KEY: dataclasses.asdict(step)},
-            {driver.OUTCOME_KEY: driver.outcome_to_json(row)},
-            {driver.SUMMARY_KEY: json.dumps({"status": "finished", "error": ""})}]
+        return [TrialEnding(TrialFailure("oom", "rank 0: OOM")).to_report()]
+    return [StepReport(step).to_report(), OutcomeReport(row).to_report(), TrialEnding().to_report()]
 
 
 def test_searcher_runs_fewer_trials_than_configurations_and_writes_every_row(tmp_path):

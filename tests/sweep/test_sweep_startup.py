@@ -157,19 +157,21 @@ def test_a_resumed_sweep_with_every_row_starts_no_ray(tmp_path, monkeypatch, cap
 
 def test_the_memory_model_is_built_with_the_preflight_and_the_driver_takes_it(monkeypatch):
     """The planner's first suggestion, inside Tune's start, finds the model's shape built, in the
-    driver that never built one (the preflight's process did)."""
+    driver that never built one (the preflight's process did): the plan is given the shapes."""
     from dpo_sweep.plan import memory
+    from dpo_sweep.plan.schedule import SweepPlan
     from testkit import make_cfg
 
     cfg = make_cfg()
-    monkeypatch.setattr(memory, "_KNOWN_SHAPES", {})  # none remembered from an earlier test's command
     memory.built_shape.cache_clear()
     shapes = startup.model_shapes([cfg, make_cfg(micro_batch=2)])  # one model: built once
     assert list(shapes) == [cfg.model] and memory.built_shape.cache_info().currsize == 1
     memory.built_shape.cache_clear()
-    memory.remember_shapes(shapes)
-    memory.predict_peak_gb(cfg, device="cpu")
+    plan = SweepPlan([cfg], budget_gb=80.0, shapes=shapes)
+    assert plan.next_job().cfg.trial_id == cfg.trial_id  # ordered and sized by the memory model
     assert memory.built_shape.cache_info().currsize == 0  # nothing built here
+    memory.predict_peak_gb(cfg, device="cpu")  # without the shapes: built here
+    assert memory.built_shape.cache_info().currsize == 1
 
     def broken(spec):
         raise OSError("no config.json")

@@ -3,7 +3,6 @@ the stopper, the recorder's early stop and ETA, the worker's log file and the to
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 import os
@@ -15,7 +14,9 @@ from pathlib import Path
 import pytest
 from testkit import make_cfg
 
-from dpo_sweep.sweep import driver, recorder, stopping
+from dpo_sweep.sweep import recorder, stopping, trial_run
+from dpo_sweep.records import TrialResult
+from dpo_sweep.sweep.protocol import OutcomeReport, TrialEnding, TrialFailure
 from dpo_sweep.sweep.ray_cluster import auth_token_command
 from dpo_sweep.sweep.stopping import Ending, StopRequest, SweepStopper, same_early_failure
 
@@ -79,7 +80,7 @@ def _trial(tune_id: str, trial_id: str):
 
 
 def _fail(rec: recorder.SweepRecorder, tune_id: str, trial_id: str, error: str) -> None:
-    summary = {driver.SUMMARY_KEY: json.dumps({"status": "error", "error": error})}
+    summary = TrialEnding(TrialFailure("error", error)).to_report()
     rec.on_trial_result(0, [], _trial(tune_id, trial_id), summary)
 
 
@@ -132,7 +133,7 @@ def test_progress_line_left_counts_longer_trials_longer(tmp_path, capsys, monkey
         trial = _trial(tune_id, job.cfg.trial_id)
         rec.on_trial_start(0, [], trial)
         clock[0] += 10.0
-        rec.on_trial_result(0, [], trial, {driver.SUMMARY_KEY: json.dumps({"status": "error", "error": "x"})})
+        rec.on_trial_result(0, [], trial, TrialEnding(TrialFailure("error", "x")).to_report())
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert "[2/4] t1" in lines[1] and "20 s elapsed, ~1 min 20 s left" in lines[1], lines
 
@@ -147,19 +148,19 @@ def test_progress_line_has_elapsed_and_what_is_left():
 
 
 def test_worker_output_goes_to_the_trial_log_file_at_the_descriptor_level(tmp_path):
-    path = driver.worker_log_path(str(tmp_path / "logs"), "t000", 0)
+    path = trial_run.worker_log_path(str(tmp_path / "logs"), "t000", 0)
     assert path == tmp_path / "logs" / "t000.log"
-    assert driver.worker_log_path(str(tmp_path), "t000", 1).name == "t000.rank1.log"
+    assert trial_run.worker_log_path(str(tmp_path), "t000", 1).name == "t000.rank1.log"
     code = ("import os, subprocess, sys\n"
             "from pathlib import Path\n"
-            "from dpo_sweep.sweep.driver import output_to_file\n"
+            "from dpo_sweep.sweep.trial_run import output_to_file\n"
             f"with output_to_file(Path({str(path)!r})):\n"
             "    print('python stdout'); print('python stderr', file=sys.stderr)\n"
             "    os.write(2, b'fd 2 (C++ warnings)\\n')\n"
             "    subprocess.run([sys.executable, '-c', 'print(\"a child process\")'])\n"
             "print('after the block')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(Path(driver.__file__).parents[2])})
+                          env={**os.environ, "PYTHONPATH": str(Path(trial_run.__file__).parents[2])})
     assert done.returncode == 0, done.stderr
     assert path.read_text().splitlines() == ["python stdout", "python stderr", "fd 2 (C++ warnings)",
                                              "a child process"]
@@ -200,7 +201,9 @@ def test_rows_written_when_measured_count_their_learning_trial_in_what_is_left(t
         trial = _trial(job.job_id, job.cfg.trial_id)
         rec.on_trial_start(0, [], trial)
         clock[0] += 10.0
-        rec.on_trial_result(0, [], trial, {driver.SUMMARY_KEY: json.dumps({"status": "ok", "peak_mem_gb": 1.0})})
+        row = TrialResult(trial_id=job.cfg.trial_id, status="ok", **job.cfg.knobs(), peak_mem_gb=1.0)
+        rec.on_trial_result(0, [], trial, OutcomeReport(row).to_report())
+        rec.on_trial_result(0, [], trial, TrialEnding().to_report())
     assert kinds[-1] == JobKind.LEARN
     out = capsys.readouterr().out.splitlines()
     lines = [line for line in out if line.startswith("[")]

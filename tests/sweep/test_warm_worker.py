@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dpo_sweep.sweep import driver, warm_worker
+from dpo_sweep.sweep import warm_worker
+from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialFailure
 from dpo_sweep.sweep.warm_worker import TrialWorker
 from testkit import make_cfg
 
@@ -27,12 +28,13 @@ def _cfg(micro_batch: int, length: int, **kw):
                     data={"synthetic": {"pairs": 32, "prompt_tokens": half, "response_tokens": half}}, **kw)
 
 
-def _run(worker: TrialWorker, cfg, trial_start: float | None = None) -> tuple[list[dict], object, dict | None]:
+def _run(worker: TrialWorker, cfg, trial_start: float | None = None) -> tuple[list, object, TrialFailure | None]:
     start = time.time() if trial_start is None else trial_start
     items = list(worker.run({"trial": cfg, "trial_start": start, "log_dir": None}))
-    outcomes = [driver.outcome_from_json(i[driver.OUTCOME_KEY])[0] for i in items if driver.OUTCOME_KEY in i]
-    failure = next((i for i in items if warm_worker._FAILURE in i), None)
-    return [i for i in items if driver.STEP_KEY in i], (outcomes[0] if outcomes else None), failure
+    failure = next((i for i in items if isinstance(i, TrialFailure)), None)
+    reports = [i for i in items if not isinstance(i, TrialFailure)]
+    outcomes = [o.result for i in reports if (o := OutcomeReport.from_report(i))]
+    return [s for i in reports if (s := StepReport.from_report(i))], (outcomes[0] if outcomes else None), failure
 
 
 CHILD = REPO / "tests" / "warm_child.py"
@@ -73,7 +75,7 @@ def test_start_up_split_the_trial_that_waited_for_the_import_pays_it_later_ones_
 
 
 def test_the_first_trials_log_says_when_its_workers_imports_ran(capsys):
-    # What the trial prints goes to its log file in a worker process (driver.output_to_file, fd 1);
+    # What the trial prints goes to its log file in a worker process (trial_run.output_to_file, fd 1);
     # under pytest it is captured here.
     started = time.time()
     worker = TrialWorker()
@@ -92,17 +94,15 @@ def test_oom_is_a_status_and_the_worker_runs_the_next_trial():
     worker = TrialWorker()
     steps, outcome, failure = _run(worker, _cfg(2, 64, fail_at_step=2, fail_kind="oom"))
     assert outcome is None and len(steps) == 1
-    info = failure[warm_worker._FAILURE]
-    assert info["status"] == "oom" and info["error"].startswith("rank 0: injected OOM at step 2")
-    assert failure[warm_worker._REPLACE] is False  # an OOM leaves the process usable
+    assert failure.status == "oom" and failure.error.startswith("rank 0: injected OOM at step 2")
+    assert failure.process_usable  # an OOM leaves the process usable: no new worker
     _, after, _ = _run(worker, _cfg(2, 64))
     assert after.status == "ok"
 
 
 def test_an_error_asks_for_a_new_worker():
     _, _, failure = _run(TrialWorker(), _cfg(2, 64, fail_at_step=1, fail_kind="error"))
-    assert failure[warm_worker._FAILURE]["status"] == "error"
-    assert failure[warm_worker._REPLACE] is True
+    assert failure.status == "error" and not failure.process_usable  # a new worker takes its place
 
 
 def test_warm_workers_only_for_one_worker_trials_and_can_be_switched_off():

@@ -207,17 +207,18 @@ def test_truncation_keeps_the_bos_token(tok):
     assert p.prompt_ids[1:] == full.prompt_ids[-(len(p.prompt_ids) - 1):]  # the prompt's end is kept
 
 
-def test_a_process_tokenises_the_same_data_once_and_a_changed_file_again(tmp_path):
+def test_a_warm_worker_tokenises_the_same_data_once_and_a_changed_file_again(tmp_path):
     # A warm worker's trials share the sweep's data: tokenising it again cost 0.2-0.4 s a trial
     # on the H200. What makes the pairs decides: another max_length, or the file rewritten.
     import os
 
-    from dpo_sweep.train.setup import tokenized_pairs
+    from dpo_sweep.train.warm_state import WarmState
     from testkit import make_cfg
 
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"p{i}", "chosen": "c", "rejected": "r"}) + "\n" for i in range(8)))
     cfg = make_cfg(data={"path": str(path)})
+    tokenized_pairs = WarmState().tokenized_pairs  # one warm worker's
     tok, first = tokenized_pairs(cfg)
     # another trial of the sweep: other knobs, other precision, the same data
     assert tokenized_pairs(make_cfg(data={"path": str(path)}, micro_batch=2, precision="bf16-mixed"))[1] is first

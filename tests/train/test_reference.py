@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from dpo_sweep.train import setup as setup_mod
 from dpo_sweep.train.loop import run_trial
 from dpo_sweep.train.reference import ReferenceTables, pairs_read, table_key
-from dpo_sweep.train.setup import tokenized_pairs
+from dpo_sweep.train.tokenizer import tokenized_pairs
+from dpo_sweep.train.warm_state import WarmState
 from tests.train.test_loop import write_ragged_pairs
 
 
@@ -35,11 +35,10 @@ def test_a_trial_reads_the_reference_of_its_steps_worst_case_and_held_batch_only
 
 
 def test_every_split_of_one_effective_batch_reads_the_same_pairs_and_later_trials_compute_none(cfg_factory, big_file):
-    setup_mod._REFERENCE_TABLES.clear()
-    first, again = [], []
-    run_trial(reference_cfg(cfg_factory, big_file, checkpoint_level="none"), log=first.append)
+    warm, first, again = WarmState(), [], []  # one warm worker's trials
+    run_trial(reference_cfg(cfg_factory, big_file, checkpoint_level="none"), log=first.append, warm=warm)
     out = run_trial(reference_cfg(cfg_factory, big_file, micro_batch=1, grad_acc=4, checkpoint_level="full"),
-                    log=again.append)
+                    log=again.append, warm=warm)
     assert out.result.status == "ok"
     assert any(", 0 computed," not in m and "computed" in m for m in first if "reference log-probs" in m)
     assert any(": 0 computed," in m for m in again if "reference log-probs" in m), again
@@ -47,11 +46,10 @@ def test_every_split_of_one_effective_batch_reads_the_same_pairs_and_later_trial
 
 def test_kept_values_are_the_ones_a_fresh_trial_computes(cfg_factory, big_file):
     """A trial that takes an earlier trial's reference gives the losses it gives alone."""
-    setup_mod._REFERENCE_TABLES.clear()
     alone = run_trial(reference_cfg(cfg_factory, big_file, micro_batch=1, grad_acc=4), log=None)
-    setup_mod._REFERENCE_TABLES.clear()
-    run_trial(reference_cfg(cfg_factory, big_file, micro_batch=4, grad_acc=1), log=None)
-    after = run_trial(reference_cfg(cfg_factory, big_file, micro_batch=1, grad_acc=4), log=None)
+    warm = WarmState()
+    run_trial(reference_cfg(cfg_factory, big_file, micro_batch=4, grad_acc=1), log=None, warm=warm)
+    after = run_trial(reference_cfg(cfg_factory, big_file, micro_batch=1, grad_acc=4), log=None, warm=warm)
     torch.testing.assert_close(torch.tensor([s.loss for s in after.steps]),
                                torch.tensor([s.loss for s in alone.steps]), rtol=1e-5, atol=1e-6)
     assert alone.steps[0].loss == pytest.approx(math.log(2), abs=1e-5)

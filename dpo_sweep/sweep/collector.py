@@ -1,0 +1,76 @@
+"""The sweep's driver side of a trial's reports: :class:`TrialCollector` (fed by the recorder, the
+sweep's Tune callback) turns the stream of one trial's reports (:mod:`~dpo_sweep.sweep.protocol`)
+into a :class:`CollectedTrial`: one ``TrialResult`` and its ``StepRecord`` rows, ready to be
+appended to ``results.csv`` / ``steps.csv``. No Ray calls here."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpo_sweep.config import TrialConfig
+from dpo_sweep.records import StepRecord, TrialResult, failed_result
+from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, TrialFailure, short_error
+
+
+@dataclass(frozen=True)
+class CollectedTrial:
+    """One finished trial, as it goes into results.csv and steps.csv."""
+
+    result: TrialResult
+    steps: tuple[StepRecord, ...]
+    environment: dict[str, Any] | None = None  # rank 0's host, GPU and versions (when it got that far)
+
+
+@dataclass
+class _Pending:
+    cfg: TrialConfig
+    steps: list[StepRecord] = field(default_factory=list)
+    outcome: OutcomeReport | None = None
+    startup_s: float = math.nan
+    measure_s: float = math.nan
+
+
+class TrialCollector:
+    """Accumulates one sweep's Tune results per trial (driver process, no Ray calls).
+
+    ``add(trial_key, cfg, result)`` takes one Tune result dict and returns a
+    :class:`CollectedTrial` when it was the trial's last report, else None. ``abandon`` closes a
+    trial that died without its last report (its trainable crashed).
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[str, _Pending] = {}
+
+    def _get(self, key: str, cfg: TrialConfig) -> _Pending:
+        return self._pending.setdefault(key, _Pending(cfg))
+
+    def add(self, key: str, cfg: TrialConfig, result: dict[str, Any]) -> CollectedTrial | None:
+        p = self._get(key, cfg)
+        if step := StepReport.from_report(result):
+            p.steps.append(step.record)
+            p.startup_s, p.measure_s = step.startup_s, step.measure_s
+        if outcome := OutcomeReport.from_report(result):
+            p.outcome = outcome
+        if ending := TrialEnding.from_report(result):
+            return self._finish(key, ending.failure)
+        return None
+
+    def abandon(self, key: str, cfg: TrialConfig, error: str) -> CollectedTrial:
+        self._get(key, cfg)
+        return self._finish(key, TrialFailure("error", short_error(error) or "the trial process died"))
+
+    def _finish(self, key: str, failure: TrialFailure | None) -> CollectedTrial:
+        p = self._pending.pop(key)
+        # The steps come from their own reports, whatever the ending; the row from the trainer
+        # when it got to write one, else from what those steps (and their timing) tell.
+        environment = p.outcome.environment if p.outcome is not None else None
+        if failure is None and p.outcome is not None:
+            result = p.outcome.result
+        else:
+            failure = failure or TrialFailure("error", "the trainer returned without reporting its outcome")
+            result = failed_result(p.cfg, failure.status, failure.error, p.steps, failing_peak_gb=failure.peak_mem_gb,
+                                   startup_s=p.startup_s, measure_s=p.measure_s)
+        result = dataclasses.replace(result, extra=p.cfg.swept_columns())  # results.csv columns
+        return CollectedTrial(result=result, steps=tuple(p.steps), environment=environment)
