@@ -10,6 +10,8 @@ from typing import Any, Iterable, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dpo_sweep import migrate
+
 CheckpointLevel = Literal["none", "L1", "L2", "L3", "full"]
 CHECKPOINT_LEVELS: tuple[str, ...] = get_args(CheckpointLevel)
 #: Levels that are refused at validation, with the reason shown to the user.
@@ -462,15 +464,12 @@ class ObjectivesSpec(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _step_time_became_throughput(cls, data: Any) -> Any:
+    def _refuse_step_time(cls, data: Any) -> Any:
         # Refused rather than silently mapped: a space file is about to be run, and its author
-        # should see that the time axis changed meaning (a results dir's copy is read as throughput).
-        if isinstance(data, dict) and "step_time" in data:
-            raise ValueError(
-                f"objectives.step_time is no longer an objective (got step_time: {data['step_time']!r}); "
-                "the time objective is throughput (tokens/s), so a step that does more work does not "
-                "count as slower: write `throughput: max` instead (allowed: memory, throughput, loss_std)"
-            )
+        # should see what the time axis means (a results dir's copy is read as throughput).
+        refusal = migrate.step_time_refusal(data)
+        if refusal:
+            raise ValueError(refusal)
         return data
 
 
