@@ -1,4 +1,4 @@
-"""Issue 15's check: a planned sweep against ``--full-grid`` on the same space (CPU, seconds).
+"""The planner's check: a planned sweep against ``--full-grid`` on the same space (CPU, seconds).
 
     python benchmarks/full_grid_compare.py PLANNED_DIR FULL_DIR [--csv OUT.csv] [--md OUT.md]
         [--beta-multiplier N]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 14 (a trial costs its steps, not its start-up), on the H200:
+# One device call that checks a trial costs its steps, not its start-up, on the H200:
 #   1. tests/gpu/test_warm_worker_gpu.py: a warm worker's peaks against fresh processes';
 #   2. benchmarks/sweep_overhead.py --model llama-3.2-1b --trials 5 (median wall per trial);
 #   3. benchmarks/sweep_overhead.py --space search_spaces/llama-3.2-1b-40gb-quick.yaml (the share of

@@ -202,9 +202,9 @@ def test_the_committed_h200_comparison(tmp_path):
 
 
 def test_the_committed_h200_comparison_with_runoff_rounds(tmp_path):
-    """The planned 1B sweep with the frontier's runoff rounds (75aded7) against the same full grid:
-    the full grid's frontier and recommendation; and the 3-beta space's 50 rows (551afb2, stopped
-    at its timeout) against three of that full grid."""
+    """The planned 1B sweep with the frontier's runoff rounds against the same full grid: the
+    full grid's frontier and recommendation; and the 3-beta space's 50 rows (stopped at its
+    timeout) against three of that full grid."""
     root = REPO / "benchmarks" / "results" / "full_grid_h200"
     full = root / "llama-3.2-1b-h200-betas-full-grid"
     text, _, _ = run(tmp_path, root / "llama-3.2-1b-h200-betas-planned-rounds", full)

@@ -1,6 +1,6 @@
 """A configuration's results row from the trials that measured it (pure; no Ray, no torch).
 
-A row's numbers come from up to two trials (issue 15):
+A row's numbers come from up to two trials:
 
 * its **memory/time measurement** (``measured_by``): the peak columns are copied; the step time
   is the measurement's own when it ran at the row's grad_acc (``step_time_source: measured``),

@@ -58,7 +58,7 @@ NOT_MEMORY_FIELDS: tuple[tuple[str, ...], ...] = (
     ("train", "max_grad_norm"), ("train", "steps"), ("train", "evaluate"),
     ("train", "learning_steps"), ("train", "learning_precision"),  # a learning trial's cfg carries its own
 )
-#: Fields that set what the loss trajectory is (point 5 of issue 15), besides the effective batch.
+#: Fields that set what the loss trajectory is, besides the effective batch.
 LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("model", "preset"), ("model", "name_or_path"), ("model", "dtype"), ("data",), ("beta",),
     ("train", "lr"), ("train", "lr_warmup_steps"), ("train", "lr_schedule"), ("train", "loss"),

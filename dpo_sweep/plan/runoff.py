@@ -1,4 +1,4 @@
-"""The runoff (issue 15): the configurations a recommendation would choose between, timed in full.
+"""The runoff: the configurations a recommendation would choose between, timed in full.
 
 A memory/time trial runs a few micro-steps per optimizer step and the row's step time at its real
 grad_acc is extrapolated (rules.extrapolate_step_ms). On the H200 that is within 5% for 19 of the

@@ -1,4 +1,4 @@
-"""The sweep's plan (issue 15): which trials run, in what order, what is pruned, and each
+"""The sweep's plan: which trials run, in what order, what is pruned, and each
 configuration's results row once the trials it depends on are in. Pure: no Ray, no torch; the
 Ray Tune ``Searcher`` (:mod:`dpo_sweep.sweep.planner`) only asks it for the next trial and tells
 it what finished.
