@@ -31,10 +31,9 @@ from dpo_sweep.config import (
     TrainSpec,
     TrialConfig,
     refused_adaptive_clip,
-    refused_cuda_lever,
     refused_optimizer_in_backward,
-    refused_attention,
 )
+from dpo_sweep.trial_facts import refused_attention, refused_cuda_lever
 from dpo_sweep import migrate
 from dpo_sweep.errors import SpaceError
 

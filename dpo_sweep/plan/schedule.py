@@ -48,7 +48,8 @@ from dpo_sweep import budget
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate, predicted
 from dpo_sweep.plan.levers import trainable_params
-from dpo_sweep.plan.memory import MemoryEstimate, model_shape, planning_device, predict_peak_gb
+from dpo_sweep.plan.memory import MemoryEstimate, model_shape, predict_peak_gb
+from dpo_sweep.trial_facts import planned_device
 from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, pending_stability, shared_row, with_stability
 from dpo_sweep.plan.runoff import (RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, RUNOFF_SUFFIX, finalists, frontier_ties,
                                    runoff_cap, timed_row)
@@ -74,7 +75,7 @@ class DataEstimate:
     lengths: Mapping[str, LengthProfile | None] = field(default_factory=dict)
 
     def __call__(self, cfg: TrialConfig) -> MemoryEstimate:
-        return predict_peak_gb(cfg, device=planning_device(cfg), lengths=self.lengths.get(cfg.trial_id))
+        return predict_peak_gb(cfg, device=planned_device(cfg), lengths=self.lengths.get(cfg.trial_id))
 
 
 @dataclass(frozen=True)

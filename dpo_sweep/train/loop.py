@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpo_sweep import stability
+from dpo_sweep import stability, trial_facts
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
@@ -84,12 +84,7 @@ class InjectedFailure(RuntimeError):
 
 
 def resolve_device(cfg: TrialConfig) -> torch.device:
-    want = cfg.train.device
-    use_gpu = cfg.resources.use_gpu
-    if want == "cpu" or use_gpu is False or not torch.cuda.is_available():
-        if want == "cuda" or use_gpu is True:
-            raise UserError(f"train.device={want} / resources.use_gpu={use_gpu} asks for a GPU, "
-                            "but CUDA is not available here; set use_gpu: auto")
+    if trial_facts.device_type(cfg.train, cfg.resources, torch.cuda.is_available()) == "cpu":
         return torch.device("cpu")
     index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())) if dist.is_initialized() else 0
     index = min(index, torch.cuda.device_count() - 1)
