@@ -315,8 +315,7 @@ class SweepPlan:
             group.predicted_gb = self.predict(group.measuring)
         for m in group.members:
             row = failed_result(m, "pruned", reason)
-            self._emit(replace(row, predicted_peak_gb=group.predicted_gb, trainable_params=_trainable(m),
-                               extra=m.swept_columns()))
+            self._emit(replace(row, predicted_peak_gb=group.predicted_gb, trainable_params=_trainable(m)))
 
     # --- learning trials ---------------------------------------------------------------------
 

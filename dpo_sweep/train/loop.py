@@ -38,7 +38,7 @@ from torch import nn
 from dpo_sweep import stability, trial_facts
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
-from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
+from dpo_sweep.records import StepRecord, TrialResult, config_columns, error_text, failed_result
 from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCounts, TrialClock, dpo_step_flops,
                                  failure_peak_gb, make_memory_sampler, max_peaks, mfu)
 from dpo_sweep.telemetry.flops import NO_TOKENS
@@ -396,7 +396,7 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
                            lean_mlp=_lean_mlp_used(cfg), frozen_base=cfg.train.adapter != "full") / max(1, len(measured))
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return TrialResult(
-        trial_id=cfg.trial_id, status=status, **cfg.knobs(),
+        **config_columns(cfg), status=status,
         peak_mem_gb=trial_peaks.peak_gb, torch_peak_alloc_gb=trial_peaks.torch_alloc_gb,
         torch_peak_reserved_gb=trial_peaks.torch_reserved_gb, peak_mem_typical_gb=typical_peak_gb,
         padding_frac=metrics.mean([r.padding_frac for r in measured_records]),
