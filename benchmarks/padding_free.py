@@ -6,11 +6,11 @@ Each mode runs in a fresh process: on the CPU the peak is the process RSS high-w
 one trial would otherwise hand on to the next (and on a GPU the allocator's cache).
 
 CPU, tiny model (seconds):
-    python3 benchmarks/padding_free.py --out benchmarks/results/padding_free_cpu
+    python3 benchmarks/padding_free.py --out benchmarks/results/padding_free/cpu-tiny
 H200, Llama-3.2-1B shape (random weights, no download):
     python3 benchmarks/padding_free.py --preset llama-3.2-1b --precision bf16 --micro-batch 8 \\
         --max-length 2048 --prompt-tokens 256 --response-tokens 192 --pairs 512 --steps 8 \\
-        --attn sdpa --out benchmarks/results/padding_free_h200
+        --attn sdpa --out benchmarks/results/padding_free/h200-llama-3.2-1b
 """
 from __future__ import annotations
 

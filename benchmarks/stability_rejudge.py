@@ -4,7 +4,7 @@ The verdict is a pure function of a trial's per-step values, so a results direct
 code can be judged again without re-running it. Prints, per directory, how many trials moved from
 each old verdict (results.csv) to each new one, and saves every trial's new signals:
 
-    python benchmarks/stability_rejudge.py reports/examples/*-h200 [--out benchmarks/results/stability_rejudge]
+    python benchmarks/stability_rejudge.py reports/examples/*-h200 [--out benchmarks/results/stability_rejudge/committed-learning-runs]
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def rejudge(results_dir: Path) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/stability_rejudge"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/stability_rejudge/committed-learning-runs"))
     args = ap.parse_args(argv)
     if missing := [d for d in args.dirs if not d.is_dir()]:
         print(f"stability_rejudge: not a directory: {', '.join(map(str, missing))}", file=sys.stderr)

@@ -16,7 +16,7 @@ It needs no Ray state API (the GPU machine runs Ray without a dashboard). Prints
 ``sweep_overhead.csv``, ``sweep_overhead.md``, the sweep's results.csv and environment.json,
 its space and the timestamped console log under ``--out``.
 
-    python benchmarks/sweep_overhead.py --out benchmarks/results/sweep_overhead_cpu
+    python benchmarks/sweep_overhead.py --out benchmarks/results/sweep_overhead/cpu-reused-trial-processes
     python benchmarks/sweep_overhead.py --model llama-3.2-1b --out DIR     # on a GPU
 
 ``--space PATH`` instead runs that space as a user would (planner on) and reports how much of the

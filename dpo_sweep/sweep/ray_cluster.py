@@ -41,7 +41,7 @@ def _token_auth_enabled() -> bool:
 
 #: Ray Train settings for short trials (a user's own environment variables win); what a trial's
 #: start-up and teardown cost is measured by benchmarks/sweep_overhead.py, results in
-#: benchmarks/results/sweep_overhead_cpu/README.md.
+#: benchmarks/results/sweep_overhead/cpu-reused-trial-processes/README.md.
 #: - the controller polls the worker group every 2 s by default: a finished trial waited for it;
 #: - the preemption watcher (for spot instances) polls every 5 s and held ``fit()`` back as long.
 #: - Train's print patch echoed every line of the trainer's progress twice on the console.

@@ -14,7 +14,7 @@ The preflight's process is the only one on the driver's side that imports torch 
 transformers; the driver takes the model shapes and the environment it found, and never does.
 In its own process the preflight's imports do not share the GIL with ``ray.init``: on the H200,
 Ray is up 3.1-4.8 s sooner than with the preflight as a thread of the driver
-(benchmarks/results/sweep_overhead_h200/preflight-process-ab/). Its niceness is raised
+(benchmarks/results/sweep_overhead/h200-ab-preflight-process/). Its niceness is raised
 (:data:`PREFLIGHT_NICENESS`): where cores are few, Ray's start and the warm workers' imports,
 which the first trial waits for, go first (the CPU quickstart on 2 cores: first row at 3 s
 against 4 s without it).
