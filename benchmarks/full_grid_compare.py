@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
 
+import h200_common  # noqa: E402,F401  (the checkout on sys.path)
 from dpo_sweep import space as space_mod  # noqa: E402
 from dpo_sweep import noise  # noqa: E402
 from dpo_sweep.analysis import pareto  # noqa: E402

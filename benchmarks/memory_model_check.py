@@ -20,9 +20,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
 
+from h200_common import REPO_ROOT as ROOT, results_dir  # noqa: E402
 from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, SyntheticData, TrainSpec, TrialConfig  # noqa: E402
 from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted  # noqa: E402
 from dpo_sweep.plan.memory import predict_peak_gb  # noqa: E402
@@ -155,7 +155,7 @@ def _fmt(v: object) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/memory_model_check/committed-h200-rows"))
+    p.add_argument("--out", default=str(results_dir("memory_model_check", "committed-h200-rows")))
     args = p.parse_args(argv)
     rows = check_all()
     shown = ["row", "status", "gpus", "micro_batch", "checkpoint_level", "grad_acc", "reference", "lean_ops",

@@ -19,8 +19,12 @@ import csv
 import sys
 from pathlib import Path
 
-from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, TrainSpec, TrialConfig
-from dpo_sweep.train.loop import run_trial
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
+
+from h200_common import results_dir  # noqa: E402
+
+from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, TrainSpec, TrialConfig  # noqa: E402
+from dpo_sweep.train.loop import run_trial  # noqa: E402
 
 #: name -> the train fields that select it.
 MODES = {
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup-steps", type=int, default=1)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    ap.add_argument("--out", default="benchmarks/results/padding_free")
+    ap.add_argument("--out", default=str(results_dir("padding_free")))
     args = ap.parse_args(argv)
     out = Path(args.out)
     if len(args.modes) == 1:

@@ -5,7 +5,8 @@
 #   3. benchmarks/sweep_overhead.py --space search_spaces/llama-3.2-1b-40gb-quick.yaml (the share of
 #      the main job's wall time the GPU trained).
 # Usage on the device (carry .devkit): bash benchmarks/sweep_overhead_h200.sh
-# Results: $OUT/sweep_overhead_h200.tgz (the folder benchmarks/results/sweep_overhead/h200-warm-worker-pool/).
+# Results: $OUT/sweep_overhead_h200.tgz (committed as a folder benchmarks/results/sweep_overhead/<label>/,
+# with a README.md of provenance).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -f .devkit/install.sh ] && { timeout 120 bash .devkit/install.sh >/dev/null || echo "devkit install failed"; }
