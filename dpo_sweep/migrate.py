@@ -35,6 +35,7 @@ def moved_to_sampler(key: str) -> str:
 #: throughput, and does not compare effective batches that differ.
 STEP_TIME = "step_time"
 _STEP_TIME_AS_THROUGHPUT = {"min": "max", "max": "min", None: None}
+_READ_FROM = "read from the old "
 
 
 def step_time_refusal(objectives: Any) -> str | None:
@@ -63,8 +64,15 @@ def objective_as_today(name: str, direction: Any, spec: Mapping[str, Any]) -> tu
     """(name, direction, note) of one entry of ``spec`` (an ``objectives:`` mapping): an old
     ``step_time: min`` reads as ``throughput: max``, the note saying so; anything else as it is."""
     if name == STEP_TIME and "throughput" not in spec and (direction is None or direction in ("min", "max")):
-        return "throughput", _STEP_TIME_AS_THROUGHPUT[direction], f"read from the old step_time: {direction}"
+        return "throughput", _STEP_TIME_AS_THROUGHPUT[direction], f"{_READ_FROM}{STEP_TIME}: {direction}"
     return name, direction, ""
+
+
+def objective_note_line(note: str, name: str, direction: str) -> str:
+    """The line ``report`` and ``recommend`` print for an objective read as ``name: direction``
+    (``note``: :func:`objective_as_today`'s)."""
+    return (f"note: objectives.{note.removeprefix(_READ_FROM)} of DIR/space.yaml read as {name}: {direction} "
+            "(the time objective is throughput now)")
 
 
 # --- a results folder's environment.json ----------------------------------------------------------

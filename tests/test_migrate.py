@@ -30,3 +30,10 @@ def test_the_old_step_time_objective_reads_as_throughput_the_other_way_round():
 def test_a_space_file_with_step_time_is_refused_with_the_fix():
     assert "throughput: max" in migrate.step_time_refusal({"step_time": "min"})
     assert migrate.step_time_refusal({"throughput": "max"}) is None
+
+
+def test_the_note_line_names_the_old_objective_and_how_it_is_read():
+    _, _, note = migrate.objective_as_today("step_time", "min", {"step_time": "min"})
+    assert migrate.objective_note_line(note, "throughput", "max") == (
+        "note: objectives.step_time: min of DIR/space.yaml read as throughput: max (the time objective is "
+        "throughput now)")

@@ -183,8 +183,7 @@ def describe_objectives(objs: tuple[pareto.Objective, ...]) -> str:
 
 def objective_notes(objs: tuple[pareto.Objective, ...]) -> list[str]:
     """One line per objective read other than as written (printed by report and recommend)."""
-    return [f"note: objectives.{o.note.removeprefix('read from the old ')} of DIR/space.yaml read as "
-            f"{o.name}: {o.direction} (the time objective is throughput now)" for o in objs if o.note]
+    return [migrate.objective_note_line(o.note, o.name, o.direction) for o in objs if o.note]
 
 
 def _frontier_document(table: str, objs: tuple[pareto.Objective, ...], rec: Recommendation,
