@@ -120,8 +120,8 @@ def stop_local_autoscaler() -> None:
     before ``ray.shutdown()``. The shutdown sends it SIGTERM, which it answers by reporting a failure
     to a GCS that is going down, and then waits the 1 s Ray allows before killing it anyway: 1.0 s
     of ray.shutdown's 1.4 s on the 2-core machine (0.4 s after this). A local cluster has nothing to
-    autoscale. Ray's private state (``_global_node``, 2.60): where it differs, nothing is done and the
-    shutdown is as before."""
+    autoscale. Ray's private state (``_global_node``, 2.60): where it differs, nothing is done and
+    Ray's own shutdown ends the monitor."""
     try:
         from ray._private import ray_constants
 
