@@ -142,23 +142,30 @@ def synthetic_config(preset: str, pairs: int, steps: int):
 
 def cost(case: Path | None, small: int, out_dir: Path, max_length: int, steps: int, preset: str | None = None,
          pairs: int = 4096) -> None:
-    """One trial (mb 1, full, grad_acc 2) on the whole file and on its first ``small`` pairs (with
-    ``preset``: on ``pairs`` and on ``small`` synthetic pairs). A first small trial warms the
-    process up (imports, the first model build) and is left out."""
+    """Trials on the whole file and on its first ``small`` pairs (with ``preset``: on ``pairs`` and
+    on ``small`` synthetic pairs), as a sweep's warm worker runs them: per data set a first trial
+    (mb 1, full, grad_acc 2), which tokenizes the data and computes the reference log-probs of
+    the pairs it reads, then a second one of another configuration (mb 2), which finds both
+    cached. A first small trial warms the process up (imports, the first model build) and is
+    left out. The ratios compare the whole file with the small one, trial by trial."""
     rows = []
     for n in (small, None, small):
-        if preset:
-            cfg = synthetic_config(preset, n or pairs, steps)
-        else:
-            cfg = trial_config(case, micro_batch=1, level="full", grad_acc=2, max_length=max_length, steps=steps,
-                               warmup=1, max_pairs=n)
-        out, wall = run(cfg)
-        r = out.result
-        rows.append({"pairs": r.pairs_used if n else "all", "status": r.status, "wall_s": wall,
-                     "startup_s": r.startup_s, "startup_model_s": r.startup_model_s, "measure_s": r.measure_s})
+        for mb in ((1,) if not rows else (1, 2)):
+            if preset:
+                cfg = synthetic_config(preset, n or pairs, steps).model_copy(update={"micro_batch": mb})
+            else:
+                cfg = trial_config(case, micro_batch=mb, level="full", grad_acc=2, max_length=max_length,
+                                   steps=steps, warmup=1, max_pairs=n)
+            out, wall = run(cfg)
+            r = out.result
+            rows.append({"pairs": r.pairs_used if n else "all", "trial": "first" if mb == 1 else "second",
+                         "config": cfg.trial_id, "status": r.status, "wall_s": wall, "startup_s": r.startup_s,
+                         "startup_model_s": r.startup_model_s, "measure_s": r.measure_s})
     rows = rows[1:]
-    rows.append({"pairs": "ratio all / small", "status": "", "wall_s": rows[0]["wall_s"] / rows[1]["wall_s"],
-                 "startup_s": math.nan, "startup_model_s": math.nan, "measure_s": math.nan})
+    for k, trial in enumerate(("first", "second")):
+        rows.append({"pairs": "ratio all / small", "trial": trial, "config": "", "status": "",
+                     "wall_s": rows[k]["wall_s"] / rows[k + 2]["wall_s"], "startup_s": math.nan,
+                     "startup_model_s": math.nan, "measure_s": math.nan})
     table(rows)
     write_csv(out_dir / "trial_cost.csv", rows)
 
@@ -252,8 +259,15 @@ def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: i
     return rows
 
 
-def extrapolation(case: Path, out_dir: Path, effective: int, max_length: int, steps: int) -> None:
-    rows = extrapolate_rows(case, effective, max_length, steps, EXTRAPOLATION_CONFIGS, out_dir)
+def parse_configs(text: str, grad_acc: int | None = None) -> tuple:
+    """``--configs 4:L1,4:full`` as (micro_batch, level) pairs, or with ``grad_acc`` as triples."""
+    pairs = [(int(mb), level) for mb, level in (item.split(":") for item in text.split(",") if item)]
+    return tuple(pairs if grad_acc is None else [(mb, level, grad_acc) for mb, level in pairs])
+
+
+def extrapolation(case: Path, out_dir: Path, effective: int, max_length: int, steps: int,
+                  configs=EXTRAPOLATION_CONFIGS) -> None:
+    rows = extrapolate_rows(case, effective, max_length, steps, configs, out_dir)
     table(rows)
     write_csv(out_dir / "extrapolation.csv", rows)
     errs = [abs(r["error"]) for r in rows if math.isfinite(r["error"])]
@@ -303,7 +317,8 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
         release_after_trial
 
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
+    # An indexed device: set_per_process_memory_fraction (configure_device_memory) refuses a bare "cuda".
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     allocated = torch.cuda.memory_allocated if cuda else (lambda: 0)
     peak = torch.cuda.max_memory_allocated if cuda else (lambda: 0)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -362,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--effective-batch", type=int, default=32)
     ap.add_argument("--ema", action="store_true", help="memory: with train.ema_decay")
     ap.add_argument("--micro-batch", type=int, default=4, help="probe: the micro-batch")
+    ap.add_argument("--configs", help="extrapolate / memory: MB:LEVEL,... instead of the built-in list "
+                                      "(memory runs them at grad_acc 2)")
     ap.add_argument("--no-weights", action="store_true", help="make: config and tokenizer only (for refit)")
     ap.add_argument("--steps-csv", type=Path, help="refit: an extrapolate run's extrapolation_steps/steps.csv")
     args = ap.parse_args(argv)
@@ -372,11 +389,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "cost":
         cost(args.dir, args.small, args.out_dir, args.max_length, args.steps, args.preset, args.pairs)
     elif args.command == "extrapolate":
-        extrapolation(args.dir, args.out_dir, args.effective_batch, args.max_length, args.steps)
+        extrapolation(args.dir, args.out_dir, args.effective_batch, args.max_length, args.steps,
+                      parse_configs(args.configs) if args.configs else EXTRAPOLATION_CONFIGS)
     elif args.command == "probe":
         probe(args.dir, args.out_dir, args.max_length, args.micro_batch)
     else:
-        memory(args.dir, args.out_dir, args.max_length, args.steps, ema=args.ema)
+        memory(args.dir, args.out_dir, args.max_length, args.steps, ema=args.ema,
+               configs=parse_configs(args.configs, grad_acc=2) if args.configs else MEMORY_CONFIGS)
     return 0
 
 

@@ -6,6 +6,11 @@ The peak is the largest of three moments of an optimizer step, each a sum of par
   chunked head's backward runs first. At ``grad_acc >= 2`` the gradients of the previous
   micro-step are alive too; at ``grad_acc == 1`` they are not (``zero_grad(set_to_none=True)``),
   which is why grad_acc 1 peaks lower (8B mb 4 L1 on the H200: 83.3 GB vs 98.6 GB at 2/4/8).
+* **last layer backward** - the head's backward is over and the last decoder layer's runs:
+  every saved activation is still alive, plus what the layer's level recomputes of it and the
+  gradients its MLP's backward holds (:func:`first_backward_bytes_per_token`). It wins where
+  little is saved per layer and the micro-batch is long (``full`` and L2 at 16k tokens: 2.8 and
+  1.4 GB on a 3B Mistral shape, benchmarks/results/user_case_h200/).
 * **backward end** (grad_acc 1) - the activations are freed layer by layer while the gradients
   grow: at the end all gradients exist, plus the first layer's tensors, kept under ``none`` and
   rebuilt by the recompute under every checkpointed level: the same at every level
@@ -49,7 +54,8 @@ reports): given the data's lengths, ``2 x micro_batch x`` the longest pair's pad
 with ``padding_free`` the real tokens of the ``micro_batch`` longest pairs in one row; without
 them, ``2 x micro_batch x max_length``. Attention through sdpa or flash-attn saves
 q, k, v (GQA-sized), the output and the log-sum-exp, linear in tokens; ``eager`` also saves the
-``T x T`` probabilities. ``benchmarks/memory_model_check.py`` compares this with every committed
+``T x T`` probabilities. A micro-batch with padding gives sdpa a mask: then k and v are repeated
+to every head and each layer keeps a ``T x T`` bias per row (:func:`_attention_internal_bytes`). ``benchmarks/memory_model_check.py`` compares this with every committed
 H200 measurement.
 """
 from __future__ import annotations
@@ -103,7 +109,7 @@ class MemoryEstimate:
     allocator_gb: float
     context_gb: float
     total_gb: float
-    peak_at: str  # backward start | backward end | reference forward
+    peak_at: str  # backward start | last layer backward | backward end | reference forward
     tokens: int   # of the micro-step it sized: the longest one (worst_micro_batch)
 
     def parts(self) -> dict[str, float]:
@@ -193,21 +199,29 @@ def _mlp_internal_bytes(s: ModelShape, b: ElementBytes, lean: bool, liger: bool)
     return b.activation * widths * s.intermediate
 
 
-def _attention_internal_bytes(s: ModelShape, b: ElementBytes, attn: str, seq_len: int) -> float:
+def _attention_internal_bytes(s: ModelShape, b: ElementBytes, attn: str, seq_len: int, masked: bool) -> float:
     """What the attention sub-block saves beyond its input, per token. sdpa/flash: q, k, v at
-    their GQA sizes, the output (whose storage is the o_proj input) and the float32 log-sum-exp."""
+    their GQA sizes, the output (whose storage is the o_proj input) and the float32 log-sum-exp.
+    sdpa with a padding mask (``masked``): transformers repeats k and v to every head (the fused
+    kernels take GQA only without a mask: ``use_gqa_in_sdpa``), and torch turns the boolean mask
+    into a bias of the activations' dtype in every layer's call, ``[rows, 1, T, T]``, which the
+    kernel keeps for its backward: ``seq_len`` elements per token and layer."""
     if attn == "eager":  # k/v repeated to every head, float32 softmax output and its bf16 copy
         return b.activation * (4 * s.q_dim) + (4 + b.activation) * s.n_heads * seq_len
+    if masked and attn != "flash_attention_2":
+        return b.activation * (4 * s.q_dim + seq_len) + 4 * s.n_heads
     return b.activation * (2 * s.q_dim + 2 * s.kv_dim) + 4 * s.n_heads
 
 
 def layer_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
-                                liger: bool = False, attn: str = "sdpa", seq_len: int = 1024) -> float:
-    """Bytes autograd keeps per token for one decoder layer between forward and backward."""
+                                liger: bool = False, attn: str = "sdpa", seq_len: int = 1024,
+                                masked: bool = False) -> float:
+    """Bytes autograd keeps per token for one decoder layer between forward and backward
+    (``masked``: the micro-batch has padding, so the attention gets a mask)."""
     regions = trial_facts.regions(level)
     norms = 2 * _norm_bytes(s, b, lean, liger)
     region_inputs = 2 * b.activation * s.hidden  # the normed inputs of attention and the MLP
-    attention = _attention_internal_bytes(s, b, attn, seq_len)
+    attention = _attention_internal_bytes(s, b, attn, seq_len, masked)
     if regions.attention:
         # The attention region keeps only the kernel's output and log-sum-exp (checkpointing.py);
         # eager's matmul/softmax are not kernel ops, so all of it is recomputed.
@@ -219,7 +233,7 @@ def layer_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, l
 
 
 def last_layer_bytes_per_token(s: ModelShape, b: ElementBytes, *, lean: bool = True, liger: bool = False,
-                               attn: str = "sdpa", seq_len: int = 1024) -> float:
+                               attn: str = "sdpa", seq_len: int = 1024, masked: bool = False) -> float:
     """What the layer back-propagated last (the first decoder layer) holds during its backward,
     per token, at every checkpoint level: all its tensors, kept since the forward under ``none``,
     rebuilt by the recompute under the checkpointed levels (``full`` rebuilds the whole layer, L1
@@ -228,17 +242,36 @@ def last_layer_bytes_per_token(s: ModelShape, b: ElementBytes, *, lean: bool = T
     more than another, and the level order of the backward start (none >= L1 >= L2 >= L3 >=
     full) is the order of the peak: the rule by which an OOM prunes weaker levels
     (plan/rules.dominates_in_memory)."""
-    return layer_saved_bytes_per_token(s, b, "none", lean=lean, liger=liger, attn=attn, seq_len=seq_len)
+    return layer_saved_bytes_per_token(s, b, "none", lean=lean, liger=liger, attn=attn, seq_len=seq_len,
+                                       masked=masked)
+
+
+def first_backward_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
+                                   liger: bool = False, attn: str = "sdpa", seq_len: int = 1024,
+                                   masked: bool = False) -> float:
+    """What the first layer back-propagated (the last decoder layer) adds per token to every
+    saved activation while its backward runs: what its level recomputes of it (``none``:
+    nothing; ``full``: all of it) and the gradients its MLP's backward holds at once beside those
+    of the layer's output and residual input: of the down projection's input, of gate and up, and
+    silu's derivative (four MLP-wide tensors); liger's SwiGLU writes the gradients of gate and up
+    into the storage of its saved inputs, so only the product's gradient is new (one). Checked against the NVML peaks of
+    benchmarks/results/user_case_h200/ (Qwen2 and Mistral shapes at 4k-32k tokens) and
+    benchmarks/memory_model_check.py's rows."""
+    kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len, masked=masked)
+    recompute = layer_saved_bytes_per_token(s, b, "none", **kw) - layer_saved_bytes_per_token(s, b, level, **kw)
+    mlp_grads = 1 if liger else 4
+    return recompute + mlp_grads * b.activation * s.intermediate + 2 * b.residual * s.hidden
 
 
 def model_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
-                                liger: bool = False, attn: str = "sdpa", seq_len: int = 1024) -> float:
+                                liger: bool = False, attn: str = "sdpa", seq_len: int = 1024,
+                                masked: bool = False) -> float:
     """Bytes autograd keeps per token for the whole policy forward: the decoder layers, the final
     norm, the hidden states the chunked head keeps (every token counted as a response token: the
     worst case), RoPE's cos/sin (shared by the layers; rebuilt under ``full``) and the int64 token
     ids, labels and row indices."""
     layers = s.n_layers * layer_saved_bytes_per_token(s, b, level, lean=lean, liger=liger, attn=attn,
-                                                      seq_len=seq_len)
+                                                      seq_len=seq_len, masked=masked)
     head = _norm_bytes(s, b, lean, liger) + b.activation * s.hidden
     rope = 0 if trial_facts.regions(level).layer else 2 * b.activation * (s.q_dim // s.n_heads)
     return layers + head + rope + 3 * 8
@@ -253,12 +286,19 @@ def _head_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_tokens: int) 
 
 
 def _reference_forward_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_tokens: int, seq_len: int,
-                             attn: str) -> float:
+                             attn: str, masked: bool) -> float:
     """A no-grad forward holds one layer's tensors and the head's logits at a time."""
-    layer = tokens * layer_saved_bytes_per_token(s, b, "none", lean=True, attn=attn, seq_len=seq_len)
+    layer = tokens * layer_saved_bytes_per_token(s, b, "none", lean=True, attn=attn, seq_len=seq_len,
+                                                 masked=masked)
     rows = tokens if chunk_tokens == 0 else min(chunk_tokens, tokens)
     head = rows * s.vocab * ((b.activation + 4 + 4) if chunk_tokens == 0 else (b.activation + 4))
     return layer + head
+
+
+def worst_micro_batch_padded(cfg: TrialConfig, lengths: LengthProfile | None) -> bool:
+    """Whether the largest micro-batch ``cfg`` runs has padding: unknown lengths are taken as
+    every sequence at ``max_length`` (none)."""
+    return lengths is not None and lengths.worst_micro_batch_padded(cfg.micro_batch, cfg.train.padding_free)
 
 
 def worst_micro_batch(cfg: TrialConfig, lengths: LengthProfile | None) -> tuple[int, int]:
@@ -282,7 +322,8 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     world = cfg.resources.workers_per_trial
     shard = world if (world > 1 and cfg.resources.parallelism == "fsdp") else 1  # FSDP: a rough 1/world
     tokens, seq_len = worst_micro_batch(cfg, lengths)
-    kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len)
+    masked = worst_micro_batch_padded(cfg, lengths)
+    kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len, masked=masked)
 
     lev = lever_bytes(cfg, s, b.weight, b.activation, b.autocast, lean, liger)  # adapter and optimizer (levers.py)
     weights = lev.weights / shard
@@ -300,11 +341,16 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     end_transient = max(tokens * last_layer_bytes_per_token(s, b, **kw),
                         s.vocab * s.hidden * b.weight if s.tied and lev.lm_head_grad else 0.0)  # tied: the embedding's grad
     grads_in_step = grads_all if cfg.grad_acc >= 2 else buckets
+    # The head's backward is over when the last decoder layer's starts: of it only the lm_head
+    # weight's gradient is left, which at grad_acc >= 2 is among the gradients already.
+    head_left = s.vocab * s.hidden * b.weight if (cfg.grad_acc == 1 and lev.lm_head_grad) else 0.0
+    first_backward = tokens * first_backward_bytes_per_token(s, b, cfg.checkpoint_level, **kw)
     moments = {
         "backward start": (grads_in_step, activations, head),
+        "last layer backward": (grads_in_step, activations + first_backward, head_left),
         "backward end": (grads_all, end_transient, 0.0),
         "reference forward": (grads_in_step, 0.0,
-                              _reference_forward_bytes(s, b, tokens, t.logp_chunk_tokens, seq_len, attn)
+                              _reference_forward_bytes(s, b, tokens, t.logp_chunk_tokens, seq_len, attn, masked)
                               if t.reference == "live" else 0.0),
     }
     peak_at = max(moments, key=lambda k: sum(moments[k]))  # dict order breaks ties: backward start

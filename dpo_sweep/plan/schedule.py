@@ -458,11 +458,11 @@ class SweepPlan:
     # --- rows ----------------------------------------------------------------------------------
 
     def _time_row(self, m: TrialConfig, group: _Group) -> TrialResult:
-        """``m``'s row from its group's measurement, with its runoff's time when it had one."""
-        if m.trial_id in group.saved:
-            return group.saved[m.trial_id]
-        row = shared_row(m, group.result, group.steps, ran_grad_acc=group.ran_grad_acc,
-                         measured_by=group.measuring.trial_id, predicted_peak_gb=group.predicted_gb)
+        """``m``'s row from its group's measurement (a resumed sweep's: the row it restored), with
+        its runoff's time when it had one."""
+        row = group.saved.get(m.trial_id) or shared_row(
+            m, group.result, group.steps, ran_grad_acc=group.ran_grad_acc, measured_by=group.measuring.trial_id,
+            predicted_peak_gb=group.predicted_gb)
         runoff = self._runoff_times.get((self._group_of[m.trial_id], m.grad_acc))
         return timed_row(row, runoff) if runoff is not None and row.status == "ok" else row
 

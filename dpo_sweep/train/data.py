@@ -331,8 +331,13 @@ def truncate_keeping_bos(prompt: list[int], chosen: list[int], rejected: list[in
     return None if cut is None else (head + cut[0], cut[1], cut[2])
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+#: Rows tokenized per tokenizer call: a fast tokenizer encodes a list of texts in one call in
+#: Rust, several times faster than a call per text (1,500 chat pairs: 2.4 s of 4,500 calls).
+ENCODE_BATCH_ROWS = 512
+
+
+def _encode_all(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 def check_columns(src: SourceRows, spec: DataSpec) -> dict[str, str]:
@@ -393,30 +398,34 @@ def tokenize_rows(src: SourceRows, spec: DataSpec, tokenizer: Any, max_length: i
     eos = tokenizer.eos_token_id
     pairs, dropped, truncated = [], 0, 0
     chat_rows = plain_rows = implicit_prompts = identical = 0
-    for n, raw in enumerate(rows):
-        row = {rename.get(k, k): v for k, v in raw.items()}
-        where = src.where(n)
-        prompt, chosen, rejected, chat = normalise_row(row, tokenizer, where)
-        chat_rows += chat
-        plain_rows += not chat
-        implicit_prompts += row.get("prompt") is None
-        identical += chosen == rejected
-        p = _encode(tokenizer, prompt)
-        if bos is not None and not (p and p[0] == bos) and not chat:
-            p = [bos] + p
-        c, r = _encode(tokenizer, chosen), _encode(tokenizer, rejected)
-        if not chat and eos is not None:
-            c, r = c + [eos], r + [eos]
-        if not c or not r:
-            raise DataError(f"{where}: an empty response; both chosen and rejected need text")
-        cut = truncate_keeping_bos(p, c, r, bos, spec, max_length)
-        if cut is None:
-            dropped += 1
-            continue
-        truncated += cut != (p, c, r)
-        pairs.append(TokenizedPair(tuple(cut[0]), tuple(cut[1]), tuple(cut[2])))
-        if spec.max_pairs is not None and len(pairs) >= spec.max_pairs:
-            break
+    n = 0
+    while n < len(rows) and (spec.max_pairs is None or len(pairs) < spec.max_pairs):
+        # Never more rows in a batch than pairs still wanted: no row after the last one kept is read.
+        size = ENCODE_BATCH_ROWS if spec.max_pairs is None else min(ENCODE_BATCH_ROWS, spec.max_pairs - len(pairs))
+        batch = []
+        for k in range(n, min(n + size, len(rows))):
+            row = {rename.get(key, key): v for key, v in rows[k].items()}
+            batch.append((src.where(k), row.get("prompt") is None, *normalise_row(row, tokenizer, src.where(k))))
+        n += len(batch)
+        ids = _encode_all(tokenizer, [text for item in batch for text in item[2:5]])
+        for j, (where, implicit, prompt, chosen, rejected, chat) in enumerate(batch):
+            chat_rows += chat
+            plain_rows += not chat
+            implicit_prompts += implicit
+            identical += chosen == rejected
+            p, c, r = ids[3 * j: 3 * j + 3]
+            if bos is not None and not (p and p[0] == bos) and not chat:
+                p = [bos] + p
+            if not chat and eos is not None:
+                c, r = c + [eos], r + [eos]
+            if not c or not r:
+                raise DataError(f"{where}: an empty response; both chosen and rejected need text")
+            cut = truncate_keeping_bos(p, c, r, bos, spec, max_length)
+            if cut is None:
+                dropped += 1
+                continue
+            truncated += cut != (p, c, r)
+            pairs.append(TokenizedPair(tuple(cut[0]), tuple(cut[1]), tuple(cut[2])))
     if not pairs:
         raise DataError(
             f"{source}: no pair left after truncation to max_length={max_length} ({dropped} dropped: "

@@ -51,6 +51,15 @@ class LengthProfile:
         tokens = sum(size[i] for i in longest)
         return tokens, tokens
 
+    def worst_micro_batch_padded(self, micro_batch: int, padding_free: bool) -> bool:
+        """Whether that micro-batch has padding (then the attention gets a mask): a row of its
+        pairs shorter than the widest. Packed into one row, it has none."""
+        if padding_free:
+            return False
+        longest = sorted(range(len(self.widths)), key=lambda i: -self.widths[i])[:micro_batch]
+        width = self.widths[longest[0]]
+        return any(self.prompt[i] + r < width for i in longest for r in (self.chosen[i], self.rejected[i]))
+
 
 def histogram(values: Sequence[int], bins: int = HISTOGRAM_BINS) -> dict[str, list[int]]:
     """Counts of ``values`` in ``bins`` equal-width integer bins: ``{"edges": [lo0, ..., hi], "counts"}``;

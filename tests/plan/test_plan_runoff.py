@@ -237,3 +237,29 @@ def test_a_peak_at_exactly_the_usable_budget_fits():
     trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
     jobs, _ = drive(SweepPlan(trials, estimate=estimate, budget_gb=24.0), lambda job: run(job, peak_gb=22.80))
     assert [j.cfg.checkpoint_level for j in jobs if j.kind == RUNOFF] == ["none", "L1"]
+
+
+def test_a_resumed_row_timed_by_a_runoff_keeps_the_runoff_time_after_its_learning_trial():
+    # Seen on the H200: a resumed sweep's pending row was timed in full by a runoff, then its
+    # learning trial ended and the row written again from the restored copy: extrapolated again.
+    from tests.plan.test_plan_schedule import collect
+
+    trials = space(grad_acc=[8])
+    first = SweepPlan(trials, estimate=estimate)
+    measure = first.next_job()
+    first.finish(measure.job_id, *run(measure))
+    (written,) = first.take_output()[1]
+    assert written.stability == "pending" and written.step_time_source == "extrapolated"
+    plan = SweepPlan(trials, estimate=estimate, measured=[written])  # killed, then --resume
+    jobs, rows = [], {written.trial_id: written}
+    while (job := plan.next_job()) is not None:
+        jobs.append(job)
+        result, steps = run(job)
+        if job.kind == RUNOFF:
+            result = dataclasses.replace(result, step_time_ms=999.0)
+        plan.finish(job.job_id, result, steps)
+        collect(plan, rows)
+    assert [j.kind for j in jobs] == [RUNOFF, LEARN]
+    (row,) = rows.values()
+    assert (row.step_time_ms, row.step_time_source, row.timed_by) == (999.0, "runoff", jobs[0].job_id)
+    assert row.stability_from == jobs[1].job_id
