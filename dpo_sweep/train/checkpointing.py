@@ -145,20 +145,21 @@ def apply_checkpoint_level(model: nn.Module, level: str) -> None:
     """Turn on one checkpoint level for every decoder layer of ``model`` (in place)."""
     if level not in CHECKPOINT_LEVELS:
         raise ValueError(f"checkpoint level {level!r}; allowed: {', '.join(CHECKPOINT_LEVELS)}")
-    if level == "none":
-        return
-    if level == "full":
+    wrapped = regions(level)
+    if wrapped.layer:
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return
+    if not wrapped.mlp:
+        return  # none
     for i, layer in enumerate(decoder_layers(model)):
         if not hasattr(layer, "mlp"):
             raise ValueError(f"{type(layer).__name__} (layer {i}) has no mlp sub-block for {level}; use full")
         _wrap_forward(layer.mlp)
-        if regions(level).attention:
+        if wrapped.attention:
             attn = layer.self_attn
             if not _supports_attention_regions(attn):
                 raise ValueError(
