@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.records import StepRecord, TrialResult, failed_result, peak_up_to_failure_gb
+from dpo_sweep.records import StepRecord, TrialResult, config_columns, failed_result, peak_up_to_failure_gb
 
 #: Where the trainer lives; tests may point a sweep at a stand-in with the same signature.
 DEFAULT_TRAINER = "dpo_sweep.train.loop:run_trial"
@@ -395,5 +395,6 @@ class TrialCollector:
                 status, error = "error", "the trainer returned without reporting its outcome"
             result = failed_result(p.cfg, status, error, p.steps, failing_peak_gb=failing_peak_gb,
                                    startup_s=p.startup_s, measure_s=p.measure_s)
-        result = dataclasses.replace(result, extra=p.cfg.swept_columns())  # results.csv columns
+        # Its configuration's columns again: the outcome crossed as JSON, which turns tuples into lists.
+        result = dataclasses.replace(result, **config_columns(p.cfg))
         return CollectedTrial(result=result, steps=tuple(p.steps), environment=environment)
