@@ -10,7 +10,8 @@ the rest of the code knows only the current format:
   ``objectives.step_time`` is read as throughput, the other way round, with a note;
 * its ``environment.json`` (analysis/commands.py): the GPU's memory under any of the keys it
   has been written under;
-* its ``results.csv`` (analysis/results.py): columns that rows from before them lack.
+* its ``results.csv`` (analysis/results.py): columns that rows from before them lack;
+* its trial ids (space.py, for ``--resume``): a sweep over several models names the model in them.
 
 Standard library only: config.py imports it.
 """
@@ -103,6 +104,16 @@ def gpu_memory_gb(env: Mapping[str, Any] | None) -> float | None:
             if is_number and math.isfinite(value) and value > 0:
                 return float(value) * to_gb
     return None
+
+
+# --- a results folder's trial ids -----------------------------------------------------------------
+
+
+def earlier_trial_id(trial_id: str, model_part: str) -> str:
+    """The id that ``trial_id`` of a sweep over several models had when ids did not name the
+    model: ``t000_tiny-llama_mb2_...`` was ``t000_mb2_...`` (``model_part``: ``tiny-llama``)."""
+    index, rest = trial_id.split("_", 1)
+    return f"{index}_{rest.removeprefix(model_part + '_')}"
 
 
 # --- a results folder's results.csv ---------------------------------------------------------------

@@ -316,7 +316,7 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
         model_part = model_parts[p["model"].model_dump_json()]
         trial_id = _trial_id(index, point, swept_values, model_part)
         if model_part:
-            renamed[_trial_id(index, point, swept_values)] = trial_id
+            renamed[migrate.earlier_trial_id(trial_id, model_part)] = trial_id
         trials.append(
             TrialConfig(
                 space_name=spec.name, trial_id=trial_id, model=p["model"], data=spec.data, train=train,

@@ -37,3 +37,8 @@ def test_the_note_line_names_the_old_objective_and_how_it_is_read():
     assert migrate.objective_note_line(note, "throughput", "max") == (
         "note: objectives.step_time: min of DIR/space.yaml read as throughput: max (the time objective is "
         "throughput now)")
+
+
+def test_a_trial_id_before_the_model_was_named_in_it():
+    assert migrate.earlier_trial_id("t003_tiny-llama_mb2_none_ga1_b0.1_lr-0.0001", "tiny-llama") == (
+        "t003_mb2_none_ga1_b0.1_lr-0.0001")
