@@ -59,8 +59,14 @@ def test_qlora_levels_agree_with_none(level):
     none = run_trial(lever_cfg("llama-3.2-1b", adapter="qlora"), log=None)
     got = run_trial(lever_cfg("llama-3.2-1b", adapter="qlora", checkpoint_level=level), log=None)
     _check_run(got, f"qlora 1B {level}")
-    # bf16: the recompute's rounding differs from the first pass (test_trainer_gpu's 1e-3 bound on L2/L3).
-    assert [s.loss for s in got.steps] == pytest.approx([s.loss for s in none.steps], rel=5e-3)
+    # Step 1's gradients, before any update: the recompute rounds in bf16 as the first pass did
+    # not (test_trainer_gpu's 1e-3 on L2/L3), over a 4-bit base. Later losses are no check: the
+    # LoRA B matrices start at zero, so AdamW's first step moves every one of their elements by
+    # about lr whatever its gradient's size, and gradients at rounding level flip sign from run to
+    # run. On the H200, two runs of this very configuration at level none gave step-2 losses of
+    # 0.6614 and 0.6749 (2%), as far apart as the levels are from none.
+    assert got.steps[0].grad_norm == pytest.approx(none.steps[0].grad_norm, rel=2e-2)
+    assert got.steps[0].loss == pytest.approx(none.steps[0].loss, abs=1e-4)
 
 
 @pytest.mark.parametrize("adapter, optimizer", [("full", "adamw_8bit"), ("full", "adamw_4bit"),
@@ -127,7 +133,10 @@ def test_optimizer_in_backward_on_gpu_matches_stepping_after(optimizer):
     during = run_trial(lever_cfg(optimizer_in_backward=True, **kw), log=None)
     _check_run(during, f"tiny full {optimizer} in backward")
     print(f"peak after {after.result.torch_peak_alloc_gb:.4f} GB, in backward {during.result.torch_peak_alloc_gb:.4f} GB")
-    assert [s.loss for s in during.steps] == pytest.approx([s.loss for s in after.steps], rel=1e-5)
+    # adamw_8bit: 4.9e-5 apart at step 3 on the H200 (torchao's compiled step per parameter in
+    # the hook against one call for all; its blockwise state quantised alike): a bound of 2e-4.
+    rel = 1e-5 if optimizer == "adamw" else 2e-4
+    assert [s.loss for s in during.steps] == pytest.approx([s.loss for s in after.steps], rel=rel)
 
 
 @pytest.mark.parametrize("adapter", ["lora", "qlora"])
