@@ -1,4 +1,4 @@
-"""Issue 15's check: a planned sweep against ``--full-grid`` on the same space (CPU, seconds).
+"""The planner's check: a planned sweep against ``--full-grid`` on the same space (CPU, seconds).
 
     python benchmarks/full_grid_compare.py PLANNED_DIR FULL_DIR [--csv OUT.csv] [--md OUT.md]
         [--beta-multiplier N]
@@ -28,16 +28,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
 
+import h200_common  # noqa: E402,F401  (the checkout on sys.path)
 from dpo_sweep import space as space_mod  # noqa: E402
 from dpo_sweep import noise  # noqa: E402
 from dpo_sweep.analysis import pareto  # noqa: E402
 from dpo_sweep.analysis.results import load_results, load_steps  # noqa: E402
 from dpo_sweep.analysis.tables import fmt_float, fmt_sig, is_finite, to_markdown  # noqa: E402
 from dpo_sweep.errors import UserError  # noqa: E402
-from dpo_sweep.plan.rules import LEVELS_BY_MEMORY, NOT_MEMORY_FIELDS  # noqa: E402
+from dpo_sweep.plan.rules import NOT_MEMORY_FIELDS  # noqa: E402
+from dpo_sweep.trial_facts import memory_order  # noqa: E402
 from dpo_sweep.records import RESULTS_COLUMNS  # noqa: E402
 from sweep_overhead import MARK, WORKER  # noqa: E402  (the console lines' one reader)
 
@@ -100,8 +101,7 @@ def compare(planned: pd.DataFrame, full: pd.DataFrame, keys: list[str]) -> pd.Da
     both["step_time_same"] = np.select(
         [both.step_time_diff_pct.isna(), both.step_time_diff_pct.abs() <= TIME_TOL_PCT, overlap],
         ["-", "yes", "noise"], "no")
-    order = {level: i for i, level in enumerate(LEVELS_BY_MEMORY)}
-    return both.sort_values(keys, key=lambda s: s.map(order) if s.name == "checkpoint_level"
+    return both.sort_values(keys, key=lambda s: s.map(memory_order) if s.name == "checkpoint_level"
                             else pd.to_numeric(s, errors="coerce"), kind="mergesort").reset_index(drop=True)
 
 

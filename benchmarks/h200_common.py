@@ -1,6 +1,10 @@
-"""Shared pieces of the H200 trainer benchmarks (``trainer_h200.py`` and ``trl_dpo_h200.py``).
+"""Shared pieces of the benchmark scripts.
 
-The named configurations (in priority order), TRL's reference figures from the issue, the
+For every script: the checkout on ``sys.path`` (a script runs from a checkout, no install needed:
+``sys.path.insert(0, <benchmarks/>)`` then ``from h200_common import ...``), where its results go
+(:func:`results_dir`), the device it measures on (:func:`bench_device`) and the GPU's name
+(:func:`gpu_name`). For the H200 trainer benchmarks (``trainer_h200.py`` and
+``trl_dpo_h200.py``): the named configurations (in priority order), TRL's reference figures from the issue, the
 sequence/step scales (``h200`` for the GPU, ``tiny`` to test the plumbing on a CPU), a wall-clock
 budget, a subprocess runner with a hard timeout, and the CSV row format both scripts write so that
 their files can be joined on ``config``.
@@ -27,17 +31,33 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout, no install needed
     sys.path.insert(0, str(REPO_ROOT))
 
+from dpo_sweep.nvml_session import nvml_session  # noqa: E402  (no torch import)
 from dpo_sweep.records import RESULTS_COLUMNS  # noqa: E402  (no torch import)
 from dpo_sweep.records import read_csv_rows as read_rows  # noqa: E402,F401  (re-exported)
 
 GIB = 2**30
 GB = 1e9
+RESULTS_ROOT = REPO_ROOT / "benchmarks" / "results"
+
+
+def results_dir(benchmark: str, label: str = "new") -> Path:
+    """Where a run of ``benchmark`` writes by default: ``benchmarks/results/<benchmark>/<label>/``.
+    Committed runs keep a label that says what they measured and a README.md of provenance (the
+    command, the machine, when); ``new`` is the folder to rename before committing."""
+    return RESULTS_ROOT / benchmark / label
+
+
+def bench_device() -> "torch.device":
+    """The device a benchmark measures on: the first CUDA GPU, else the CPU (a plumbing run)."""
+    import torch
+
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def to_gib(gb: float) -> float:
     """GB (1e9 bytes, our results) -> GiB (2^30 bytes, TRL's table); NaN when not finite."""
     return gb * GB / GIB if math.isfinite(gb) else math.nan
-DEFAULT_RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+DEFAULT_RESULTS_DIR = results_dir("trainer_h200")
 
 
 # --- configurations --------------------------------------------------------------------------
@@ -303,14 +323,9 @@ def num(value: Any) -> float:
 def gpu_name() -> str:
     """The GPU's name without creating a CUDA context here (that would sit in every NVML peak)."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        with nvml_session() as nvml:
+            name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(0))
             return name.decode() if isinstance(name, bytes) else str(name)
-        finally:
-            pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no NVML: no GPU, or a broken driver; say so
         pass
     try:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18's example sweeps in one device call: each named space through `dpo-sweep run`, its
+# The committed example sweeps (reports/examples/) in one device call: each named space through `dpo-sweep run`, its
 # results folder packed into one file (a device call brings back at most 8 files).
 #
 #   bash benchmarks/h200_examples.sh NAME [NAME...]     (on the device; carry .devkit)

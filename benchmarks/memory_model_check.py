@@ -1,6 +1,6 @@
 """The planner's memory model against every committed H200 measurement (CPU only, seconds).
 
-    python benchmarks/memory_model_check.py [--out benchmarks/results/memory_model_check]
+    python benchmarks/memory_model_check.py [--out benchmarks/results/memory_model_check/committed-h200-rows]
 
 For each row of the committed results files below it builds the row's TrialConfig, predicts its
 peak with :func:`dpo_sweep.plan.memory.predict_peak_gb` (a priori: nothing fitted to the row)
@@ -20,9 +20,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
 
+from h200_common import REPO_ROOT as ROOT, results_dir  # noqa: E402
 from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, SyntheticData, TrainSpec, TrialConfig  # noqa: E402
 from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted  # noqa: E402
 from dpo_sweep.plan.memory import predict_peak_gb  # noqa: E402
@@ -39,16 +39,16 @@ class Source:
 
 _SWEEP_40GB = {"gpu_memory_gb": "40", "lean_ops": "True", "liger_kernel": "True"}
 SOURCES = (
-    Source("benchmarks/results/trainer_h200.csv"),
-    Source("benchmarks/results/trainer_h200_rerun.csv"),
+    Source("benchmarks/results/trainer_h200/vs-trl-first-run/trainer_h200.csv"),
+    Source("benchmarks/results/trainer_h200/rerun-after-ray-polling/trainer_h200_rerun.csv"),
     # Predates lean ops and liger (its allocated peak equals trainer_h200's stock row to the byte).
-    Source("benchmarks/results/h200_first_trial/results.csv", {"lean_ops": "False", "liger_kernel": "False"}),
+    Source("benchmarks/results/h200_checks/first-trial-1b/results.csv", {"lean_ops": "False", "liger_kernel": "False"}),
     # An OOM row's lean_ops/liger_kernel are the record's defaults (False), not what ran: the space
     # ran with the config's defaults (on), so for rows that are not ok these defaults win.
-    Source("benchmarks/results/sweep_overhead/llama-3.2-1b-40gb-quick_results.csv", _SWEEP_40GB),
+    Source("benchmarks/results/sweep_overhead/h200-x2-fresh-train-workers/llama-3.2-1b-40gb-quick_results.csv", _SWEEP_40GB),
     # Two-GPU rows are shown but left out of the summary: the model of DDP buckets and FSDP
     # shards is rough (FSDP's all-gathered layers are not modelled).
-    Source("benchmarks/results/multi_gpu/multi_gpu.csv",
+    Source("benchmarks/results/multi_gpu/h200-x2-ddp-fsdp/multi_gpu.csv",
            {"seq_len": "1024", "checkpoint_level": "none", "lean_ops": "True", "liger_kernel": "True"}),
     Source("reports/examples/llama-3.2-1b-40gb-quick-2xh200/results.csv", _SWEEP_40GB),
 )
@@ -155,7 +155,7 @@ def _fmt(v: object) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/memory_model_check"))
+    p.add_argument("--out", default=str(results_dir("memory_model_check", "committed-h200-rows")))
     args = p.parse_args(argv)
     rows = check_all()
     shown = ["row", "status", "gpus", "micro_batch", "checkpoint_level", "grad_acc", "reference", "lean_ops",

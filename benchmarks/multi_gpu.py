@@ -4,7 +4,7 @@ Each configuration runs in fresh processes under ``torch.distributed.run`` (one 
 NCCL; NVLink multicast stays off as the machine sets it), rank 0 appends a row to
 ``multi_gpu.csv`` and the script prints a table, ``multi_gpu.md`` beside it.
 
-    python3 benchmarks/multi_gpu.py --out benchmarks/results [--configs a,b] [--max-minutes 8]
+    python3 benchmarks/multi_gpu.py --out benchmarks/results/multi_gpu/new [--configs a,b] [--max-minutes 8]
 
 Trials use the trainer's defaults (bf16, lean ops, liger auto, chunked log-probs, live
 reference), 1024-token synthetic sequences, 8 steps with the first 3 left out of the medians.
@@ -24,7 +24,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
+
+from h200_common import REPO_ROOT as REPO, gpu_name, results_dir  # noqa: E402
 SPACE = REPO / "search_spaces" / "llama-3.2-1b-h200.yaml"
 COLUMNS = ["config", "gpus", "parallelism", "preset", "micro_batch", "grad_acc", "sync_every_micro_step",
            "status", "step_time_ms", "tokens_per_s", "peak_mem_gb", "torch_peak_alloc_gb", "mfu",
@@ -129,7 +131,7 @@ def render(rows: list[dict]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(results_dir("multi_gpu")))
     ap.add_argument("--configs", help="comma-separated names (default: all)")
     ap.add_argument("--max-minutes", type=float, default=8.0)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -173,7 +175,7 @@ def main() -> int:
 
     rows = read_csv_rows(csv_path)
     table = render(rows)
-    gpu = torch.cuda.get_device_name(0) if have else "no GPU"
+    gpu = gpu_name()
     (out / "multi_gpu.md").write_text(
         f"# Multi-GPU trials ({have} x {gpu})\n\nCommand: `python3 benchmarks/multi_gpu.py --out {args.out}"
         f"{' --configs ' + args.configs if args.configs else ''}`\n\n{table}")

@@ -6,11 +6,11 @@ Each mode runs in a fresh process: on the CPU the peak is the process RSS high-w
 one trial would otherwise hand on to the next (and on a GPU the allocator's cache).
 
 CPU, tiny model (seconds):
-    python3 benchmarks/padding_free.py --out benchmarks/results/padding_free_cpu
+    python3 benchmarks/padding_free.py --out benchmarks/results/padding_free/cpu-tiny
 H200, Llama-3.2-1B shape (random weights, no download):
     python3 benchmarks/padding_free.py --preset llama-3.2-1b --precision bf16 --micro-batch 8 \\
         --max-length 2048 --prompt-tokens 256 --response-tokens 192 --pairs 512 --steps 8 \\
-        --attn sdpa --out benchmarks/results/padding_free_h200
+        --attn sdpa --out benchmarks/results/padding_free/h200-llama-3.2-1b
 """
 from __future__ import annotations
 
@@ -19,8 +19,12 @@ import csv
 import sys
 from pathlib import Path
 
-from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, TrainSpec, TrialConfig
-from dpo_sweep.train.loop import run_trial
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
+
+from h200_common import results_dir  # noqa: E402
+
+from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, TrainSpec, TrialConfig  # noqa: E402
+from dpo_sweep.train.loop import run_trial  # noqa: E402
 
 #: name -> the train fields that select it.
 MODES = {
@@ -93,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup-steps", type=int, default=1)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    ap.add_argument("--out", default="benchmarks/results/padding_free")
+    ap.add_argument("--out", default=str(results_dir("padding_free")))
     args = ap.parse_args(argv)
     out = Path(args.out)
     if len(args.modes) == 1:

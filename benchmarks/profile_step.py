@@ -17,8 +17,12 @@ from pathlib import Path
 
 import torch
 
-from dpo_sweep import space as space_mod
-from dpo_sweep.train.loop import run_trial
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
+
+from h200_common import bench_device, results_dir  # noqa: E402
+
+from dpo_sweep import space as space_mod  # noqa: E402
+from dpo_sweep.train.loop import run_trial  # noqa: E402
 
 #: Groups of aten operators (their self device time covers the kernels they launch; profiler
 #: ranges such as ProfilerStep* and Triton kernels outside aten are counted as "other").
@@ -35,24 +39,25 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("space")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--out", default=str(results_dir("profile_step")))
     ap.add_argument("--label", default="step")
     args = ap.parse_args()
     cfg = space_mod.load(args.space, args.overrides + ["train.steps=6", "train.warmup_steps=3"]).trials[0]
+    cuda = bench_device().type == "cuda"
     acts = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
+    if cuda:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     sched = torch.profiler.schedule(wait=3, warmup=1, active=2)
     with torch.profiler.profile(activities=acts, schedule=sched) as prof:
         out = run_trial(cfg, on_step=lambda _r: prof.step(), log=print)
     r = out.result
-    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=70)
     groups: dict[str, float] = defaultdict(float)
     total = 0.0
     for e in prof.key_averages():
         t = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0) or 0
-        if not torch.cuda.is_available():
+        if not cuda:
             t = e.self_cpu_time_total
         name = e.key.lower()
         if t <= 0 or name.startswith("profilerstep") or name == "command buffer full":

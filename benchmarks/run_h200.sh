@@ -9,8 +9,8 @@
 # spent; each child runs under `timeout`, capped by what is left). TRL gets whatever is left.
 # Filters: H200_TRAINER_CONFIGS / H200_TRL_CONFIGS (comma-separated names; default all, in
 # priority order), H200_SKIP_TRL=1, H200_SCALE=tiny (plumbing test on any machine),
-# H200_RESULTS_DIR (default benchmarks/results).
-# Outputs (also under benchmarks/results/): trainer_h200.csv, trainer_h200.md, trl_h200.csv,
+# H200_RESULTS_DIR (default benchmarks/results/trainer_h200/new).
+# Outputs (also under that folder): trainer_h200.csv, trainer_h200.md, trl_h200.csv,
 # trainer_h200.run.json, trl_h200.run.json, h200_logs.tar.gz (each child's log) -> "$OUT".
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -18,7 +18,7 @@ T0=$(date +%s)
 TOTAL_S=${H200_TOTAL_S:-520}
 TRL_S=${H200_TRL_S:-190}
 SCALE=${H200_SCALE:-h200}
-RES=${H200_RESULTS_DIR:-benchmarks/results}
+RES=${H200_RESULTS_DIR:-benchmarks/results/trainer_h200/new}
 LOGS=$(mktemp -d /tmp/h200_logs.XXXXXX)
 OUT_DIR=${OUT:-$RES/out}
 mkdir -p "$RES" "$OUT_DIR"

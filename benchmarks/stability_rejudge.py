@@ -4,7 +4,7 @@ The verdict is a pure function of a trial's per-step values, so a results direct
 code can be judged again without re-running it. Prints, per directory, how many trials moved from
 each old verdict (results.csv) to each new one, and saves every trial's new signals:
 
-    python benchmarks/stability_rejudge.py reports/examples/*-h200 [--out benchmarks/results/stability_rejudge]
+    python benchmarks/stability_rejudge.py reports/examples/*-h200 [--out benchmarks/results/stability_rejudge/committed-learning-runs]
 """
 from __future__ import annotations
 
@@ -15,9 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpo_sweep import stability
-from dpo_sweep.analysis.results import load_results, load_steps
-from dpo_sweep.analysis.tables import to_markdown
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
+
+from h200_common import results_dir  # noqa: E402
+
+from dpo_sweep import stability  # noqa: E402
+from dpo_sweep.analysis.results import load_results, load_steps  # noqa: E402
+from dpo_sweep.analysis.tables import to_markdown  # noqa: E402
 
 SIGNAL_INPUTS = ("loss", "grad_norm", "logratio_std", "reward_accuracy", "reward_margin")
 
@@ -43,7 +47,7 @@ def rejudge(results_dir: Path) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path)
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/stability_rejudge"))
+    ap.add_argument("--out", type=Path, default=results_dir("stability_rejudge"))
     args = ap.parse_args(argv)
     if missing := [d for d in args.dirs if not d.is_dir()]:
         print(f"stability_rejudge: not a directory: {', '.join(map(str, missing))}", file=sys.stderr)

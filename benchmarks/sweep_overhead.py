@@ -16,7 +16,7 @@ It needs no Ray state API (the GPU machine runs Ray without a dashboard). Prints
 ``sweep_overhead.csv``, ``sweep_overhead.md``, the sweep's results.csv and environment.json,
 its space and the timestamped console log under ``--out``.
 
-    python benchmarks/sweep_overhead.py --out benchmarks/results/sweep_overhead_cpu
+    python benchmarks/sweep_overhead.py --out benchmarks/results/sweep_overhead/cpu-reused-trial-processes
     python benchmarks/sweep_overhead.py --model llama-3.2-1b --out DIR     # on a GPU
 
 ``--space PATH`` instead runs that space as a user would (planner on) and reports how much of the
@@ -51,10 +51,9 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout, no install needed
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
 
+from h200_common import REPO_ROOT, results_dir  # noqa: E402
 from dpo_sweep.analysis.tables import to_markdown  # noqa: E402  (no torch import either)
 from dpo_sweep.records import read_csv_rows  # noqa: E402  (no torch import)
 from process_trace import merge as process_trace  # noqa: E402  (benchmarks/: this script's folder)
@@ -309,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny-llama")
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per trial")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "sweep_overhead_cpu")
+    parser.add_argument("--out", type=Path, default=results_dir("sweep_overhead"))
     parser.add_argument("--dashboard", action="store_true", help="start Ray with its dashboard")
     parser.add_argument("--space", type=Path, help="run this space instead (planner on) and report the "
                         "share of the sweep's wall time spent in optimizer steps")

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One device call for issue 14 (a trial costs its steps, not its start-up), on the H200:
+# One device call that checks a trial costs its steps, not its start-up, on the H200:
 #   1. tests/gpu/test_warm_worker_gpu.py: a warm worker's peaks against fresh processes';
 #   2. benchmarks/sweep_overhead.py --model llama-3.2-1b --trials 5 (median wall per trial);
 #   3. benchmarks/sweep_overhead.py --space search_spaces/llama-3.2-1b-40gb-quick.yaml (the share of
 #      the main job's wall time the GPU trained).
 # Usage on the device (carry .devkit): bash benchmarks/sweep_overhead_h200.sh
-# Results: $OUT/sweep_overhead_h200.tgz (the folder benchmarks/results/sweep_overhead_h200/).
+# Results: $OUT/sweep_overhead_h200.tgz (committed as a folder benchmarks/results/sweep_overhead/<label>/,
+# with a README.md of provenance).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [ -f .devkit/install.sh ] && { timeout 120 bash .devkit/install.sh >/dev/null || echo "devkit install failed"; }

@@ -12,7 +12,7 @@
    and a spike freed before peak_gb() is asked checks that the thread alone catches it.
 
 Writes DIR/telemetry_overhead.csv (long format: section, case, metric, value, unit) and
-DIR/environment.json. Default DIR: benchmarks/results. Without CUDA it says so and runs the same
+DIR/environment.json. Default DIR: benchmarks/results/telemetry_overhead/new. Without CUDA it says so and runs the same
 two measurements on the CPU with the RSS sampler and small sizes, to show the script works.
 GB = 1e9 bytes.
 """
@@ -28,10 +28,9 @@ from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout, no install needed
-    sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the checkout on sys.path too
 
+from h200_common import bench_device, results_dir  # noqa: E402
 from dpo_sweep.telemetry import StepTimer, make_memory_sampler, write_environment  # noqa: E402
 from dpo_sweep.telemetry.timing import synchronize  # noqa: E402
 
@@ -181,7 +180,7 @@ def measure_accuracy(device, sizes_gb, interval_s) -> list[tuple]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks" / "results",
+    parser.add_argument("--out", type=Path, default=results_dir("telemetry_overhead"),
                         help="directory for telemetry_overhead.csv and environment.json")
     parser.add_argument("--steps", type=int, default=30, help="measured steps per round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of with/without")
@@ -192,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="allocation sizes (default 1 2 4 8 16 on GPU, 0.1 0.2 0.4 on CPU)")
     args = parser.parse_args(argv)
 
-    if torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = bench_device()
+    if device.type == "cuda":
         torch.zeros(1, device=device)  # the context exists before any baseline
         print(f"device: {torch.cuda.get_device_name(device)}")
         steps, rounds, step_ms = args.steps, args.rounds, args.step_ms

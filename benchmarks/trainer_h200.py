@@ -2,7 +2,7 @@
 """Our DPO trainer on one H200: step time, tokens/s and memory per named configuration, vs TRL.
 
     python3 benchmarks/trainer_h200.py [--configs 1b-mb8-none,8b-mb4-none] [--max-minutes 5]
-        [--preset-scale h200|tiny] [--out-dir benchmarks/results] [--render-only]
+        [--preset-scale h200|tiny] [--out-dir benchmarks/results/trainer_h200/new] [--render-only]
 
 Each configuration (see ``h200_common.CONFIGS``, highest priority first) runs in a FRESH
 ``python3 -m dpo_sweep trial SPACE.yaml`` process, so its memory peak starts clean: a temporary

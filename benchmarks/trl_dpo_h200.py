@@ -2,7 +2,7 @@
 """TRL's DPOTrainer on the same configurations as ``trainer_h200.py``, measured the same way.
 
     python3 benchmarks/trl_dpo_h200.py [--configs 1b-mb8-none,...] [--max-minutes 3]
-        [--preset-scale h200|tiny] [--out-dir benchmarks/results]
+        [--preset-scale h200|tiny] [--out-dir benchmarks/results/trainer_h200/new]
 
 For each of the six TRL configurations (1B mb 8 none/full, 1B mb 4 none, 8B mb 4 none/full,
 8B mb 1 none) a FRESH process (this file with ``--child NAME``) builds a random-initialised model of
@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from h200_common import (  # noqa: E402
     CONFIGS_BY_NAME,
     DEFAULT_RESULTS_DIR,
+    bench_device,
     SCALES,
     TRL_CONFIG_NAMES,
     BenchConfig,
@@ -97,7 +98,7 @@ def run_child(cfg: BenchConfig, scale: Scale, gpu: str, result_path: Path) -> in
     row.update(status="error", loss_type="sigmoid", precision=scale.precision, reference="live",
                attn_implementation="sdpa")
     t_start = time.perf_counter()
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    device = bench_device()
     row["device"] = str(device)
     sampler = make_memory_sampler(device)
     row["mem_source"] = sampler.source

@@ -188,7 +188,8 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
     ``t_opt + G x t_micro`` beside it), the second's measured step time. Every step of both trials
     goes to ``out_dir/extrapolation_steps.csv`` (their micro-step times in ``micro_ms``)."""
     from dpo_sweep.plan.extrapolate import extrapolate, fit_micro_steps, step_layout
-    from dpo_sweep.plan.memory import built_shape, planning_device, predict_peak_gb
+    from dpo_sweep.plan.memory import built_shape, predict_peak_gb
+    from dpo_sweep.trial_facts import planned_device
     from dpo_sweep.plan.rows import fitted_step_ms
     from dpo_sweep.plan.rules import measure_grad_acc
     from dpo_sweep.records import write_steps
@@ -224,7 +225,7 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
             "line_step_ms": line.step_ms if line else math.nan, "line_error": line.step_ms / truth - 1 if line else math.nan,
             "old_extrapolated_ms": old, "old_error": old / truth - 1,
             "short_peak_gb": m.peak_mem_gb, "full_peak_gb": f.peak_mem_gb,
-            "predicted_peak_gb": predict_peak_gb(short, device=planning_device(short), lengths=lengths,
+            "predicted_peak_gb": predict_peak_gb(short, device=planned_device(short), lengths=lengths,
                                                  shape=shape).total_gb,
         })
         write_csv(out_dir / "extrapolation.csv", rows)  # after each configuration: a cut-off run keeps its rows
@@ -287,7 +288,8 @@ MEMORY_CONFIGS = tuple((mb, lv, 2) for mb in (1, 4) for lv in ("none", "L1", "L2
 
 def memory(case: Path, out_dir: Path, max_length: int, steps: int, configs=MEMORY_CONFIGS, ema: bool = False) -> None:
     """Predicted (the planner's memory model on the data's own lengths) vs measured peaks."""
-    from dpo_sweep.plan.memory import built_shape, planning_device, predict_peak_gb
+    from dpo_sweep.plan.memory import built_shape, predict_peak_gb
+    from dpo_sweep.trial_facts import planned_device
     from dpo_sweep.train.lengths import LengthProfile
 
     rows, warm = [], warm_state()
@@ -296,7 +298,7 @@ def memory(case: Path, out_dir: Path, max_length: int, steps: int, configs=MEMOR
         cfg = trial_config(case, micro_batch=mb, level=level, grad_acc=ga, max_length=max_length, steps=steps,
                            warmup=1, **extra)
         lengths = LengthProfile.of(warm.tokenized_pairs(cfg)[1])
-        est = predict_peak_gb(cfg, device=planning_device(cfg), lengths=lengths, shape=built_shape(cfg.model))
+        est = predict_peak_gb(cfg, device=planned_device(cfg), lengths=lengths, shape=built_shape(cfg.model))
         out, _ = run(cfg, warm)
         r = out.result
         rows.append({"config": cfg.trial_id + ("_ema" if ema else ""), "status": r.status,
@@ -314,8 +316,9 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
     import torch
 
     from dpo_sweep.plan.memory import (GB, built_shape, element_bytes, last_layer_bytes_per_token,
-                                       model_saved_bytes_per_token, resolved_attn)
+                                       model_saved_bytes_per_token)
     from dpo_sweep.train.setup import autocast, build_trial, configure_device_memory, forward_inputs, load_data
+    from dpo_sweep.trial_facts import planned_attention
 
     cuda = torch.cuda.is_available()
     # An indexed device: set_per_process_memory_fraction (configure_device_memory) refuses a bare "cuda".
@@ -348,7 +351,7 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
         bwd_peak = peak() - base
         s, b = built_shape(cfg.model), element_bytes(cfg.model, cfg.train.precision)
         tokens = batch.slots()
-        kw = dict(lean=cfg.model.lean_ops, liger=setup.built.liger_kernel, attn=resolved_attn(cfg.model),
+        kw = dict(lean=cfg.model.lean_ops, liger=setup.built.liger_kernel, attn=planned_attention(cfg.model.attn_implementation),
                   seq_len=batch.input_ids.shape[1])
         rows.append({"level": level, "tokens": tokens, "liger": setup.built.liger_kernel,
                      "attn": setup.built.attn_implementation,

@@ -12,6 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dpo_sweep.results_dir import ResultsDir
 
+from dpo_sweep import migrate
+
+#: From most activations kept to fewest (none > L1 > L2 >= L3 > full): the order the planner prunes
+#: weaker levels in after an OOM (trial_facts.memory_order) and the tables list them in.
 CheckpointLevel = Literal["none", "L1", "L2", "L3", "full"]
 CHECKPOINT_LEVELS: tuple[str, ...] = get_args(CheckpointLevel)
 #: Levels that are refused at validation, with the reason shown to the user.
@@ -22,23 +26,6 @@ REFUSED_LEVELS: dict[str, str] = {
         "input is kept anyway); use L3 or full instead"
     ),
 }
-#: Levels whose attention region keeps the attention kernel's outputs instead of re-running it.
-KERNEL_KEPT_LEVELS: tuple[str, ...] = ("L2", "L3")
-#: Attention implementations whose kernel is one torch op, which that policy can keep (``auto``
-#: resolves to sdpa or flash_attention_2). eager is a chain of matmul, softmax and dropout ops.
-KERNEL_ATTENTION: tuple[str, ...] = ("auto", "sdpa", "flash_attention_2")
-
-
-def refused_attention(level: str, attn_implementation: str) -> str | None:
-    """Why ``level`` is refused with ``attn_implementation``; None when they go together."""
-    if level not in KERNEL_KEPT_LEVELS or attn_implementation in KERNEL_ATTENTION:
-        return None
-    return (
-        f"{level} with attn_implementation {attn_implementation} is refused: {attn_implementation} attention "
-        f"is separate matmul and softmax ops, which {level}'s selective-checkpoint policy cannot keep, so "
-        "backward would silently recompute them; use model.attn_implementation sdpa, flash_attention_2 or "
-        "auto, or checkpoint_level L1 or full"
-    )
 
 
 def refused_adaptive_clip(train: TrainSpec, resources: ResourcesSpec) -> str | None:
@@ -94,16 +81,6 @@ def cuda_levers(train: TrainSpec) -> list[str]:
             if getattr(train, field) == value]
 
 
-def refused_cuda_lever(train: TrainSpec, resources: ResourcesSpec) -> str | None:
-    """Why ``train``'s levers are refused with a CPU device; None when they go together."""
-    levers = cuda_levers(train)
-    on_cpu = train.device == "cpu" or resources.use_gpu is False
-    if not levers or not on_cpu:
-        return None
-    where = "train.device: cpu" if train.device == "cpu" else "resources.use_gpu: false"
-    return (f"train.{', train.'.join(levers)} is refused with {where}: torchao's NF4 weights and low-bit "
-            "AdamW run on a CUDA GPU only; use adapter: lora or full and optimizer: adamw on the CPU, "
-            "or run on a GPU")
 
 
 LossType = Literal["sigmoid", "ipo", "hinge"]
@@ -464,15 +441,12 @@ class ObjectivesSpec(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _step_time_became_throughput(cls, data: Any) -> Any:
+    def _refuse_step_time(cls, data: Any) -> Any:
         # Refused rather than silently mapped: a space file is about to be run, and its author
-        # should see that the time axis changed meaning (a results dir's copy is read as throughput).
-        if isinstance(data, dict) and "step_time" in data:
-            raise ValueError(
-                f"objectives.step_time is no longer an objective (got step_time: {data['step_time']!r}); "
-                "the time objective is throughput (tokens/s), so a step that does more work does not "
-                "count as slower: write `throughput: max` instead (allowed: memory, throughput, loss_std)"
-            )
+        # should see what the time axis means (a results dir's copy is read as throughput).
+        refusal = migrate.step_time_refusal(data)
+        if refusal:
+            raise ValueError(refusal)
         return data
 
 

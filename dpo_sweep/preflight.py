@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dpo_sweep.config import LEVER_PACKAGES, ModelSpec, TrialConfig, cuda_levers, distinct_models
+from dpo_sweep import trial_facts
 from dpo_sweep.errors import DataError, UserError
 from dpo_sweep.results_dir import ResultsDir
 # standard library only: cheap to import
@@ -253,11 +254,13 @@ def check_levers(trials: Iterable[TrialConfig]) -> None:
         if importlib.util.find_spec(package) is None:
             raise UserError(f"train.{field}: {value} needs the {package} package, which is not installed; "
                             f"pip install {package}")
-    levers = sorted({lever for t in trials for lever in cuda_levers(t.train)})
-    if levers:
+    if any(cuda_levers(t.train) for t in trials):
         import torch
 
-        if not torch.cuda.is_available():
+        cuda = torch.cuda.is_available()
+        levers = sorted({lever for t in trials if not trial_facts.runs_on_cuda(t.train, t.resources, cuda)
+                         for lever in cuda_levers(t.train)})
+        if levers:
             raise UserError(f"train.{', train.'.join(levers)} runs on a CUDA GPU only (torchao) and this machine "
                             "has none; use adapter: lora or full and optimizer: adamw here, or run on a GPU")
 

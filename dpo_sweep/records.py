@@ -325,6 +325,14 @@ def peak_up_to_failure_gb(step_peaks_gb: Iterable[float], failing_peak_gb: float
     return max(finite) if finite else math.nan
 
 
+def config_columns(cfg: "TrialConfig") -> dict[str, Any]:
+    """The columns that say which configuration a row is: its trial id, its knobs and its swept
+    train fields (``extra``: each its own results.csv column). Every row made for ``cfg`` - the
+    trainer's, a failure's, a pruned one, one shared from another trial's measurement - takes them
+    from here."""
+    return {"trial_id": cfg.trial_id, **cfg.knobs(), "extra": cfg.swept_columns()}
+
+
 def failed_result(cfg: "TrialConfig", status: str, error: str, steps: Iterable[StepRecord] = (),
                   failing_peak_gb: float = math.nan, **timing: float) -> TrialResult:
     """The summary row of a trial that did not finish its steps (``oom``, ``error``): its knobs,
@@ -333,7 +341,7 @@ def failed_result(cfg: "TrialConfig", status: str, error: str, steps: Iterable[S
     failing step's so far). ``timing``: ``startup_s`` / ``measure_s`` when known."""
     steps = tuple(steps)
     return TrialResult(
-        trial_id=cfg.trial_id, status=status, **cfg.knobs(), error=error,
+        **config_columns(cfg), status=status, error=error,
         peak_mem_gb=peak_up_to_failure_gb((s.peak_mem_gb for s in steps), failing_peak_gb),
         loss_type=cfg.train.loss, precision=cfg.train.precision, reference=cfg.train.reference,
         adapter=cfg.train.adapter, optimizer=cfg.train.optimizer,

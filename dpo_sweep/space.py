@@ -31,16 +31,14 @@ from dpo_sweep.config import (
     TrainSpec,
     TrialConfig,
     refused_adaptive_clip,
-    refused_cuda_lever,
     refused_optimizer_in_backward,
-    refused_attention,
 )
+from dpo_sweep.trial_facts import refused_attention, refused_cuda_lever
+from dpo_sweep import migrate
 from dpo_sweep.errors import SpaceError
 
 #: Search dimensions with their own handling; any TrainSpec field may be swept as well.
 CORE_DIMS = ("micro_batch", "checkpoint_level", "grad_acc", "effective_batch", "beta", "model")
-#: Keys that ``search:`` held before the sampler got its own section.
-MOVED_TO_SAMPLER = ("mode", "num_samples")
 
 
 def _is_dimension(key: str) -> bool:
@@ -135,8 +133,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             _set_dotted(raw, key, value)
         else:
             dim = key.removeprefix("search.")
-            if dim in MOVED_TO_SAMPLER:
-                raise SpaceError(f"--set {key}: {_moved_to_sampler(dim)} (--set sampler.{dim}=...)")
+            if dim in migrate.MOVED_TO_SAMPLER:
+                raise SpaceError(f"--set {key}: {migrate.moved_to_sampler(dim)} (--set sampler.{dim}=...)")
             if not _is_dimension(dim):
                 raise SpaceError(
                     f"--set {key}: unknown dimension; use one of {', '.join(CORE_DIMS)}, a train "
@@ -168,11 +166,6 @@ def _positive_ints(key: str, values: list[Any]) -> list[int]:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise SpaceError(f"search.{key}: {v!r} is not allowed; give positive integers")
     return values
-
-
-def _moved_to_sampler(key: str) -> str:
-    return (f"{key} is no longer a search dimension: the sampler's options have their own section, "
-            "sampler: {mode: grid | random, num_samples: N, seed: S} (search.seed sweeps train.seed)")
 
 
 def _refuse_repeats(key: str, values: list[Any], same_as: list[Any] | None = None) -> None:
@@ -244,8 +237,8 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
     """:func:`expand`, and :attr:`Space.renamed` for its trials."""
     search = dict(spec.search or {})
     for key in search:
-        if key in MOVED_TO_SAMPLER:
-            raise SpaceError(f"search.{key}: {_moved_to_sampler(key)}")
+        if key in migrate.MOVED_TO_SAMPLER:
+            raise SpaceError(f"search.{key}: {migrate.moved_to_sampler(key)}")
         if not _is_dimension(key):
             raise SpaceError(
                 f"search.{key}: unknown dimension; allowed: {', '.join(CORE_DIMS)} or a train "
@@ -323,7 +316,7 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
         model_part = model_parts[p["model"].model_dump_json()]
         trial_id = _trial_id(index, point, swept_values, model_part)
         if model_part:
-            renamed[_trial_id(index, point, swept_values)] = trial_id
+            renamed[migrate.earlier_trial_id(trial_id, model_part)] = trial_id
         trials.append(
             TrialConfig(
                 space_name=spec.name, trial_id=trial_id, model=p["model"], data=spec.data, train=train,

@@ -192,9 +192,10 @@ def test_committed_examples_count_and_time_their_trials(name):
 
 
 def test_the_committed_h200_comparison(tmp_path):
-    """benchmarks/results/full_grid_h200/: the planned 1B sweep and its --full-grid; every Ray
-    trial of the planned run counted (its runoff is named only in rows' timed_by, read as text)."""
-    root = REPO / "benchmarks" / "results" / "full_grid_h200"
+    """benchmarks/results/full_grid_compare/h200-llama-3.2-1b-betas/: the planned 1B sweep and its
+    --full-grid; every Ray trial of the planned run counted (its runoff is named only in rows'
+    timed_by, read as text)."""
+    root = REPO / "benchmarks" / "results" / "full_grid_compare" / "h200-llama-3.2-1b-betas"
     text, table, _ = run(tmp_path, root / "llama-3.2-1b-h200-betas-planned", root / "llama-3.2-1b-h200-betas-full-grid")
     assert "- recommendation memory/time (micro_batch, checkpoint_level, grad_acc, seq_len, num_workers, model): same" in text
     assert "| Ray trials | 27 (25 memory/time + 2 learning or runoff; console.log: 27) |" in text
@@ -202,10 +203,10 @@ def test_the_committed_h200_comparison(tmp_path):
 
 
 def test_the_committed_h200_comparison_with_runoff_rounds(tmp_path):
-    """The planned 1B sweep with the frontier's runoff rounds (75aded7) against the same full grid:
-    the full grid's frontier and recommendation; and the 3-beta space's 50 rows (551afb2, stopped
-    at its timeout) against three of that full grid."""
-    root = REPO / "benchmarks" / "results" / "full_grid_h200"
+    """The planned 1B sweep with the frontier's runoff rounds against the same full grid: the
+    full grid's frontier and recommendation; and the 3-beta space's 50 rows (stopped at its
+    timeout) against three of that full grid."""
+    root = REPO / "benchmarks" / "results" / "full_grid_compare" / "h200-llama-3.2-1b-betas"
     full = root / "llama-3.2-1b-h200-betas-full-grid"
     text, _, _ = run(tmp_path, root / "llama-3.2-1b-h200-betas-planned-rounds", full)
     assert "- frontier: same (9 configurations)" in text

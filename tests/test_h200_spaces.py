@@ -1,4 +1,4 @@
-"""Issue 18's H200 example spaces: each is the variant it says it is of the space it comes from,
+"""The H200 example spaces: each is the variant it says it is of the space it comes from,
 the planner plans it as its header says, and ``benchmarks/h200_examples.sh`` reads the run flags
 from its header. (``tests/test_docs.py`` validates every shipped space; this checks what these
 spaces are for.)"""
@@ -16,7 +16,7 @@ from dpo_sweep.plan.labels import plan_labels
 ROOT = Path(__file__).resolve().parents[1]
 SPACES = ROOT / "search_spaces"
 SCRIPT = ROOT / "benchmarks/h200_examples.sh"
-#: The spaces the script runs on the H200 for issue 18, and the flags each header gives `run`.
+#: The spaces the script runs on the H200, and the flags each header gives `run`.
 EXAMPLES = {
     "seed-table-llama-3-8b-80gb": [],
     "seed-table-llama-3-8b-80gb-live-ref": ["--full-grid"],  # every row a measured OOM

@@ -8,7 +8,8 @@ import random
 from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
 from dpo_sweep.cli import main
-from dpo_sweep.plan.memory import planning_device, predict_peak_gb
+from dpo_sweep.plan.memory import predict_peak_gb
+from dpo_sweep.trial_facts import planned_device
 from dpo_sweep.train.batching import pair_length
 from dpo_sweep.train.data import load_pairs
 from dpo_sweep.train.tokenizer import byte_level_tokenizer
@@ -71,7 +72,7 @@ def test_validate_predicts_from_the_longest_micro_batch(tmp_path, capsys):
     [cfg] = space_mod.load(str(space)).trials
     [summary] = preflight.check_inputs((cfg,))
     assert max(summary.lengths.widths) < 2048  # no pair comes near max_length ...
-    device = planning_device(cfg)
+    device = planned_device(cfg)
     want = predict_peak_gb(cfg, device=device, lengths=summary.lengths)
     assert shown == f"{want.total_gb:.1f}"
     # ... so the activations are a fraction of those of every sequence at max_length

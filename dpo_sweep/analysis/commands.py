@@ -7,27 +7,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import pandas as pd
 
-from dpo_sweep import space as space_mod
+from dpo_sweep import migrate, space as space_mod
 from dpo_sweep.analysis import noise_floor, pareto, results, tables, winner as winner_mod
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.space import SweepSpace
-
-#: Keys under which environment.json may hold the GPU's total memory, in GB (1e9 bytes) ...
-_GPU_MEMORY_GB_KEYS = ("gpu_memory_gb", "gpu_mem_gb", "gpu_total_memory_gb", "memory_total_gb",
-                       "total_memory_gb", "memory_gb")
-#: ... or in bytes.
-_GPU_MEMORY_BYTES_KEYS = ("gpu_memory_bytes", "memory_total_bytes", "total_memory_bytes", "memory_bytes")
-
 
 @dataclass(frozen=True)
 class AnalysisOutcome:
@@ -50,27 +42,6 @@ class AnalysisOutcome:
     """DIR/recommended.yaml, the winner pinned; None when nothing was recommended or it cannot be pinned."""
     winner_text: str = ""
     """Where recommended.yaml is and the winner as TRL arguments (:func:`format_winner`)."""
-
-
-def gpu_memory_gb_from_environment(env: Mapping[str, Any] | None) -> float | None:
-    """The GPU's total memory from environment.json, looking at the top level, ``gpu``, and
-    the first of ``gpus``; None when absent (e.g. a CPU run)."""
-    if not env:
-        return None
-    places: list[Mapping[str, Any]] = [env]
-    if isinstance(env.get("gpu"), Mapping):
-        places.append(env["gpu"])
-    gpus = env.get("gpus")
-    if isinstance(gpus, list) and gpus and isinstance(gpus[0], Mapping):
-        places.append(gpus[0])
-    keys = [(k, 1.0) for k in _GPU_MEMORY_GB_KEYS] + [(k, 1e-9) for k in _GPU_MEMORY_BYTES_KEYS]
-    for place in places:
-        for key, to_gb in keys:
-            value = place.get(key)
-            is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if is_number and math.isfinite(value) and value > 0:
-                return float(value) * to_gb
-    return None
 
 
 @dataclass(frozen=True)
@@ -102,14 +73,14 @@ def load_space_settings(out_dir: Path) -> SpaceSettings:
         return SpaceSettings()
     raw = space_mod.load_raw(path)
     objectives = raw.get("objectives")
-    legacy = (isinstance(objectives, dict) and "step_time" in objectives and "throughput" not in objectives)
-    if legacy:  # a results dir written before throughput replaced step_time: read as throughput, saying so
-        raw = {**raw, "objectives": {k: v for k, v in objectives.items() if k != "step_time"}}
+    old = migrate.has_step_time(objectives)
+    if old:  # validated without it; pareto.objectives_from_spec reads it as throughput, saying so
+        raw = {**raw, "objectives": migrate.without_step_time(objectives)}
     settings = SpaceSettings.of(space_mod.parse_section(ResourcesSpec, raw, "resources", str(path)),
                                 space_mod.parse_section(ObjectivesSpec, raw, "objectives", str(path)))
-    if legacy:  # pareto.objectives_from_spec turns it into throughput and notes it
+    if old:
         settings = SpaceSettings(settings.gpu_memory_gb, {**(settings.objectives or {}),
-                                                          "step_time": objectives["step_time"]})
+                                                          migrate.STEP_TIME: objectives[migrate.STEP_TIME]})
     return settings
 
 
@@ -121,7 +92,7 @@ def resolve_budget(memory_budget_gb: float | None, env: Mapping[str, Any] | None
         return float(memory_budget_gb), "--memory-budget-gb"
     if emulated_gb is not None:
         return float(emulated_gb), f"{ResultsDir.SPACE} resources.gpu_memory_gb (the emulated card)"
-    from_env = gpu_memory_gb_from_environment(env)
+    from_env = migrate.gpu_memory_gb(env)
     if from_env is not None:
         return from_env, f"{ResultsDir.ENVIRONMENT} (the GPU's memory)"
     return None, "none"
@@ -214,8 +185,7 @@ def describe_objectives(objs: tuple[pareto.Objective, ...]) -> str:
 
 def objective_notes(objs: tuple[pareto.Objective, ...]) -> list[str]:
     """One line per objective read other than as written (printed by report and recommend)."""
-    return [f"note: objectives.{o.note.removeprefix('read from the old ')} of DIR/{ResultsDir.SPACE} read as "
-            f"{o.name}: {o.direction} (the time objective is throughput now)" for o in objs if o.note]
+    return [migrate.objective_note_line(o.note, o.name, o.direction) for o in objs if o.note]
 
 
 def _frontier_document(table: str, objs: tuple[pareto.Objective, ...], rec: Recommendation,

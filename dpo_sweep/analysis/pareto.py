@@ -40,7 +40,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from dpo_sweep import noise
+from dpo_sweep import migrate, noise
 from dpo_sweep.analysis import noise_floor
 from dpo_sweep.config import ObjectivesSpec
 from dpo_sweep.errors import UserError
@@ -55,8 +55,6 @@ OBJECTIVE_COLUMNS: dict[str, str] = {
 DEFAULT_OBJECTIVES: dict[str, str | None] = ObjectivesSpec().model_dump()
 #: The objective whose values carry a measured noise interval (noise.throughput_interval).
 NOISY_COLUMN = "tokens_per_s"
-#: An old name still found in results dirs' space.yaml: read as throughput, the other way round.
-_LEGACY_STEP_TIME = {"min": "max", "max": "min", None: None}
 
 
 @dataclass(frozen=True)
@@ -85,11 +83,7 @@ def objectives_from_spec(spec: Mapping[str, Any] | None) -> tuple[Objective, ...
         spec = spec.model_dump()
     out = []
     for name, direction in spec.items():
-        note = ""
-        legacy = name == "step_time" and "throughput" not in spec
-        if legacy and (direction is None or direction in ("min", "max")):
-            note = f"read from the old step_time: {direction}"
-            name, direction = "throughput", _LEGACY_STEP_TIME[direction]
+        name, direction, note = migrate.objective_as_today(name, direction, spec)
         if name not in OBJECTIVE_COLUMNS:
             raise UserError(f"objectives.{name} is unknown; allowed: {', '.join(OBJECTIVE_COLUMNS)}")
         if direction is None:

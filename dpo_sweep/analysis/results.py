@@ -11,6 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from dpo_sweep import migrate
 from dpo_sweep.errors import UserError  # standard library only
 from dpo_sweep.records import (RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS, StepRecord, TrialResult, damaged_text,
                                read_csv_table)
@@ -27,9 +28,6 @@ _TEXT_COLUMNS = ("trial_id", "status", "model", "checkpoint_level", "error", "me
                  "measured_by", "step_time_source", "stability_from",
                  "stability_precision", "stability_note", "timed_by", "adapter", "optimizer")
 
-#: Columns that a results.csv written before they existed lacks, and the value every such row had:
-#: every trial then trained all weights with torch's AdamW.
-_MISSING_DEFAULTS: dict[str, str] = {"adapter": "full", "optimizer": "adamw"}
 
 
 def _refuse_damaged(path: Path) -> None:
@@ -160,7 +158,7 @@ def load_results(out_dir: str | Path) -> "Any":
     _refuse_unreadable(path, df, kinds, allowed={"status": STATUSES})
     for col in RESULTS_COLUMNS:
         if col not in df.columns:
-            df[col] = _MISSING_DEFAULTS.get(col, "" if col in _TEXT_COLUMNS else math.nan)
+            df[col] = migrate.RESULTS_COLUMN_DEFAULTS.get(col, "" if col in _TEXT_COLUMNS else math.nan)
     for col in _TEXT_COLUMNS:
         df[col] = df[col].fillna("").astype(str)
     df["status"] = df["status"].str.strip().str.lower()

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.plan.memory import ModelShape, resolved_attn
+from dpo_sweep.plan.memory import ModelShape
+from dpo_sweep.trial_facts import planned_attention
 from dpo_sweep.records import StepRecord
 from dpo_sweep.telemetry.flops import DecoderShape, TokenCounts, dpo_step_flops
 from dpo_sweep.train.lengths import LengthProfile
@@ -69,7 +70,7 @@ def step_layout(cfg: TrialConfig, lengths: LengthProfile, shape: ModelShape) -> 
     runs them (``train/order.micro_batch_order``)."""
     t = cfg.train
     world, chunked, g = cfg.resources.workers_per_trial, t.logp_chunk_tokens > 0, cfg.grad_acc
-    dshape, attn, packed = decoder_shape(shape), resolved_attn(cfg.model), lengths.packed()
+    dshape, attn, packed = decoder_shape(shape), planned_attention(cfg.model.attn_implementation), lengths.packed()
     works, tokens = [], [0] * t.steps
     for rank in range(world):
         order = micro_batch_order(len(lengths.widths), cfg.micro_batch, world, rank, t.seed, grad_acc=g,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dpo_sweep import trial_facts
 from dpo_sweep.config import TrialConfig
 
 #: torchao NF4: 4 bits per value, an int8 scale per 64 values, a float32 scale per 256 of those.
@@ -81,11 +82,10 @@ class LeverBytes:
 def _region_targets(level: str) -> tuple[str, ...]:
     """The targets whose adapters run outside a checkpointed region at ``level`` (their saved
     tensors stay alive until backward)."""
-    if level == "none":
-        return _ATTENTION_TARGETS + _MLP_TARGETS
-    if level == "L1":
-        return _ATTENTION_TARGETS
-    return ()  # L2/L3: attention and MLP are regions; full: the whole layer is
+    regions = trial_facts.regions(level)
+    if regions.layer:
+        return ()
+    return (() if regions.attention else _ATTENTION_TARGETS) + (() if regions.mlp else _MLP_TARGETS)
 
 
 def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, autocast: bool,
@@ -116,10 +116,12 @@ def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, a
     kept = [x for x in t.lora_targets if x in _region_targets(cfg.checkpoint_level) and x in dims]
     saved = sum(t.lora_r * activation_bytes + (dims[x][0] * (activation_bytes + 1) if t.lora_dropout else 0)
                 for x in kept)
-    if lean and cfg.checkpoint_level == "none" and set(_MLP_TARGETS) & set(t.lora_targets):
+    regions = trial_facts.regions(cfg.checkpoint_level)
+    mlp_kept = not (regions.mlp or regions.layer)  # the MLP's tensors live until backward
+    if lean and mlp_kept and set(_MLP_TARGETS) & set(t.lora_targets):
         saved += 2 * activation_bytes * s.intermediate  # the stock MLP's silu(gate) and product
     saved_total = s.n_layers * saved
-    if not (lean or liger) and cfg.checkpoint_level != "full":
+    if not (lean or liger) and not regions.layer:
         # A stock RMSNorm with a frozen weight keeps no normalised tensor for the weight's gradient:
         # its float32 input and rstd only, as the lean one (2 norms a layer and the final one).
         saved_total -= (2 * s.n_layers + 1) * (weight_bytes * s.hidden - 4)

@@ -67,7 +67,7 @@ from typing import Mapping
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.levers import lever_bytes
 from dpo_sweep.train.lengths import LengthProfile
-from dpo_sweep.train import liger as liger_rule
+from dpo_sweep import trial_facts
 
 GB = 1e9
 #: NVML device-used minus torch's reserved peak on the H200 (see the module doc).
@@ -211,15 +211,16 @@ def layer_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, l
                                 masked: bool = False) -> float:
     """Bytes autograd keeps per token for one decoder layer between forward and backward
     (``masked``: the micro-batch has padding, so the attention gets a mask)."""
+    regions = trial_facts.regions(level)
     norms = 2 * _norm_bytes(s, b, lean, liger)
     region_inputs = 2 * b.activation * s.hidden  # the normed inputs of attention and the MLP
     attention = _attention_internal_bytes(s, b, attn, seq_len, masked)
-    if level in ("L2", "L3"):
+    if regions.attention:
         # The attention region keeps only the kernel's output and log-sum-exp (checkpointing.py);
         # eager's matmul/softmax are not kernel ops, so all of it is recomputed.
         attention = 0.0 if attn == "eager" else b.activation * s.q_dim + 4 * s.n_heads
-    mlp = 0.0 if level in ("L1", "L2", "L3") else _mlp_internal_bytes(s, b, lean, liger)
-    if level == "full":
+    mlp = 0.0 if regions.mlp else _mlp_internal_bytes(s, b, lean, liger)
+    if regions.layer:
         return b.residual * s.hidden  # only the layer's input
     return norms + region_inputs + attention + mlp
 
@@ -265,7 +266,7 @@ def model_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, l
     layers = s.n_layers * layer_saved_bytes_per_token(s, b, level, lean=lean, liger=liger, attn=attn,
                                                       seq_len=seq_len, masked=masked)
     head = _norm_bytes(s, b, lean, liger) + b.activation * s.hidden
-    rope = 0 if level == "full" else 2 * b.activation * (s.q_dim // s.n_heads)
+    rope = 0 if trial_facts.regions(level).layer else 2 * b.activation * (s.q_dim // s.n_heads)
     return layers + head + rope + 3 * 8
 
 
@@ -285,20 +286,6 @@ def _reference_forward_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_
     rows = tokens if chunk_tokens == 0 else min(chunk_tokens, tokens)
     head = rows * s.vocab * ((b.activation + 4 + 4) if chunk_tokens == 0 else (b.activation + 4))
     return layer + head
-
-
-def resolved_attn(spec: ModelSpec) -> str:
-    """``auto`` is flash-attn or sdpa on a GPU: the same tensors are saved either way."""
-    return "sdpa" if spec.attn_implementation == "auto" else spec.attn_implementation
-
-
-def resolved_liger(spec: ModelSpec, device: str, arch: str) -> bool:
-    """Whether the trainer will use liger-kernel when it runs ``spec``: its own rule
-    (train/liger.choose_liger). For ``auto`` this process's liger-kernel stands for the workers'
-    (a driver without it predicts without liger's savings: the larger, safe side); ``true`` runs
-    only where the package is (elsewhere the trainer refuses the trial), so it is assumed."""
-    installed = spec.liger_kernel is True or liger_rule.liger_installed()
-    return liger_rule.choose_liger(spec.liger_kernel, arch, device == "cuda", installed)[0]
 
 
 def worst_micro_batch_padded(cfg: TrialConfig, lengths: LengthProfile | None) -> bool:
@@ -323,7 +310,8 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     s = shape or model_shape(cfg.model)
     t = cfg.train
     b = element_bytes(cfg.model, t.precision)
-    lean, liger, attn = cfg.model.lean_ops, resolved_liger(cfg.model, device, s.arch), resolved_attn(cfg.model)
+    lean, attn = cfg.model.lean_ops, trial_facts.planned_attention(cfg.model.attn_implementation)
+    liger = trial_facts.planned_liger(cfg.model.liger_kernel, s.arch, device)
     world = cfg.resources.workers_per_trial
     shard = world if (world > 1 and cfg.resources.parallelism == "fsdp") else 1  # FSDP: a rough 1/world
     tokens, seq_len = worst_micro_batch(cfg, lengths)
@@ -372,15 +360,10 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     )
 
 
-def planning_device(cfg: TrialConfig) -> str:
-    """Where ``cfg`` would run, for the prediction: the CPU only when the config says so."""
-    return "cpu" if cfg.train.device == "cpu" or cfg.resources.use_gpu is False else "cuda"
-
-
 def predicted_peak_label(cfg: TrialConfig, lengths: LengthProfile | None = None) -> str:
     """The predicted peak in GB for a table, or ``-`` when the model's config cannot be read here
     (a hub id that is not cached, a checkpoint without a config)."""
     try:
-        return f"{predict_peak_gb(cfg, device=planning_device(cfg), lengths=lengths).total_gb:.1f}"
+        return f"{predict_peak_gb(cfg, device=trial_facts.planned_device(cfg), lengths=lengths).total_gb:.1f}"
     except (OSError, ValueError, KeyError):
         return "-"

@@ -1,6 +1,6 @@
 """A configuration's results row from the trials that measured it (pure; no Ray, no torch).
 
-A row's numbers come from up to two trials (issue 15):
+A row's numbers come from up to two trials:
 
 * its **memory/time measurement** (``measured_by``): the peak columns are copied; the step time
   is the measurement's own when it ran at the row's grad_acc (``step_time_source: measured``),
@@ -20,7 +20,7 @@ from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.rules import extrapolate_step_ms, fit_step_time
-from dpo_sweep.records import PENDING, TIMING_COLUMNS, StepRecord, TrialResult
+from dpo_sweep.records import PENDING, TIMING_COLUMNS, StepRecord, TrialResult, config_columns
 
 #: The columns a row takes from its learning trial, with the value they have when there is none.
 STABILITY_COLUMNS: dict[str, object] = {
@@ -63,10 +63,10 @@ def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepReco
     A row measured by another trial carries no start-up or measuring time of its own (it cost none)."""
     own = measured_by == cfg.trial_id
     return dataclasses.replace(
-        measured, trial_id=cfg.trial_id, **cfg.knobs(), loss_type=cfg.train.loss,
+        measured, **config_columns(cfg), loss_type=cfg.train.loss,
         predicted_peak_gb=predicted_peak_gb, measured_by=measured_by, stability_from="",
         **{c: getattr(measured, c) if own else math.nan for c in TIMING_COLUMNS},
-        extra=cfg.swept_columns(), **_time_columns(measured, steps, ran_grad_acc, cfg.grad_acc),
+        **_time_columns(measured, steps, ran_grad_acc, cfg.grad_acc),
     )
 
 

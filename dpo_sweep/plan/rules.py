@@ -49,6 +49,7 @@ from typing import Callable, Sequence
 
 from dpo_sweep.config import CHECKPOINT_LEVELS, TrialConfig
 from dpo_sweep.plan.memory import MemoryEstimate
+from dpo_sweep.trial_facts import memory_order
 
 #: Paths into ``TrialConfig.model_dump()`` that cannot change peak memory or step time.
 NOT_MEMORY_FIELDS: tuple[tuple[str, ...], ...] = (
@@ -58,7 +59,7 @@ NOT_MEMORY_FIELDS: tuple[tuple[str, ...], ...] = (
     ("train", "max_grad_norm"), ("train", "steps"), ("train", "evaluate"),
     ("train", "learning_steps"), ("train", "learning_precision"),  # a learning trial's cfg carries its own
 )
-#: Fields that set what the loss trajectory is (point 5 of issue 15), besides the effective batch.
+#: Fields that set what the loss trajectory is, besides the effective batch.
 LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("model", "preset"), ("model", "name_or_path"), ("model", "dtype"), ("data",), ("beta",),
     ("train", "lr"), ("train", "lr_warmup_steps"), ("train", "lr_schedule"), ("train", "loss"),
@@ -72,9 +73,6 @@ LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("train", "adapter"), ("train", "lora_r"), ("train", "lora_alpha"), ("train", "lora_dropout"),
     ("train", "lora_targets"), ("train", "optimizer"),  # what is trained and how it is stepped
 )
-#: Checkpoint levels from most activations kept to fewest (README: none > L1 > L2 >= L3 > full).
-LEVELS_BY_MEMORY: tuple[str, ...] = ("none", "L1", "L2", "L3", "full")
-assert set(LEVELS_BY_MEMORY) == set(CHECKPOINT_LEVELS)
 #: Knobs along which memory only grows, compared by ``dominates_in_memory``.
 _GROWING = (("micro_batch",), ("checkpoint_level",), ("train", "max_length"))
 
@@ -187,7 +185,7 @@ def order(trials: Sequence[TrialConfig], predict: Predict) -> list[TrialConfig]:
 
 
 def _level_rank(level: str) -> int:
-    return len(LEVELS_BY_MEMORY) - LEVELS_BY_MEMORY.index(level)  # none keeps the most
+    return len(CHECKPOINT_LEVELS) - memory_order(level)  # none keeps the most
 
 
 def dominates_in_memory(a: TrialConfig, b: TrialConfig) -> bool:
@@ -314,4 +312,4 @@ def pick_learning_trial(group: Sequence[TrialConfig], predict: Predict, budget_g
         return None
     if step_ms is not None:
         return min(fits, key=step_ms)
-    return min(fits, key=lambda c: (-c.micro_batch, c.grad_acc, LEVELS_BY_MEMORY.index(c.checkpoint_level)))
+    return min(fits, key=lambda c: (-c.micro_batch, c.grad_acc, memory_order(c.checkpoint_level)))

@@ -1,9 +1,10 @@
-"""The runoff (issue 15): the configurations a recommendation would choose between, timed in full.
+"""The runoff: the configurations a recommendation would choose between, timed in full.
 
 A memory/time trial runs a few micro-steps per optimizer step and the row's step time at its real
 grad_acc is extrapolated (rules.extrapolate_step_ms). On the H200 that is within 5% for 19 of the
-25 1B configurations against a full measurement (benchmarks/results/full_grid_h200/), but three
-short steps give a p10-p90 interval about 2-10x wider than a full run's. So the planned 1B sweep
+25 1B configurations against a full measurement
+(benchmarks/results/full_grid_compare/h200-llama-3.2-1b-betas/), but three short steps give a
+p10-p90 interval about 2-10x wider than a full run's. So the planned 1B sweep
 found micro_batch 16 and 8 without checkpointing tied (1.1% apart, intervals overlapping) and
 named the leaner one, where the full grid measured them 1.8% apart, intervals disjoint, and named
 micro_batch 16: the same measurements, a different answer, decided by the width of a guess.

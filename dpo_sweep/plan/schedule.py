@@ -51,9 +51,10 @@ from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted
 from dpo_sweep.plan.jobs import Job, JobKind, without_eval
 from dpo_sweep.plan.levers import trainable_params
-from dpo_sweep.plan.memory import MemoryEstimate, ModelShape, model_shape, planning_device, predict_peak_gb
+from dpo_sweep.plan.memory import MemoryEstimate, ModelShape, model_shape, predict_peak_gb
 from dpo_sweep.plan.rows import LearningSource, pending_stability, with_stability
 from dpo_sweep.plan.runoff import RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, finalists, frontier_ties, runoff_cap
+from dpo_sweep.trial_facts import planned_device
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
                                   measure_grad_acc, measurement_key, pick_learning_trial, prune_after_oom,
                                   prune_over_budget)
@@ -77,7 +78,7 @@ class DataEstimate:
     shapes: Mapping[ModelSpec, ModelShape] = field(default_factory=dict)
 
     def __call__(self, cfg: TrialConfig) -> MemoryEstimate:
-        return predict_peak_gb(cfg, device=planning_device(cfg), lengths=self.lengths.get(cfg.trial_id),
+        return predict_peak_gb(cfg, device=planned_device(cfg), lengths=self.lengths.get(cfg.trial_id),
                                shape=model_shape(cfg.model, self.shapes))
 
 
@@ -300,8 +301,7 @@ class SweepPlan:
             group.predicted_gb = self.predict(group.measuring)
         for m in group.members:
             row = failed_result(m, "pruned", reason)
-            self._emit(replace(row, predicted_peak_gb=group.predicted_gb, trainable_params=_trainable(m, self._shapes),
-                               extra=m.swept_columns()))
+            self._emit(replace(row, predicted_peak_gb=group.predicted_gb, trainable_params=_trainable(m, self._shapes)))
 
     # --- the learn phase ---------------------------------------------------------------------
 

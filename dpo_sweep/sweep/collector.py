@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.records import StepRecord, TrialResult, failed_result
+from dpo_sweep.records import StepRecord, TrialResult, config_columns, failed_result
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, TrialFailure, short_error
 
 
@@ -72,5 +72,6 @@ class TrialCollector:
             failure = failure or TrialFailure("error", "the trainer returned without reporting its outcome")
             result = failed_result(p.cfg, failure.status, failure.error, p.steps, failing_peak_gb=failure.peak_mem_gb,
                                    startup_s=p.startup_s, measure_s=p.measure_s)
-        result = dataclasses.replace(result, extra=p.cfg.swept_columns())  # results.csv columns
+        # Its configuration's columns again: the outcome crossed as JSON, which turns tuples into lists.
+        result = dataclasses.replace(result, **config_columns(p.cfg))
         return CollectedTrial(result=result, steps=tuple(p.steps), environment=environment)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from dpo_sweep.nvml_session import nvml_session
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.sweep.recorder import SweepRecorder
 
@@ -49,12 +50,7 @@ def card_memory_gb() -> float | None:
     """This host's first GPU's memory in GB (the budget for pruning over budget), or None when
     NVML sees no GPU here (a CPU-only head node: then only resources.gpu_memory_gb prunes)."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total / 1e9
-        finally:
-            pynvml.nvmlShutdown()
+        with nvml_session() as nvml:
+            return nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(0)).total / 1e9
     except Exception:  # noqa: BLE001 - no library, no driver, no GPU: no card budget
         return None

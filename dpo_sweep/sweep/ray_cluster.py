@@ -41,7 +41,7 @@ def _token_auth_enabled() -> bool:
 
 #: Ray Train settings for short trials (a user's own environment variables win); what a trial's
 #: start-up and teardown cost is measured by benchmarks/sweep_overhead.py, results in
-#: benchmarks/results/sweep_overhead_cpu/README.md.
+#: benchmarks/results/sweep_overhead/cpu-reused-trial-processes/README.md.
 #: - the controller polls the worker group every 2 s by default: a finished trial waited for it;
 #: - the preemption watcher (for spot instances) polls every 5 s and held ``fit()`` back as long.
 #: - Train's print patch echoed every line of the trainer's progress twice on the console.
@@ -120,8 +120,8 @@ def stop_local_autoscaler() -> None:
     before ``ray.shutdown()``. The shutdown sends it SIGTERM, which it answers by reporting a failure
     to a GCS that is going down, and then waits the 1 s Ray allows before killing it anyway: 1.0 s
     of ray.shutdown's 1.4 s on the 2-core machine (0.4 s after this). A local cluster has nothing to
-    autoscale. Ray's private state (``_global_node``, 2.60): where it differs, nothing is done and the
-    shutdown is as before."""
+    autoscale. Ray's private state (``_global_node``, 2.60): where it differs, nothing is done and
+    Ray's own shutdown ends the monitor."""
     try:
         from ray._private import ray_constants
 

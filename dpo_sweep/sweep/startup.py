@@ -12,9 +12,9 @@ own process (torch, transformers, the model's classes, CUDA: 11-16.5 s on the H2
 
 The preflight's process is the only one on the driver's side that imports torch and
 transformers; the driver takes the model shapes and the environment it found, and never does.
-As a thread of the driver (before cc587e8) the preflight's imports shared the GIL with
-``ray.init``: on the H200, Ray is up 3.1-4.8 s sooner with the preflight in its own process
-(benchmarks/results/sweep_overhead_h200/preflight-process-ab/). Its niceness is raised
+In its own process the preflight's imports do not share the GIL with ``ray.init``: on the H200,
+Ray is up 3.1-4.8 s sooner than with the preflight as a thread of the driver
+(benchmarks/results/sweep_overhead/h200-ab-preflight-process/). Its niceness is raised
 (:data:`PREFLIGHT_NICENESS`): where cores are few, Ray's start and the warm workers' imports,
 which the first trial waits for, go first (the CPU quickstart on 2 cores: first row at 3 s
 against 4 s without it).

@@ -3,8 +3,9 @@
 Why: every trial starts a fresh Ray Train controller process, and that process unpickles the
 trainer's backend config. Ray's own ``TorchConfig`` lives in ``ray.train.torch.config``, which
 imports torch at the top, which costs seconds and sits on the path of every trial's start-up (the
-controller exists before any worker does); benchmarks/results/sweep_overhead_cpu/README.md has the
-start-up measured before and after this module. Only the workers need torch.
+controller exists before any worker does);
+benchmarks/results/sweep_overhead/cpu-reused-trial-processes/README.md has the start-up measured
+before and after this module. Only the workers need torch.
 
 So this module imports Ray alone. :class:`LazyTorchConfig` has ``TorchConfig``'s fields and is
 passed to ``TorchTrainer(torch_config=...)``; its backend does what Ray's ``_TorchBackend`` does for

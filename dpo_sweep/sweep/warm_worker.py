@@ -2,7 +2,7 @@
 
 A fresh Ray Train worker per trial pays, every trial, for a Train controller, a worker process,
 ``import torch`` and transformers and a CUDA context: on the H200 ~23 s before the first optimizer
-step of a trial whose steps take 4 s (issue 14). Here a trial runs in one of the sweep's
+step of a trial whose steps take 4 s. Here a trial runs in one of the sweep's
 :class:`TrialWorker` actors, each holding one trial's GPU (or its CPUs); a worker imports the
 trainer once, when it is created, and runs trial after trial:
 

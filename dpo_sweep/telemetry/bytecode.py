@@ -7,7 +7,7 @@ or ``-B``; or a read-only install), every process compiles torch's and transform
 again: each warm worker of a sweep, as it starts. On the H200 machine we measured, whose Python
 runs with ``PYTHONDONTWRITEBYTECODE=1`` on a torch without most of its bytecode, a warm
 worker's imports took 14.3-14.5 s, and 7.4 s once ``python -m compileall`` had run on torch,
-transformers and sympy (benchmarks/results/sweep_overhead_h200/, section "Main at 78ec073").
+transformers and sympy (benchmarks/results/sweep_overhead/README.md).
 
 :func:`uncached_imports` counts, after the imports, the modules left without bytecode;
 :func:`bytecode_note` turns that into the console's note with the command that ends it.

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from dpo_sweep.nvml_session import nvml_session
 from dpo_sweep.records import write_environment_json
 
 from .nvml import _as_str
@@ -62,35 +63,30 @@ def _nvml_info() -> dict[str, Any]:
     environment.json from the sweep's driver process leaves no context (hundreds of MB) on a GPU
     that a trial is measuring.
     """
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return {}
     info: dict[str, Any] = {}
     try:
-        info["driver_version"] = _as_str(pynvml.nvmlSystemGetDriverVersion())
-        cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())  # e.g. 12040 -> "12.4"
-        info["cuda_driver_version"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
-        gpus = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            gpus.append({
-                "nvml_index": index,
-                "name": _as_str(pynvml.nvmlDeviceGetName(handle)),
-                "memory_gb": round(pynvml.nvmlDeviceGetMemoryInfo(handle).total / BYTES_PER_GB, 3),
-                "uuid": _as_str(pynvml.nvmlDeviceGetUUID(handle)),
-            })
-        info["gpus"] = gpus
-    except Exception:
+        with nvml_session() as pynvml:
+            _fill_nvml_info(pynvml, info)
+    except Exception:  # no library, no driver: what was read so far
         pass
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
     return info
+
+
+def _fill_nvml_info(pynvml: Any, info: dict[str, Any]) -> None:
+    """``info``'s NVML entries, each as soon as it is read."""
+    info["driver_version"] = _as_str(pynvml.nvmlSystemGetDriverVersion())
+    cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())  # e.g. 12040 -> "12.4"
+    info["cuda_driver_version"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+    gpus = []
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        gpus.append({
+            "nvml_index": index,
+            "name": _as_str(pynvml.nvmlDeviceGetName(handle)),
+            "memory_gb": round(pynvml.nvmlDeviceGetMemoryInfo(handle).total / BYTES_PER_GB, 3),
+            "uuid": _as_str(pynvml.nvmlDeviceGetUUID(handle)),
+        })
+    info["gpus"] = gpus
 
 
 def _torch_gpus() -> list[dict[str, Any]]:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from dpo_sweep.nvml_session import nvml_init, nvml_shutdown
+
 # NVML reports "not available" per-process memory as ULLONG_MAX; pynvml usually maps it to None.
 _NVML_VALUE_NOT_AVAILABLE = 2**64 - 1
 
@@ -107,10 +109,7 @@ class NvmlReader:
         """Balance ``nvmlInit`` (NVML reference-counts init/shutdown)."""
         if not self._closed:
             self._closed = True
-            try:
-                self._nvml.nvmlShutdown()
-            except self._nvml.NVMLError:
-                pass
+            nvml_shutdown(self._nvml)
 
 
 def open_nvml_reader(torch_index: int) -> NvmlReader:
@@ -119,17 +118,12 @@ def open_nvml_reader(torch_index: int) -> NvmlReader:
     Raises (ImportError, pynvml.NVMLError, LookupError, RuntimeError from torch) when NVML or the
     device is unusable; ``make_memory_sampler`` turns that into a warning and the RSS fallback.
     """
-    import pynvml  # imported here so that a missing nvidia-ml-py costs only the GPU reading
-
-    pynvml.nvmlInit()
+    pynvml = nvml_init()
     try:
         handle, nvml_index = nvml_handle_for_torch_device(pynvml, torch_index)
         reader = NvmlReader(pynvml, handle, nvml_index)
         reader.used_bytes()  # fail here, not in the sampling thread, if memory info is unsupported
     except BaseException:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
+        nvml_shutdown(pynvml)
         raise
     return reader

@@ -185,8 +185,9 @@ def micro_and_optimizer_ms(durations_ms: Sequence[float], last_syncs: bool = Fal
     micro-step, then the optimizer phase). The micro-step time is the steady one that every
     micro-step but the first repeats: the median of the micro-steps that add into gradients
     already there. The first after ``zero_grad`` writes fresh gradient buffers and is faster
-    (H200, Llama-3.2-1B mb 4 L1: 177 vs 184 ms, benchmarks/results/h200_right_answers/), so timing
-    it alone put the extrapolation to grad_acc 64 3.5% low. ``last_syncs``: the last micro-step
+    (H200, Llama-3.2-1B mb 4 L1: 177 vs 184 ms,
+    benchmarks/results/h200_checks/levels-mfu-extrapolation/), so timing it alone put the
+    extrapolation to grad_acc 64 3.5% low. ``last_syncs``: the last micro-step
     carries the gradient all-reduce (DDP syncs only there, once per step like the optimizer
     phase) and is left out when another accumulating one is there. With one micro-step, that one."""
     if len(durations_ms) < 2:

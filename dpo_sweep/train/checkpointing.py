@@ -26,7 +26,7 @@ L4        refused at validation: a boundary inside RMSNorm or softmax (see confi
 
 The L2/L3 policy can keep only a kernel that is one torch op (sdpa's fused kernels, flash-attn's
 custom ops: :data:`KERNEL_OP_NAMES`). Eager attention (matmul, softmax, matmul) is refused with
-L2/L3 at validation (``config.refused_attention``), and an attention forward under L2/L3 in which
+L2/L3 at validation (``trial_facts.refused_attention``), and an attention forward under L2/L3 in which
 the policy kept no kernel op raises instead of silently recomputing the attention.
 
 Levels L1-L3 replace the ``forward`` of each layer's ``mlp`` / ``self_attn`` instance; ``full``
@@ -44,7 +44,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from dpo_sweep.config import CHECKPOINT_LEVELS, refused_attention
+from dpo_sweep.config import CHECKPOINT_LEVELS
+from dpo_sweep.trial_facts import refused_attention, regions
 
 #: Substrings of the attention-kernel operators whose outputs L2/L3 keep instead of re-running:
 #: sdpa's fused kernels (``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` on CUDA,
@@ -112,7 +113,7 @@ def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_em
     dropout = 0.0 if not self.training else self.attention_dropout
 
     def project(proj: nn.Module, h: torch.Tensor) -> torch.Tensor:
-        out = _checkpointed(proj, h) if level == "L3" else proj(h)
+        out = _checkpointed(proj, h) if regions(level).qkv else proj(h)
         return out.view(hidden_shape).transpose(1, 2)
 
     def block(h: torch.Tensor) -> torch.Tensor:
@@ -144,20 +145,21 @@ def apply_checkpoint_level(model: nn.Module, level: str) -> None:
     """Turn on one checkpoint level for every decoder layer of ``model`` (in place)."""
     if level not in CHECKPOINT_LEVELS:
         raise ValueError(f"checkpoint level {level!r}; allowed: {', '.join(CHECKPOINT_LEVELS)}")
-    if level == "none":
-        return
-    if level == "full":
+    wrapped = regions(level)
+    if wrapped.layer:
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return
+    if not wrapped.mlp:
+        return  # none
     for i, layer in enumerate(decoder_layers(model)):
         if not hasattr(layer, "mlp"):
             raise ValueError(f"{type(layer).__name__} (layer {i}) has no mlp sub-block for {level}; use full")
         _wrap_forward(layer.mlp)
-        if level in ("L2", "L3"):
+        if wrapped.attention:
             attn = layer.self_attn
             if not _supports_attention_regions(attn):
                 raise ValueError(

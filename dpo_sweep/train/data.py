@@ -441,7 +441,7 @@ def tokenize_rows(src: SourceRows, spec: DataSpec, tokenizer: Any, max_length: i
 def synthetic_length(rng: random.Random, median: int, syn: SyntheticData) -> int:
     """One prompt or response length: ``median`` (fixed), or lognormal around it (long-tailed)."""
     if syn.lengths == "fixed":
-        return median  # no draw: fixed-length data stays what it was before lengths existed
+        return median  # no draw: the rng stream, and so the fixed-length pairs, do not depend on `lengths`
     return max(1, round(median * math.exp(rng.gauss(0.0, syn.sigma))))
 
 

@@ -8,8 +8,9 @@ Autograd through the stock Hugging Face modules saves, per token and layer (bf16
 :class:`LeanRMSNorm` saves the input and one float32 per token (rstd) and rebuilds the rest in
 backward; :class:`LeanSwiGLU` saves the input, gate and up and recomputes silu(gate) and the
 product, element-wise, in backward - no matmul is recomputed (that is what checkpoint level L1
-does, at a higher price). What that frees is measured in benchmarks/results/trainer_h200.md
-(the "lean ops off" row). The tests check values and gradients against the stock modules.
+does, at a higher price). What that frees is measured in
+benchmarks/results/trainer_h200/vs-trl-first-run/trainer_h200.md (the "lean ops off" row). The
+tests check values and gradients against the stock modules.
 """
 from __future__ import annotations
 

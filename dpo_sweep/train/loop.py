@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpo_sweep import stability
+from dpo_sweep import stability, trial_facts
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
-from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
+from dpo_sweep.records import StepRecord, TrialResult, config_columns, error_text, failed_result
 from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCounts, TrialClock, dpo_step_flops,
                                  failure_peak_gb, make_memory_sampler, max_peaks, mfu)
 from dpo_sweep.telemetry.flops import NO_TOKENS
@@ -85,12 +85,7 @@ class InjectedFailure(RuntimeError):
 
 
 def resolve_device(cfg: TrialConfig) -> torch.device:
-    want = cfg.train.device
-    use_gpu = cfg.resources.use_gpu
-    if want == "cpu" or use_gpu is False or not torch.cuda.is_available():
-        if want == "cuda" or use_gpu is True:
-            raise UserError(f"train.device={want} / resources.use_gpu={use_gpu} asks for a GPU, "
-                            "but CUDA is not available here; set use_gpu: auto")
+    if trial_facts.device_type(cfg.train, cfg.resources, torch.cuda.is_available()) == "cpu":
         return torch.device("cpu")
     index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())) if dist.is_initialized() else 0
     index = min(index, torch.cuda.device_count() - 1)
@@ -404,7 +399,7 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
                            lean_mlp=_lean_mlp_used(cfg), frozen_base=cfg.train.adapter != "full") / max(1, len(measured))
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return TrialResult(
-        trial_id=cfg.trial_id, status=status, **cfg.knobs(),
+        **config_columns(cfg), status=status,
         peak_mem_gb=trial_peaks.peak_gb, torch_peak_alloc_gb=trial_peaks.torch_alloc_gb,
         torch_peak_reserved_gb=trial_peaks.torch_reserved_gb, peak_mem_typical_gb=typical_peak_gb,
         padding_frac=metrics.mean([r.padding_frac for r in measured_records]),

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dpo_sweep.config import ModelSpec
-from dpo_sweep.train import liger as liger_rule
+from dpo_sweep import trial_facts
 
 #: Shapes of public models. Memory and time do not depend on the weights' values, so a
 #: random-initialised model of the same shape measures the same as the real one.
@@ -72,18 +72,23 @@ def preset_config(name: str) -> Any:
     return cfg
 
 
-def resolve_attn_implementation(requested: str, device: torch.device) -> str:
-    """auto: flash_attention_2 when flash-attn imports and we are on CUDA, else sdpa."""
-    if requested != "auto":
-        return requested
-    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
-        try:
-            import flash_attn  # noqa: F401
+def flash_attn_imports() -> bool:
+    """Whether flash-attn is installed and imports (a broken build is common; sdpa is always there)."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        import flash_attn  # noqa: F401
 
-            return "flash_attention_2"
-        except Exception:  # a broken build is common; sdpa is always there
-            pass
-    return "sdpa"
+        return True
+    except Exception:
+        return False
+
+
+def resolve_attn_implementation(requested: str, device: torch.device) -> str:
+    """The attention ``requested`` resolves to on ``device`` (trial_facts.attention); flash-attn
+    is imported only where ``auto`` on CUDA asks for it."""
+    wants_flash = requested == "auto" and device.type == "cuda"
+    return trial_facts.attention(requested, device.type, flash_attn=wants_flash and flash_attn_imports())
 
 
 def weight_dtype(spec: ModelSpec, precision: str) -> torch.dtype:
@@ -154,15 +159,15 @@ def _modelling_module(arch: str) -> Any:
 
 
 def resolve_liger(spec: ModelSpec, device: torch.device, arch: str | None = None) -> bool:
-    """Whether liger-kernel is used (train/liger.choose_liger, the memory model's rule too); a
+    """Whether liger-kernel is used (trial_facts.choose_liger, the memory model's rule too); a
     ``true`` that cannot be honoured is a UserError. ``arch``: the model type when the caller has
     it (it costs a config read for a checkpoint)."""
     from dpo_sweep.errors import UserError
 
     if spec.liger_kernel is False:  # decided without reading a checkpoint's config for its arch
         return False
-    used, refusal = liger_rule.choose_liger(spec.liger_kernel, arch or model_arch(spec), device.type == "cuda",
-                                            liger_rule.liger_installed())
+    used, refusal = trial_facts.choose_liger(spec.liger_kernel, arch or model_arch(spec), device.type == "cuda",
+                                             trial_facts.liger_installed())
     if refusal:
         raise UserError(refusal)
     return used

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     from dpo_sweep.train.loop import run_trial
 
     outcome = run_trial(cfg, log=lambda m: print(m, flush=True))
-    write_results(out, [dataclasses.replace(outcome.result, extra=cfg.swept_columns())])
+    write_results(out, [outcome.result])
     write_steps(out, outcome.steps)
     r = outcome.result
     if r.status == "ok":

@@ -79,17 +79,6 @@ def test_budget_defaults_to_the_gpu_memory_in_environment_json(tmp_path):
     assert outcome.recommendation["trial_id"] == "a"
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"gpu_memory_gb": 80.0}, 80.0),
-    ({"gpus": [{"name": "H200", "memory_total_bytes": 143_771_000_000}]}, 143.771),
-    ({"gpu": None, "host": "cpu-box"}, None),
-    (None, None),
-])
-def test_gpu_memory_from_environment(env, expected):
-    got = commands.gpu_memory_gb_from_environment(env)
-    assert got == (pytest.approx(expected) if expected else None)
-
-
 def test_space_yaml_objectives_are_used(tmp_path):
     trials = [trial("a", 10.0, 100.0, 0.05), trial("b", 10.0, 100.0, 0.01)]
     out_dir = write_dir(tmp_path / "r", trials)

@@ -1,4 +1,4 @@
-"""The recommendation's tie rule between learning set-ups (issue 17, item 3): rows tied on
+"""The recommendation's tie rule between learning set-ups: rows tied on
 throughput go to less memory, then the stability verdict, then the space's order - never to the
 loss std of single learning trials - and the reason says when one measurement stands for several
 learning set-ups."""

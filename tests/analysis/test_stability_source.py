@@ -1,4 +1,4 @@
-"""The sentence that says where the stability columns come from (issue 17, item 2): how many
+"""The sentence that says where the stability columns come from: how many
 learning trials, of how many steps, in which precision, and why not the space's own."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11: the time objective is throughput (tokens/s, max), and throughputs inside the measured
+"""The time objective is throughput (tokens/s, max), and throughputs inside the measured
 step-time noise are ties that go to less memory."""
 from __future__ import annotations
 

@@ -46,8 +46,8 @@ def test_kernel_keeping_levels_match_none_on_gpu_bf16(level):
     got = run_trial(gpu_cfg(checkpoint_level=level), log=None)
     assert got.result.status == "ok", got.result.error
     # bf16: the recompute's rounding differs from the first pass (max 1.05e-3 relative over 5 steps
-    # on the H200, benchmarks/results/h200_right_answers/); a silent recompute of the kernel would
-    # still pass this, which test_levels_gpu's dispatch count catches.
+    # on the H200, benchmarks/results/h200_checks/levels-mfu-extrapolation/); a silent recompute of
+    # the kernel would still pass this, which test_levels_gpu's dispatch count catches.
     assert [s.loss for s in got.steps] == pytest.approx([s.loss for s in none.steps], rel=5e-3)
 
 

@@ -1,5 +1,5 @@
 """A warm worker's trial on a GPU reports a fresh process's peaks, also after a bigger model ran
-in the same process before it (issue 14): torch's peak allocation equal, NVML's within 1% or
+in the same process before it: torch's peak allocation equal, NVML's within 1% or
 0.3 GB (the CUDA context grows with the kernels earlier trials loaded). Each side runs in its
 own child process, so that nothing this test session allocated counts in NVML's device-wide
 number. CPU version: tests/sweep/test_warm_worker.py.

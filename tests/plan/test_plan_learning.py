@@ -1,4 +1,4 @@
-"""The planner's learning trials (issue 17, item 1): how many steps, in which precision, which
+"""The planner's learning trials: how many steps, in which precision, which
 configuration runs them, and what the rows say about it (stability_steps, stability_precision,
 stability_note). Pure SweepPlan tests, driven as in test_plan_schedule.py (no Ray)."""
 from __future__ import annotations

@@ -113,14 +113,15 @@ def test_the_memory_model_uses_liger_exactly_where_the_trainer_does(monkeypatch)
     from dpo_sweep.config import ModelSpec
     from dpo_sweep.errors import UserError
     from dpo_sweep.plan import memory
-    from dpo_sweep.train import liger, model
+    from dpo_sweep import trial_facts as liger
+    from dpo_sweep.train import model
 
     cases = [(setting, arch, dev, installed) for setting in ("auto", True, False) for arch in ("llama", "qwen2", "gpt2")
              for dev in ("cuda", "cpu") for installed in (True, False)]
     for setting, arch, dev, installed in cases:
         monkeypatch.setattr(liger, "liger_installed", lambda ok=installed: ok)
         spec = ModelSpec(preset="tiny-llama", liger_kernel=setting)
-        planned = memory.resolved_liger(spec, dev, arch)
+        planned = liger.planned_liger(spec.liger_kernel, arch, dev)
         try:
             trained = model.resolve_liger(spec, torch.device(dev), arch)
         except UserError:

@@ -15,7 +15,8 @@ from ray.tune.search import Searcher
 from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
 from dpo_sweep.cli import main
-from dpo_sweep.plan.memory import planning_device, predict_peak_gb
+from dpo_sweep.plan.memory import predict_peak_gb
+from dpo_sweep.trial_facts import planned_device
 from dpo_sweep.plan.rules import BUDGET_MARGIN
 from dpo_sweep.records import StepRecord, TrialResult, read_csv_rows
 from dpo_sweep.sweep import command, tuner
@@ -80,8 +81,8 @@ def _estimates(path):
     """Each trial's estimate with the data's lengths (as preflight measured them) and without."""
     trials = space_mod.load(path).trials
     lengths = {s.key: s.lengths for s in preflight.check_inputs(trials)}
-    return {t.trial_id: (t, predict_peak_gb(t, device=planning_device(t), lengths=lengths[preflight.data_key(t)]),
-                         predict_peak_gb(t, device=planning_device(t))) for t in trials}
+    return {t.trial_id: (t, predict_peak_gb(t, device=planned_device(t), lengths=lengths[preflight.data_key(t)]),
+                         predict_peak_gb(t, device=planned_device(t))) for t in trials}
 
 
 def test_the_run_predicts_what_validate_prints_from_the_data_lengths(tmp_path, monkeypatch, capsys):

@@ -138,7 +138,7 @@ def test_liger_patches_are_undone_after_the_trial(monkeypatch):
 
 def test_a_warm_worker_never_imports_ray_train():
     # Its trials report through the actor's stream, not Ray Train: importing it cost 2.1 s of the
-    # worker's start on the H200 (benchmarks/results/sweep_overhead_h200/).
+    # worker's start on the H200 (benchmarks/results/sweep_overhead/h200-warm-worker-pool/).
     script = ("import sys, time\nsys.path.insert(0, 'tests')\nfrom testkit import make_cfg\n"
               "from dpo_sweep.sweep.warm_worker import TrialWorker\nw = TrialWorker()\n"
               "list(w.run({'trial': make_cfg(steps=1), 'trial_start': time.time(), 'log_dir': None}))\n"

@@ -1,4 +1,4 @@
-"""Point 5 of issue 17 on the CPU: the tiny model learns the synthetic pairs in the steps given and
+"""Learning on the CPU: the tiny model learns the synthetic pairs in the steps given and
 is judged ``stable``; a huge learning rate is judged ``diverging`` (the rollback trigger fires)."""
 from __future__ import annotations
 

@@ -1,0 +1,174 @@
+"""Where a trial runs and with what: its device, attention implementation, liger-kernel and what
+its checkpoint level recomputes, each decided by one function here.
+
+The trainer (train/loop.py, train/model.py, train/checkpointing.py), the memory model
+(plan/memory.py, plan/rules.py) and the preflight (preflight.py) ask here, each with what its
+process sees of the machine: the trainer what torch sees on the worker; the planner, which runs
+on the sweep's driver without torch, the GPU the config asks for; the preflight this machine's
+GPU. So the plan never assumes a kernel, or a device, that the trainer will not use.
+
+Standard library only: the sweep's driver plans without importing torch.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from dpo_sweep.config import CHECKPOINT_LEVELS, cuda_levers
+from dpo_sweep.errors import UserError
+
+if TYPE_CHECKING:
+    from dpo_sweep.config import ResourcesSpec, TrainSpec, TrialConfig
+
+Device = Literal["cpu", "cuda"]
+
+# --- device -------------------------------------------------------------------------------------
+
+
+def wants_cpu(train: TrainSpec, resources: ResourcesSpec) -> bool:
+    """Whether the config keeps the trial on the CPU (``train.device: cpu`` or ``resources.use_gpu: false``)."""
+    return train.device == "cpu" or resources.use_gpu is False
+
+
+def runs_on_cuda(train: TrainSpec, resources: ResourcesSpec, cuda_available: bool) -> bool:
+    """Whether the trial runs on CUDA on a machine where CUDA is (or is not) available."""
+    return cuda_available and not wants_cpu(train, resources)
+
+
+def device_type(train: TrainSpec, resources: ResourcesSpec, cuda_available: bool) -> Device:
+    """Where the trainer runs the trial (:func:`runs_on_cuda`). A config that asks for a GPU
+    where there is none is a UserError."""
+    if not runs_on_cuda(train, resources, cuda_available):
+        if train.device == "cuda" or resources.use_gpu is True:
+            raise UserError(f"train.device={train.device} / resources.use_gpu={resources.use_gpu} asks for a "
+                            "GPU, but CUDA is not available here; set use_gpu: auto")
+        return "cpu"
+    return "cuda"
+
+
+def planned_device(cfg: TrialConfig) -> Device:
+    """Where the planner assumes ``cfg`` runs: on the GPU its worker is given, unless the config
+    keeps it on the CPU (the driver that plans may have no GPU of its own)."""
+    return "cpu" if wants_cpu(cfg.train, cfg.resources) else "cuda"
+
+
+def refused_cuda_lever(train: TrainSpec, resources: ResourcesSpec) -> str | None:
+    """Why ``train``'s levers are refused with a CPU device; None when they go together."""
+    levers = cuda_levers(train)
+    if not levers or not wants_cpu(train, resources):
+        return None
+    where = "train.device: cpu" if train.device == "cpu" else "resources.use_gpu: false"
+    return (f"train.{', train.'.join(levers)} is refused with {where}: torchao's NF4 weights and low-bit "
+            "AdamW run on a CUDA GPU only; use adapter: lora or full and optimizer: adamw on the CPU, "
+            "or run on a GPU")
+
+
+# --- attention ----------------------------------------------------------------------------------
+
+
+def attention(requested: str, device: str, flash_attn: bool) -> str:
+    """The attention implementation a model is built with: ``auto`` is flash_attention_2 on CUDA
+    where flash-attn imports (``flash_attn``), else sdpa; any other as requested."""
+    if requested != "auto":
+        return requested
+    return "flash_attention_2" if device == "cuda" and flash_attn else "sdpa"
+
+
+def planned_attention(requested: str) -> str:
+    """The attention the memory model sizes: ``auto`` as sdpa, whichever of flash-attn and sdpa the
+    worker picks (:func:`attention`): both save the same tensors."""
+    return attention(requested, "cpu", flash_attn=False)
+
+
+# --- liger-kernel -------------------------------------------------------------------------------
+
+#: Model types whose modelling code liger-kernel is patched into (train/model.apply_liger).
+LIGER_ARCHS = ("llama", "qwen2")
+
+
+def liger_installed() -> bool:
+    """Whether liger-kernel can be imported here (looked up, not imported)."""
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def choose_liger(setting: str | bool, arch: str, on_cuda: bool, installed: bool) -> tuple[bool, str]:
+    """(used, refusal) for ``model.liger_kernel`` = ``setting`` on a model of type ``arch``.
+
+    ``auto`` uses it for a :data:`LIGER_ARCHS` model on CUDA with liger-kernel installed, and
+    otherwise not; ``false`` never; ``true`` wherever it can, and where it cannot ``used`` is False
+    and ``refusal`` says why (the trainer raises it as a UserError)."""
+    if setting is False:
+        return False, ""
+    supported = arch in LIGER_ARCHS
+    available = on_cuda and installed
+    if setting == "auto":
+        return supported and available, ""
+    if not available:
+        return False, ("model.liger_kernel: true needs a CUDA GPU and the liger-kernel package "
+                       "(pip install liger-kernel); use auto or false")
+    if not supported:
+        return False, f"model.liger_kernel: {arch} models are not patched; use auto or false"
+    return True, ""
+
+
+def planned_liger(setting: str | bool, arch: str, device: str) -> bool:
+    """Whether the memory model counts liger-kernel's savings: :func:`choose_liger`, with this
+    process's liger-kernel standing for the workers' under ``auto`` (a driver without it predicts
+    without them: the larger, safe side), and assumed under ``true`` (which runs only where the
+    package is: elsewhere the trainer refuses the trial)."""
+    installed = setting is True or liger_installed()
+    return choose_liger(setting, arch, device == "cuda", installed)[0]
+
+
+# --- checkpoint levels --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LevelRegions:
+    """What a checkpoint level recomputes in one decoder layer's backward (train/checkpointing.py
+    wraps these regions; plan/memory.py counts the tensors they do not keep)."""
+
+    mlp: bool  # the MLP sub-block is a region
+    attention: bool  # the attention projections are a region (the kernel's outputs kept)
+    qkv: bool  # q, k and v projections are regions of their own inside it
+    layer: bool  # the whole decoder layer is one region
+
+
+_REGIONS = {
+    "none": LevelRegions(mlp=False, attention=False, qkv=False, layer=False),
+    "L1": LevelRegions(mlp=True, attention=False, qkv=False, layer=False),
+    "L2": LevelRegions(mlp=True, attention=True, qkv=False, layer=False),
+    "L3": LevelRegions(mlp=True, attention=True, qkv=True, layer=False),
+    "full": LevelRegions(mlp=False, attention=False, qkv=False, layer=True),
+}
+assert tuple(_REGIONS) == CHECKPOINT_LEVELS
+
+
+def regions(level: str) -> LevelRegions:
+    """What ``level`` (one of config.CHECKPOINT_LEVELS) recomputes."""
+    return _REGIONS[level]
+
+
+def memory_order(level: str) -> int:
+    """``level``'s place from most activations kept (``none``: 0) to fewest (``full``): the order
+    of config.CHECKPOINT_LEVELS (none > L1 > L2 >= L3 > full)."""
+    return CHECKPOINT_LEVELS.index(level)
+
+
+#: Attention implementations whose kernel is one torch op, which that policy can keep (``auto``
+#: resolves to sdpa or flash_attention_2). eager is a chain of matmul, softmax and dropout ops.
+KERNEL_ATTENTION: tuple[str, ...] = ("auto", "sdpa", "flash_attention_2")
+
+
+def refused_attention(level: str, attn_implementation: str) -> str | None:
+    """Why ``level`` is refused with ``attn_implementation``; None when they go together: a level
+    whose attention is a region keeps the kernel's outputs, which needs a kernel that is one op."""
+    if not regions(level).attention or attn_implementation in KERNEL_ATTENTION:
+        return None
+    return (
+        f"{level} with attn_implementation {attn_implementation} is refused: {attn_implementation} attention "
+        f"is separate matmul and softmax ops, which {level}'s selective-checkpoint policy cannot keep, so "
+        "backward would silently recompute them; use model.attn_implementation sdpa, flash_attention_2 or "
+        "auto, or checkpoint_level L1 or full"
+    )

@@ -1,0 +1,45 @@
+"""dpo_sweep/trial_facts.py: one decision per fact of where and how a trial runs, torch-free."""
+import subprocess
+import sys
+
+import pytest
+
+from dpo_sweep import trial_facts
+from dpo_sweep.config import CHECKPOINT_LEVELS, ResourcesSpec, TrainSpec
+from dpo_sweep.errors import UserError
+
+
+def test_it_imports_without_torch():
+    code = "import sys; import dpo_sweep.trial_facts; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("device, use_gpu, cuda, expected", [
+    ("auto", "auto", True, "cuda"), ("auto", "auto", False, "cpu"), ("cpu", "auto", True, "cpu"),
+    ("auto", False, True, "cpu"), ("cuda", "auto", True, "cuda"), ("auto", True, True, "cuda"),
+])
+def test_device(device, use_gpu, cuda, expected):
+    train, resources = TrainSpec(device=device), ResourcesSpec(use_gpu=use_gpu)
+    assert trial_facts.device_type(train, resources, cuda) == expected
+
+
+@pytest.mark.parametrize("device, use_gpu", [("cuda", "auto"), ("auto", True)])
+def test_a_gpu_asked_for_where_there_is_none_is_refused(device, use_gpu):
+    with pytest.raises(UserError, match="set use_gpu: auto"):
+        trial_facts.device_type(TrainSpec(device=device), ResourcesSpec(use_gpu=use_gpu), cuda_available=False)
+
+
+def test_attention():
+    assert trial_facts.attention("auto", "cuda", flash_attn=True) == "flash_attention_2"
+    assert trial_facts.attention("auto", "cuda", flash_attn=False) == "sdpa"
+    assert trial_facts.attention("auto", "cpu", flash_attn=True) == "sdpa"
+    assert trial_facts.attention("eager", "cuda", flash_attn=True) == "eager"
+    assert trial_facts.planned_attention("auto") == "sdpa"
+
+
+def test_levels_recompute_more_in_their_memory_order():
+    assert [trial_facts.memory_order(lv) for lv in CHECKPOINT_LEVELS] == list(range(len(CHECKPOINT_LEVELS)))
+    r = {lv: trial_facts.regions(lv) for lv in CHECKPOINT_LEVELS}
+    assert not any(vars(r["none"]).values()) and r["full"].layer
+    assert r["L1"].mlp and not r["L1"].attention and r["L2"].attention and not r["L2"].qkv and r["L3"].qkv
+    assert trial_facts.refused_attention("L2", "eager") and not trial_facts.refused_attention("L1", "eager")
