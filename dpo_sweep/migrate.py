@@ -18,6 +18,8 @@ Standard library only: config.py imports it.
 from __future__ import annotations
 
 import math
+
+from dpo_sweep.results_dir import ResultsDir
 from typing import Any, Mapping
 
 # --- space files ------------------------------------------------------------------------------
@@ -72,7 +74,7 @@ def objective_as_today(name: str, direction: Any, spec: Mapping[str, Any]) -> tu
 def objective_note_line(note: str, name: str, direction: str) -> str:
     """The line ``report`` and ``recommend`` print for an objective read as ``name: direction``
     (``note``: :func:`objective_as_today`'s)."""
-    return (f"note: objectives.{note.removeprefix(_READ_FROM)} of DIR/space.yaml read as {name}: {direction} "
+    return (f"note: objectives.{note.removeprefix(_READ_FROM)} of DIR/{ResultsDir.SPACE} read as {name}: {direction} "
             "(the time objective is throughput now)")
 
 
