@@ -77,7 +77,8 @@ def attention(requested: str, device: str, flash_attn: bool) -> str:
 
 def planned_attention(requested: str) -> str:
     """The attention the memory model sizes: ``auto`` as sdpa, whichever of flash-attn and sdpa the
-    worker picks (:func:`attention`): both save the same tensors."""
+    worker picks (:func:`attention`): without padding both save the same tensors; with padding
+    sdpa saves more (a mask: k/v repeated to every head, a bias per layer), the safe side."""
     return attention(requested, "cpu", flash_attn=False)
 
 

@@ -55,8 +55,8 @@ with ``padding_free`` the real tokens of the ``micro_batch`` longest pairs in on
 them, ``2 x micro_batch x max_length``. Attention through sdpa or flash-attn saves
 q, k, v (GQA-sized), the output and the log-sum-exp, linear in tokens; ``eager`` also saves the
 ``T x T`` probabilities. A micro-batch with padding gives sdpa a mask: then k and v are repeated
-to every head and each layer keeps a ``T x T`` bias per row (:func:`_attention_internal_bytes`). ``benchmarks/memory_model_check.py`` compares this with every committed
-H200 measurement.
+to every head and each layer keeps a ``T x T`` bias per row (:func:`_attention_internal_bytes`).
+``benchmarks/memory_model_check.py`` compares this with every committed H200 measurement.
 """
 from __future__ import annotations
 
@@ -247,9 +247,9 @@ def first_backward_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *
     nothing; ``full``: all of it) and the gradients its MLP's backward holds at once beside those
     of the layer's output and residual input: of the down projection's input, of gate and up, and
     silu's derivative (four MLP-wide tensors); liger's SwiGLU writes the gradients of gate and up
-    into the storage of its saved inputs, so only the product's gradient is new (one). Checked against the NVML peaks of
-    benchmarks/results/user_case_h200/ (Qwen2 and Mistral shapes at 4k-32k tokens) and
-    benchmarks/memory_model_check.py's rows."""
+    into the storage of its saved inputs, so only the product's gradient is new (one). Checked
+    against the NVML peaks of benchmarks/results/user_case_h200/ (Qwen2 and Mistral shapes at
+    4k-32k tokens) and benchmarks/memory_model_check.py's rows."""
     kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len, masked=masked)
     recompute = layer_saved_bytes_per_token(s, b, "none", **kw) - layer_saved_bytes_per_token(s, b, level, **kw)
     mlp_grads = 1 if liger else 4

@@ -208,7 +208,8 @@ class SweepPlan:
         if self.full_grid:
             return []
         if not self._runoff.tried:
-            return [self._cfgs[r.trial_id] for r in self._runoff_rows(mark=False)]
+            leaders, edges = self._runoff_picks()
+            return [self._cfgs[r.trial_id] for r in leaders + edges]
         return [j.source for j in self._runoff.queue]
 
     def restored(self) -> set[str]:
@@ -377,7 +378,8 @@ class SweepPlan:
     def _runoff_round(self) -> list[Job]:
         """The next round of runoffs (see plan/runoff.py): the recommendation's finalists, then
         the frontier's ties, none timed in full before, within what is left of the cap."""
-        leaders, edges = self._runoff_picks(mark=True)
+        leaders, edges = self._runoff_picks()
+        self._runoff.mark(leaders + edges, self._measure.group_of)
         for rows, why in ((leaders, "tied with the fastest within the step-time noise"),
                           (edges, "tie on the memory/throughput frontier")):
             if rows:
@@ -385,21 +387,19 @@ class SweepPlan:
                                        "step times; timing each in full at its grad_acc")
         return [self._runoff_job(self._cfgs[r.trial_id]) for r in leaders + edges]
 
-    def _runoff_rows(self, mark: bool) -> list[TrialResult]:
-        leaders, edges = self._runoff_picks(mark)
-        return leaders + edges
-
-    def _runoff_picks(self, mark: bool) -> tuple[list[TrialResult], list[TrialResult]]:
-        """(finalists, frontier ties) of a round from the rows measured so far; ``mark``: given
-        their runoff now (else a look only: a tie found twice is picked once either way)."""
+    def _runoff_picks(self) -> tuple[list[TrialResult], list[TrialResult]]:
+        """(finalists, frontier ties) of a round from the rows measured so far, none timed in full
+        before, within what is left of the cap; nothing marked (the round marks what it runs)."""
         left, group_of = runoff_cap(len(self._measure.groups)) - len(self._runoff.tried), self._measure.group_of
-        leaders = self._runoff.untried(finalists(self._fitting_rows(), usable_gb=None, limit=None), group_of,
-                                       min(left, RUNOFF_MAX), mark)
-        ties = frontier_ties(self._fitting_rows(margin=None), limit=None)
-        if not mark:  # what marking the leaders would have kept out
-            taken = {(group_of[r.trial_id], r.grad_acc) for r in leaders}
-            ties = [r for r in ties if (group_of[r.trial_id], r.grad_acc) not in taken]
-        edges = self._runoff.untried(ties, group_of, left - len(leaders), mark)
+        taken = set(self._runoff.tried)
+
+        def pick(rows: list[TrialResult], limit: int) -> list[TrialResult]:
+            picked = [r for r in rows if (group_of[r.trial_id], r.grad_acc) not in taken][:limit]
+            taken.update((group_of[r.trial_id], r.grad_acc) for r in picked)
+            return picked
+
+        leaders = pick(finalists(self._fitting_rows(), usable_gb=None, limit=None), min(left, RUNOFF_MAX))
+        edges = pick(frontier_ties(self._fitting_rows(margin=None), limit=None), left - len(leaders))
         return leaders, edges
 
     def _fitting_rows(self, margin: float | None = RUNOFF_SAFETY_MARGIN) -> list[TrialResult]:

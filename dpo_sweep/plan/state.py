@@ -120,15 +120,9 @@ class RunoffState:
     tried: set[tuple[str, int]] = field(default_factory=set)
     times: dict[tuple[str, int], TrialResult] = field(default_factory=dict)
 
-    def untried(self, rows: list[TrialResult], group_of: dict[str, str], limit: int,
-                mark: bool = True) -> list[TrialResult]:
-        """The first ``limit`` of ``rows`` whose (measurement_key, grad_acc) had no runoff yet,
-        marked as given one now (``mark``; unmarked: a look only)."""
-        picked = [r for r in rows if (group_of[r.trial_id], r.grad_acc) not in self.tried][:limit]
-        if mark:
-            self.tried.update((group_of[r.trial_id], r.grad_acc) for r in picked)
-        return picked
-
+    def mark(self, rows: list[TrialResult], group_of: dict[str, str]) -> None:
+        """``rows``' (measurement_key, grad_acc) given their runoff now."""
+        self.tried.update((group_of[r.trial_id], r.grad_acc) for r in rows)
 
 @dataclass
 class RowState:

@@ -200,8 +200,9 @@ class SweepRecorder(tune.Callback):
     def left_s(self) -> float:
         """The estimate of what is left: the configurations without a row, at the share of their
         tokens that this run's trials ran per row written (measure trials run a shorter
-        accumulation, and rows share them), plus the learning trials rows wait for and the queued
-        runoffs, which run at their configuration's own accumulation, whole."""
+        accumulation, and rows share them), plus the learning trials rows wait for and the runoffs
+        due (:meth:`~dpo_sweep.plan.schedule.SweepPlan.runoffs_due`), which run at their
+        configuration's own accumulation, whole."""
         share = self.run_tokens / self.done_tokens if self.done_tokens and self.run_tokens else 1.0
         rows_left = sum(self.tokens.get(t, 1) for t in self.plan.unwritten())
         whole = [*self.plan.learning_due(), *self.plan.runoffs_due()]

@@ -38,17 +38,21 @@ class LengthProfile:
         """Per pair, its tokens packed padding-free (:func:`~dpo_sweep.train.batching.packed_tokens`)."""
         return [2 * p + c + r for p, c, r in zip(self.prompt, self.chosen, self.rejected)]
 
-    def worst_micro_batch(self, micro_batch: int, padding_free: bool) -> tuple[int, int]:
-        """(tokens, longest row) of the micro-batch with the most the worst-case step runs
-        (:func:`~dpo_sweep.train.batching.worst_case_order`). Padded: the ``micro_batch`` widest
-        pairs, 2 x micro_batch rows of the widest width; packed: the ``micro_batch`` pairs with
-        the most tokens, in one row."""
+    def _worst_pairs(self, micro_batch: int, padding_free: bool) -> list[int]:
+        """The pairs of the micro-batch with the most the worst-case step runs
+        (:func:`~dpo_sweep.train.batching.worst_case_order`): padded, the ``micro_batch`` widest;
+        packed, the ``micro_batch`` with the most tokens."""
         size = self.packed() if padding_free else self.widths
-        longest = sorted(range(len(size)), key=lambda i: -size[i])[:micro_batch]
+        return sorted(range(len(size)), key=lambda i: -size[i])[:micro_batch]
+
+    def worst_micro_batch(self, micro_batch: int, padding_free: bool) -> tuple[int, int]:
+        """(tokens, longest row) of that micro-batch: padded, 2 x micro_batch rows of the widest
+        width; packed, its pairs' tokens in one row."""
+        longest = self._worst_pairs(micro_batch, padding_free)
         if not padding_free:
             width = self.widths[longest[0]]
             return 2 * len(longest) * width, width
-        tokens = sum(size[i] for i in longest)
+        tokens = sum(self.packed()[i] for i in longest)
         return tokens, tokens
 
     def worst_micro_batch_padded(self, micro_batch: int, padding_free: bool) -> bool:
@@ -56,10 +60,9 @@ class LengthProfile:
         pairs shorter than the widest. Packed into one row, it has none."""
         if padding_free:
             return False
-        longest = sorted(range(len(self.widths)), key=lambda i: -self.widths[i])[:micro_batch]
+        longest = self._worst_pairs(micro_batch, padding_free)
         width = self.widths[longest[0]]
         return any(self.prompt[i] + r < width for i in longest for r in (self.chosen[i], self.rejected[i]))
-
 
 def histogram(values: Sequence[int], bins: int = HISTOGRAM_BINS) -> dict[str, list[int]]:
     """Counts of ``values`` in ``bins`` equal-width integer bins: ``{"edges": [lo0, ..., hi], "counts"}``;
