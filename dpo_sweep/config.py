@@ -278,9 +278,9 @@ class TrainSpec(_Strict):
     )
     worst_case_step: bool = Field(
         True,
-        description="After the steps, run one more step on the longest pairs (the longest "
-        "micro-batch the run can meet): its peak is peak_mem_gb; it is left out of step times, "
-        "tokens/s and the loss statistics.",
+        description="After the steps, run one more step on the longest pairs (two micro-steps, the "
+        "longest micro-batch the run can meet last, while the first one's gradients are alive): its "
+        "peak is peak_mem_gb; it is left out of step times, tokens/s and the loss statistics.",
     )
     evaluate: bool = Field(
         True,

@@ -48,6 +48,7 @@ class Job:
     key: str   # its measurement_key (measure, runoff) or learning_key (learn)
     source: TrialConfig  # the space's configuration it runs for (cfg is that one, changed for the job)
     note: str = ""  # learn: why it runs in the space's precision (stability_note), else ""
+    times_row: bool = False  # learn: it times its source in full too, in place of its runoff
 
     @classmethod
     def of(cls, kind: JobKind, source: TrialConfig, cfg: TrialConfig, key: str, note: str = "",
@@ -56,6 +57,24 @@ class Job:
         jid = job_id(kind, source, variant)
         cfg = cfg if cfg.trial_id == jid else cfg.model_copy(update={"trial_id": jid})
         return cls(jid, cfg, kind, key, source, note)
+
+
+@dataclass(frozen=True)
+class Due:
+    """A trial the plan will run (or runs), as far as it is known now, for the estimate of what is
+    left: its configuration as it runs, and its optimizer step's time when a measurement of that
+    configuration gives it (ms; NaN for one not measured yet)."""
+
+    cfg: TrialConfig
+    kind: JobKind
+    step_ms: float
+
+
+def without_worst_case(cfg: TrialConfig) -> TrialConfig:
+    """``cfg`` for a trial whose peak no row takes (a runoff, a learning trial): no worst-case step
+    after its steps (``train.worst_case_step``): the row's peak is its measurement's, and the
+    extra step would cost one more full step (6-7 s of a 3B at grad_acc 32 on the H200)."""
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"worst_case_step": False})})
 
 
 def without_eval(cfg: TrialConfig) -> TrialConfig:

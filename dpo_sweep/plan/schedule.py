@@ -26,7 +26,11 @@ of :mod:`~dpo_sweep.plan.state`):
    fastest in the space's own precision, with a note (console and ``stability_note``). A row is
    handed out when its measurement ends, its stability columns ``pending``, and handed out again
    (:meth:`SweepPlan.take_replaced`) when its learning trial ends; a resumed sweep's pending rows
-   (``measured``) are kept, and only their learning trial runs.
+   (``measured``) are kept, and only their learning trial runs. A learning trial in its
+   configuration's own precision and model runs that configuration at its real grad_acc: it
+   times it in full (``Job.times_row``), so it runs before the runoff and in place of that
+   configuration's runoff. Learning trials and runoffs run no worst-case step (no row takes
+   their peak), and each says as it starts what it costs and why.
 
 5. The **runoff** (:mod:`~dpo_sweep.plan.runoff`): once every group is measured, the rows the
    recommendation would weigh - fitting the budget, their throughput tied within its p10-p90
@@ -49,7 +53,7 @@ from typing import Callable, Mapping, Sequence
 from dpo_sweep import budget
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted
-from dpo_sweep.plan.jobs import Job, JobKind, without_eval
+from dpo_sweep.plan.jobs import Due, Job, JobKind, job_id, without_eval, without_worst_case
 from dpo_sweep.plan.levers import trainable_params
 from dpo_sweep.plan.memory import MemoryEstimate, ModelShape, model_shape, predict_peak_gb
 from dpo_sweep.plan.rows import LearningSource, pending_stability, with_stability
@@ -140,7 +144,10 @@ class SweepPlan:
     # --- what the Searcher asks -------------------------------------------------------------
 
     def next_job(self) -> Job | None:
-        job = self._next_measurement() or self._next_runoff() or self._next_learning()
+        # A learning trial in the rows' own precision runs before the runoff: it times its
+        # configuration in full at the real effective batch, which that configuration's runoff would.
+        job = (self._next_measurement() or self._next_learning(timing=True) or self._next_runoff()
+               or self._next_learning())
         if job is not None:
             self._running[job.job_id] = job
         self._emit_ready()
@@ -171,9 +178,9 @@ class SweepPlan:
 
     def take_replaced(self) -> list[TrialResult]:
         """Rows already handed out by :meth:`take_output` whose numbers changed since (a runoff
-        timed them in full): to rewrite in results.csv."""
+        timed them in full, their learning trial ended): to rewrite in results.csv, each once."""
         rows, self._out.replaced = self._out.replaced, []
-        return rows
+        return list({r.trial_id: r for r in rows}.values())
 
     def take_notes(self) -> list[str]:
         notes, self._out.notes = self._out.notes, []
@@ -188,29 +195,57 @@ class SweepPlan:
         still pending (its learning trial has not ended), in the space's order."""
         return [t for t in self._order if t not in self._out.written or t in self._out.pending]
 
-    def learning_due(self) -> list[TrialConfig]:
-        """One configuration of each learning set-up whose written rows wait for a learning trial
-        that has not started, as that trial would run (``learning_config``): what is left to run
-        besides the unwritten configurations (the recorder's estimate)."""
+    def trials_due(self) -> list[Due]:
+        """The trials still to start, as far as the plan knows them now (the recorder's estimate
+        of what is left): the pending measurements not predicted over their budget, one learning
+        trial per set-up whose rows wait for one, and the runoffs - the queued ones once the runoff
+        phase has begun (a later round is known only when this one has ended); before it, the first
+        round that the rows measured so far would call for, less the configurations their learning
+        trials will time. Each with its step time when a measurement gives it."""
+        if self.full_grid:
+            return [Due(g.measuring, JobKind.MEASURE, math.nan) for g in self._measure.pending()]
+        due = [Due(cfg, JobKind.MEASURE, math.nan) for g in self._measure.pending()
+               if not self.over_budget(cfg := g.measuring.model_copy(update={"grad_acc": measure_grad_acc(g.measuring)}))]
+        learning = self._learning_due()
+        due += [Due(j.cfg, JobKind.LEARN, self._known_step_ms(j.source)) for j in learning]
+        if self._runoff.rounds:
+            runoffs = [j.source for j in self._runoff.queue]
+        else:
+            timed = {j.source.trial_id for j in learning if j.times_row}
+            leaders, edges = self._runoff_picks()
+            runoffs = [self._cfgs[r.trial_id] for r in leaders + edges if r.trial_id not in timed]
+        return due + [Due(self._runoff_job(c).cfg, JobKind.RUNOFF, self._known_step_ms(c)) for c in runoffs]
+
+    def running_due(self) -> dict[str, Due]:
+        """The running jobs by job id, each with its step time when a measurement gives it."""
+        return {jid: Due(j.cfg, j.kind, math.nan if j.kind is JobKind.MEASURE else self._known_step_ms(j.source))
+                for jid, j in self._running.items()}
+
+    def _learning_due(self) -> list[Job]:
+        """The learning trial each set-up's written rows still wait for, not started yet: the one the
+        plan will run when every configuration of the set-up is measured, else as it would run on
+        what is measured so far (the fastest measured ok configuration; the first pending one when
+        none is)."""
         running = {j.key for j in self._running_of(JobKind.LEARN)}
-        due = {}
-        for t in self._out.pending:
+        due: dict[str, Job] = {}
+        for t in self.unfinished():
             lkey = self._learn.key_of[t]
-            if lkey not in self._learn.learned and lkey not in running and not self._measure.own_learning(self._cfgs[t]):
-                due.setdefault(lkey, learning_config(self._cfgs[t]))
+            if lkey in self._learn.learned or lkey in running or lkey in due or self._measure.own_learning(self._cfgs[t]):
+                continue
+            cfgs = [self._cfgs[c] for c, k in self._learn.key_of.items() if k == lkey]
+            ok = [c for c in cfgs if self._measure.of(c).measured_ok]
+            job = self._learning_job(ok, lkey) if ok else None
+            if job is None:
+                cfg = self._cfgs[t]
+                job = Job.of(JobKind.LEARN, cfg, without_worst_case(learning_config(cfg)), lkey)
+            due[lkey] = job
         return list(due.values())
 
-    def runoffs_due(self) -> list[TrialConfig]:
-        """The configurations of the runoffs still to start, for the recorder's estimate: the
-        queued ones once the runoff phase has begun (a later round is known only when this one has
-        ended); before it, the first round that the rows measured so far would call for. The
-        space's configurations, as the runoffs run them (whole, at their own grad_acc)."""
-        if self.full_grid:
-            return []
-        if not self._runoff.tried:
-            leaders, edges = self._runoff_picks()
-            return [self._cfgs[r.trial_id] for r in leaders + edges]
-        return [j.source for j in self._runoff.queue]
+    def _known_step_ms(self, cfg: TrialConfig) -> float:
+        """``cfg``'s step time as its row has it now (runoff over extrapolated); NaN when its group
+        is not measured ok yet."""
+        group = self._measure.of(cfg)
+        return self._time_row(cfg, group).step_time_ms if group.measured_ok else math.nan
 
     def restored(self) -> set[str]:
         """The configurations whose rows a resumed sweep kept (``measured``): only learned now."""
@@ -314,7 +349,9 @@ class SweepPlan:
             return None
         return self.over_budget(lcfg)
 
-    def _next_learning(self) -> Job | None:
+    def _next_learning(self, timing: bool = False) -> Job | None:
+        """The next learning trial; ``timing``: only one that also times its configuration in full
+        (:meth:`_times_its_row`), which runs before the runoff."""
         needing = {self._learn.key_of[t] for t in self.unfinished()}
         running = {j.key for j in self._running_of(JobKind.LEARN)}
         for lkey in dict.fromkeys(self._learn.key_of.values()):
@@ -329,38 +366,77 @@ class SweepPlan:
             if full:
                 self._learn.learned[lkey] = LearningSource.of(full[0], self._measure.of(full[0]).result)
                 continue
-            return self._learning_job(ok, lkey)
+            if not ok:
+                self._learn.learned[lkey] = None  # no configuration of it measured ok: no stability
+                continue
+            job = self._learning_job(ok, lkey)
+            if timing and not job.times_row:
+                continue
+            self._hand_out_learning(job)
+            return job
         return None
 
-    def _learning_job(self, ok: list[TrialConfig], lkey: str) -> Job | None:
-        """The learning trial of a set-up whose measured ok configurations are ``ok``: the fastest
-        whose learning configuration fits, else the fastest in the space's precision, noted."""
+    def _learning_job(self, ok: list[TrialConfig], lkey: str) -> Job:
+        """The learning trial of a set-up whose measured ok configurations are ``ok`` (not empty):
+        the fastest (by the step time its row has now: a runoff's over an extrapolation) whose
+        learning configuration fits, else the fastest in the space's precision, with its note.
+        Pure: nothing is marked or said (:meth:`_hand_out_learning` does)."""
         def fastest(cfgs: list[TrialConfig]) -> TrialConfig | None:
-            return pick_learning_trial(cfgs, predict=lambda _c: 0.0, budget_gb=math.inf, step_ms=self._measure.step_ms)
+            return pick_learning_trial(cfgs, predict=lambda _c: 0.0, budget_gb=math.inf, step_ms=self._known_step_ms)
 
         ran_out = self._learn.ran_out.get(lkey)
         reasons = {c.trial_id: ran_out or self._learning_over_budget(c) for c in ok}
+        note = ""
         if (pick := fastest([c for c in ok if reasons[c.trial_id] is None])) is not None:
-            return Job.of(JobKind.LEARN, pick, learning_config(pick), lkey)
-        if (pick := fastest(ok)) is None:
-            self._learn.learned[lkey] = None
-            return None
-        cfg = learning_config(pick, precision=pick.train.precision)
-        job = Job.of(JobKind.LEARN, pick, cfg, lkey, variant=cfg.train.precision if ran_out else "")
-        wanted = pick.train.learning_precision_resolved()
-        why = ran_out or (f"no configuration of its set-up fits (it would have been {pick.trial_id}, "
-                          f"{reasons[pick.trial_id].removeprefix('pruned: ')})")
-        note = f"learning trial {job.job_id} runs in {cfg.train.precision}, the space's precision: in {wanted} {why}"
-        self._out.notes.append(f"note: {note}")
-        return replace(job, note=note)
+            cfg, variant = learning_config(pick), ""
+        else:
+            pick = fastest(ok)
+            cfg = learning_config(pick, precision=pick.train.precision)
+            variant = cfg.train.precision if ran_out else ""
+            wanted = pick.train.learning_precision_resolved()
+            why = ran_out or (f"no configuration of its set-up fits (it would have been {pick.trial_id}, "
+                              f"{reasons[pick.trial_id].removeprefix('pruned: ')})")
+            note = (f"learning trial {job_id(JobKind.LEARN, pick, variant)} runs in {cfg.train.precision}, the space's precision: in {wanted} {why}")
+        job = Job.of(JobKind.LEARN, pick, without_worst_case(cfg), lkey, note=note, variant=variant)
+        return replace(job, times_row=self._times_its_row(job))
+
+    def _times_its_row(self, job: Job) -> bool:
+        """A learning trial times its configuration in full, as its runoff would: it runs in that
+        configuration's precision and model (only its steps, warm-up and evaluation differ, none of
+        which a step's time depends on), whose row's step time is extrapolated and not timed yet."""
+        src = job.source
+        return ((job.cfg.train.precision, job.cfg.model) == (src.train.precision, src.model)
+                and self._time_row(src, self._measure.of(src)).step_time_source == "extrapolated"
+                and (self._measure.group_of[src.trial_id], src.grad_acc) not in self._runoff.tried)
+
+    def _hand_out_learning(self, job: Job) -> None:
+        """Say what ``job`` costs and why; mark the configuration it times."""
+        if job.note:
+            self._out.notes.append(f"note: {job.note}")
+        steps, ms = job.cfg.train.steps, self._known_step_ms(job.source)
+        cost = f", ~{_seconds(steps * ms / 1e3)} of steps at {_seconds(ms / 1e3)} each" if math.isfinite(ms) else ""
+        line = (f"learning: {job.job_id} runs {steps} steps at grad_acc {job.cfg.grad_acc}{cost}: a stability "
+                f"verdict needs {steps} steps at the real effective batch ({job.cfg.effective_batch()} pairs)")
+        if job.times_row:
+            key = (self._measure.group_of[job.source.trial_id], job.source.grad_acc)
+            self._runoff.tried.add(key)
+            self._runoff.by_learning.add(key)
+            line += f"; it times {job.source.trial_id} in full too, in place of a runoff"
+        self._out.notes.append(line)
 
     def _finish_learning(self, job: Job, result: TrialResult) -> None:
         if result.status == "oom" and job.cfg.train.precision != job.source.train.precision:
             # The memory model under-predicted the learning precision (it can by up to 6.8 %): learn
             # in the space's precision instead, as when it is predicted not to fit.
             self._learn.ran_out[job.key] = f"{job.job_id} ran out of memory"
-        else:
-            self._learn.learned[job.key] = LearningSource.of(job.cfg, result, job.note)
+            return
+        self._learn.learned[job.key] = LearningSource.of(job.cfg, result, job.note)
+        if job.times_row:
+            if result.status == "ok":
+                self._take_full_time(job, result)
+            else:  # a runoff may time it yet
+                self._runoff.tried.discard((self._measure.group_of[job.source.trial_id], job.source.grad_acc))
+                self._runoff.by_learning.discard((self._measure.group_of[job.source.trial_id], job.source.grad_acc))
 
     # --- the runoff phase ----------------------------------------------------------------------
 
@@ -370,8 +446,8 @@ class SweepPlan:
         if not self._runoff.queue:
             if self._measure.ongoing():
                 return None  # the fastest is known once every group is measured
-            if self._running_of(JobKind.RUNOFF):
-                return None  # the next round reads the times this one brings
+            if self._running_of(JobKind.RUNOFF) or any(j.times_row for j in self._running_of(JobKind.LEARN)):
+                return None  # the next round reads the times this one (or a learning trial) brings
             self._runoff.queue = self._runoff_round()
         return self._runoff.queue.pop(0) if self._runoff.queue else None
 
@@ -379,18 +455,21 @@ class SweepPlan:
         """The next round of runoffs (see plan/runoff.py): the recommendation's finalists, then
         the frontier's ties, none timed in full before, within what is left of the cap."""
         leaders, edges = self._runoff_picks()
+        self._runoff.rounds += 1
         self._runoff.mark(leaders + edges, self._measure.group_of)
         for rows, why in ((leaders, "tied with the fastest within the step-time noise"),
                           (edges, "tie on the memory/throughput frontier")):
             if rows:
+                steps = self._cfgs[rows[0].trial_id].train.steps
+                costs = ", ".join(_seconds(steps * r.step_time_ms / 1e3) for r in rows)
                 self._out.notes.append(f"runoff: {', '.join(r.trial_id for r in rows)} {why} on extrapolated "
-                                       "step times; timing each in full at its grad_acc")
+                                       f"step times; timing each in full at its grad_acc ({steps} steps: ~{costs})")
         return [self._runoff_job(self._cfgs[r.trial_id]) for r in leaders + edges]
 
     def _runoff_picks(self) -> tuple[list[TrialResult], list[TrialResult]]:
         """(finalists, frontier ties) of a round from the rows measured so far, none timed in full
         before, within what is left of the cap; nothing marked (the round marks what it runs)."""
-        left, group_of = runoff_cap(len(self._measure.groups)) - len(self._runoff.tried), self._measure.group_of
+        left, group_of = runoff_cap(len(self._measure.groups)) - self._runoff.runoffs_run(), self._measure.group_of
         taken = set(self._runoff.tried)
 
         def pick(rows: list[TrialResult], limit: int) -> list[TrialResult]:
@@ -417,17 +496,23 @@ class SweepPlan:
         return rows
 
     def _runoff_job(self, cfg: TrialConfig) -> Job:
-        return Job.of(JobKind.RUNOFF, cfg, without_eval(cfg), self._measure.group_of[cfg.trial_id])
+        return Job.of(JobKind.RUNOFF, cfg, without_worst_case(without_eval(cfg)), self._measure.group_of[cfg.trial_id])
 
     def _finish_runoff(self, job: Job, result: TrialResult) -> None:
-        group = self._measure.groups[job.key]
         if result.status != "ok":
             self._out.notes.append(f"runoff: {job.job_id} {result.status}; its rows keep the extrapolated step time")
             return
-        grad_acc = job.cfg.grad_acc
+        self._take_full_time(job, result)
+
+    def _take_full_time(self, job: Job, result: TrialResult) -> None:
+        """``job`` (a runoff, or a learning trial that timed its configuration) measured its
+        source's step time in full: its group's rows at that grad_acc take it, rewritten if written."""
+        gkey = self._measure.group_of[job.source.trial_id]
+        group, grad_acc = self._measure.groups[gkey], job.source.grad_acc
         before = self._time_row(job.source, group)
-        self._runoff.times[(job.key, grad_acc)] = result
-        self._out.notes.append(f"runoff: {job.job_id} {result.step_time_ms:.0f} ms per step in full "
+        self._runoff.times[(gkey, grad_acc)] = result
+        timed = "" if job.kind is JobKind.RUNOFF else f" timed {job.source.trial_id}:"
+        self._out.notes.append(f"{job.kind}: {job.job_id}{timed} {result.step_time_ms:.0f} ms per step in full "
                                f"(extrapolated {before.step_time_ms:.0f} ms)")
         for m in group.members:
             if m.grad_acc == grad_acc and m.trial_id in self._out.written and (row := self._row_of(m, group)):
@@ -468,6 +553,11 @@ class SweepPlan:
         if row.stability == PENDING:
             self._out.pending.add(row.trial_id)
         self._out.rows.append(row)
+
+
+def _seconds(s: float) -> str:
+    """``12 s``, ``0.8 s``: a cost said before it runs."""
+    return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
 
 
 def _trainable(cfg: TrialConfig, shapes: Mapping[ModelSpec, ModelShape]) -> int | None:

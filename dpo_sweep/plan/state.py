@@ -119,6 +119,12 @@ class RunoffState:
     queue: list[Job] = field(default_factory=list)
     tried: set[tuple[str, int]] = field(default_factory=set)
     times: dict[tuple[str, int], TrialResult] = field(default_factory=dict)
+    by_learning: set[tuple[str, int]] = field(default_factory=set)  # tried by a learning trial: no runoff's cost
+    rounds: int = 0  # the runoff rounds begun
+
+    def runoffs_run(self) -> int:
+        """The runoff trials started (what the cap bounds): not the learning trials that timed a row."""
+        return len(self.tried - self.by_learning)
 
     def mark(self, rows: list[TrialResult], group_of: dict[str, str]) -> None:
         """``rows``' (measurement_key, grad_acc) given their runoff now."""

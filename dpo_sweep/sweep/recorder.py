@@ -2,11 +2,11 @@
 the planner (:class:`~dpo_sweep.plan.schedule.SweepPlan`), and every results row the planner then
 has ready appended to results.csv / steps.csv at once (a killed sweep keeps every finished row;
 ``--resume`` skips them), with its progress line (the sweep's elapsed time and an estimate of what
-is left); and the same-failure early stop (:mod:`~dpo_sweep.sweep.stopping`)."""
+is left: :mod:`~dpo_sweep.sweep.estimate`); and the same-failure early stop
+(:mod:`~dpo_sweep.sweep.stopping`)."""
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -20,28 +20,9 @@ from dpo_sweep.records import TrialResult, replace_results, widened_line, write_
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.collector import CollectedTrial, TrialCollector
 from dpo_sweep.sweep.console import say
+from dpo_sweep.sweep.estimate import EndedTrial, SweepEstimate
 from dpo_sweep.sweep.output_dir import save_environment
 from dpo_sweep.sweep.stopping import Ending, StopRequest, same_early_failure
-
-
-def trial_tokens(cfg: TrialConfig) -> int:
-    """What a configuration's trial costs, as a proxy: the tokens its optimizer steps go through at
-    most (steps x grad_acc x micro_batch x max_length); a step's time grows with them."""
-    return cfg.train.steps * cfg.grad_acc * cfg.micro_batch * cfg.train.max_length
-
-
-def eta_s(s_per_token: Sequence[float], left_tokens: float, concurrent: int, run_share: float = 1.0) -> float:
-    """What is left: the tokens of the configurations without a row (:func:`trial_tokens`) at the
-    median pace of this run's finished trials (seconds per token of what each ran; the median, as
-    the first trial also waited for Ray and its worker), times ``run_share`` - the tokens trials
-    ran per token of the rows they wrote (below 1 when rows share a measurement or were measured
-    at a shorter accumulation) - ``concurrent`` at a time. A configuration with 4x the tokens of
-    the finished ones counts 4x. NaN before a trial has finished."""
-    if left_tokens <= 0:
-        return 0.0
-    if not s_per_token:
-        return math.nan
-    return statistics.median(s_per_token) * left_tokens * run_share / max(1, concurrent)
 
 
 def duration(seconds: float) -> str:
@@ -79,10 +60,12 @@ def console_error(error: str) -> str:
     return first if len(first) <= CONSOLE_ERROR_CHARS else first[:CONSOLE_ERROR_CHARS - 3].rstrip() + "..."
 
 
-def running_line(running: Sequence[tuple[str, float]], elapsed_s: float) -> str:
-    """``  running: t003 (1 min 05 s), t004 (12 s) | 2 min 10 s elapsed``: what a quiet sweep is doing."""
+def running_line(running: Sequence[tuple[str, float]], elapsed_s: float, left_s: float = math.nan) -> str:
+    """``  running: t003 (1 min 05 s), t004 (12 s) | 2 min 10 s elapsed, ~3 min 20 s left``: what a
+    quiet sweep is doing (the estimate when known)."""
     named = ", ".join(f"{trial_id} ({duration(s)})" for trial_id, s in running)
-    return f"  running: {named} | {duration(elapsed_s)} elapsed"
+    return f"  running: {named} | {duration(elapsed_s)} elapsed" + (
+        f", ~{duration(left_s)} left" if math.isfinite(left_s) else "")
 
 
 def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float = math.nan,
@@ -140,9 +123,7 @@ class SweepRecorder(tune.Callback):
     (a picklable reference: Tune pickles its callbacks with the experiment state)."""
 
     def __init__(self, out_dir: Path, plan: SweepPlan, total: int, already_done: int,
-                 stop: StopRequest | None = None, concurrent: int = 1, trials: Sequence[TrialConfig] = ()) -> None:
-        """``trials``: this run's configurations, which weight the estimate of what is left (one
-        not given counts as one token)."""
+                 stop: StopRequest | None = None, concurrent: int = 1) -> None:
         self.out_dir = out_dir
         # The plan's jobs hold the configs the sweep already validated: a Tune trial's config
         # dict is only looked up here (by its trial id), never validated again.
@@ -159,10 +140,8 @@ class SweepRecorder(tune.Callback):
         self.started_at = time.monotonic()
         self.last_said = self.started_at  # when the last progress line was printed (heartbeat)
         self.trial_started: dict[str, float] = {}
-        self.tokens = {t.trial_id: trial_tokens(t) for t in trials}
-        self.trial_s_per_token: list[float] = []  # each ended Ray trial's wall over what it ran
-        self.run_tokens = 0   # what this run's ended Ray trials ran
-        self.done_tokens = 0  # the rows this run wrote for configurations that ran (not pruned ones)
+        self.estimate = SweepEstimate()
+        self.last_end: float | None = None  # when the last Ray trial ended
 
     def _cfg(self, trial: Any) -> TrialConfig:
         return self.plan.job(trial.config["trial"]["trial_id"]).cfg
@@ -181,13 +160,7 @@ class SweepRecorder(tune.Callback):
             replace_results(self.out_dir, replaced)
             for line in stability_lines(replaced):
                 say(line)
-        # What is left: the configurations still without a row. Counted once per flush: the rows
-        # of one flush are all done, and a burst of them (rows that waited for one learning trial)
-        # read as if most of the sweep were still to run when counted one by one.
-        for row in rows:
-            if row.status != "pruned":  # a pruned configuration took no trial time
-                self.done_tokens += self.tokens.get(row.trial_id, 1)
-        left = self.left_s()
+        left = self.left_s()  # once per flush: the rows of one flush are all done
         # The rows that ran first: a row pruned for the memory of a trial of the same flush (it ran
         # out) follows that trial's own line. results.csv keeps the plan's order.
         for row in sorted(rows, key=lambda r: r.status == "pruned"):
@@ -198,17 +171,11 @@ class SweepRecorder(tune.Callback):
         return rows
 
     def left_s(self) -> float:
-        """The estimate of what is left: the configurations without a row, at the share of their
-        tokens that this run's trials ran per row written (measure trials run a shorter
-        accumulation, and rows share them), plus the learning trials rows wait for and the runoffs
-        due (:meth:`~dpo_sweep.plan.schedule.SweepPlan.runoffs_due`), which run at their
-        configuration's own accumulation, whole."""
-        share = self.run_tokens / self.done_tokens if self.done_tokens and self.run_tokens else 1.0
-        rows_left = sum(self.tokens.get(t, 1) for t in self.plan.unwritten())
-        whole = [*self.plan.learning_due(), *self.plan.runoffs_due()]
-        whole_left = sum(trial_tokens(c) if self.tokens else 1 for c in whole)
-        return (eta_s(self.trial_s_per_token, rows_left, self.concurrent, share)
-                + eta_s(self.trial_s_per_token, whole_left, self.concurrent))
+        """The estimate of what is left (:mod:`~dpo_sweep.sweep.estimate`): the trials the plan
+        has still to start and the running ones, less what these ran."""
+        now, running = time.monotonic(), self.plan.running_due()
+        ran = [(due, now - self.trial_started[jid]) for jid, due in running.items() if jid in self.trial_started]
+        return self.estimate.left_s(self.plan.trials_due(), ran, self.concurrent)
 
     def _end(self, done: CollectedTrial) -> None:
         job_id = done.result.trial_id
@@ -219,14 +186,14 @@ class SweepRecorder(tune.Callback):
             # The workers' machine, not the driver's: replaces the driver-side environment.json.
             save_environment(self.out_dir, say, done.environment)
             self.worker_environment_written = True
-        job = self.plan.job(job_id)
+        job, now = self.plan.job(job_id), time.monotonic()
         started = self.trial_started.pop(job_id, None)
         if started is not None:
-            # What it ran: its own grad_acc (a shorter one, measuring); 1 when the recorder was
-            # given no configurations (rows count 1 each then).
-            ran = trial_tokens(job.cfg) if self.tokens else 1
-            self.trial_s_per_token.append((time.monotonic() - started) / ran)
-            self.run_tokens += ran
+            # One trial at a time: its share of the wall runs from the last one's end (Tune's wait
+            # to start it included); several at a time: from its own start.
+            since = max(started, self.last_end) if self.concurrent == 1 and self.last_end is not None else started
+            self.estimate.add(EndedTrial.of(job.kind, job.cfg, done.result, now - since))
+        self.last_end = now
         r = done.result
         self.endings.append(Ending(job_id, r.status, len(done.steps), r.error))
         self.plan.finish(job_id, r, done.steps)
@@ -251,7 +218,7 @@ class SweepRecorder(tune.Callback):
         if now - self.last_said < HEARTBEAT_S or not self.trial_started:
             return
         running = sorted(((t, now - started) for t, started in self.trial_started.items()), key=lambda x: -x[1])
-        say(running_line(running, now - self.started_at))
+        say(running_line(running, now - self.started_at, self.left_s()))
         self.last_said = now
 
     def on_trial_start(self, iteration, trials, trial, **info):

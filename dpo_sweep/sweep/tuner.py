@@ -108,7 +108,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
         drop_rows(out_dir, {r.trial_id for r in pending} - kept)  # their groups are measured again
         out(f"resume: {len(kept)} row(s) already measured wait only for their learning trial")
     out(plan.summary_line())
-    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent, trials=todo)
+    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent)
     for key, value in TUNE_DRIVER_ENV.items():
         os.environ.setdefault(key, value)
     logging.getLogger(RESULT_GRID_LOGGER).setLevel(logging.ERROR)

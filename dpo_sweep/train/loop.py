@@ -47,6 +47,7 @@ from dpo_sweep.train import evaluation, knobs, metrics
 from dpo_sweep.train.adapters import InBackwardOptimizer
 from dpo_sweep.train.batching import MicroBatch, flop_token_counts
 from dpo_sweep.train.loss import dpo_loss
+from dpo_sweep.train.order import worst_case_micro_steps
 from dpo_sweep.train.reference import missing_rows
 from dpo_sweep.train.setup import (
     Logger,
@@ -199,8 +200,8 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     clock.step_started()
     poison = _inject(cfg, step, setup.rank)
     worst = step > cfg.train.steps  # the worst-case step, after the steps: the longest pairs
-    # cfg.grad_acc unless train.grad_acc_schedule; the worst-case batches are cut for cfg.grad_acc
-    grad_acc = cfg.grad_acc if worst else setup.grad_acc_schedule.for_step(step)
+    # cfg.grad_acc unless train.grad_acc_schedule; the worst case: its own few (order.worst_case_micro_steps)
+    grad_acc = worst_case_micro_steps(cfg.grad_acc) if worst else setup.grad_acc_schedule.for_step(step)
     beta = knobs.seed_beta(step, cfg.train.steps, cfg.beta) if cfg.train.beta_schedule == "seed" else cfg.beta
     device_sums = torch.zeros(len(metrics.DEVICE_SUMS), dtype=torch.float64, device=setup.device)
     host_counts = metrics.HostCounts()  # known without the device

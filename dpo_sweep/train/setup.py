@@ -30,7 +30,7 @@ from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference
 from dpo_sweep.train.order import pair_length, usable_pairs
-from dpo_sweep.train.reference import ReferenceTables, pairs_read, table_key
+from dpo_sweep.train.reference import ReferenceTables, pairs_read, reference_batches, table_key
 from dpo_sweep.train.tokenizer import tokenized_pairs
 from dpo_sweep.train.warm_state import WarmState
 
@@ -222,18 +222,21 @@ def _reference_table(reference: SequenceLogProbs, data: TrialData, cfg: TrialCon
 def precompute_reference(reference: SequenceLogProbs, ds: PairDataset, cfg: TrialConfig, device: torch.device,
                          pad_id: int) -> torch.Tensor:
     """Log-probs of every pair of ``ds`` under ``reference``, ``[N, 2]`` (chosen, rejected), in
-    micro-batches of the trial's micro_batch."""
+    the batches of :func:`~dpo_sweep.train.reference.reference_batches` (``ds`` longest first).
+    The allocator's cache is emptied after it on CUDA: the steps' peaks are their own."""
     table = torch.zeros(len(ds), 2, dtype=torch.float32)
-    for start in range(0, len(ds), cfg.micro_batch):
-        idx = list(range(start, min(start + cfg.micro_batch, len(ds))))
+    widths = [pair_length(p) for p in ds.pairs]
+    for idx in reference_batches(widths, cfg.micro_batch, chunked_head=cfg.train.logp_chunk_tokens > 0):
         batch = collate([ds.pairs[i] for i in idx], idx, pad_id, cfg.train.padding_side)
         has_padding = bool((batch.attention_mask == 0).any())
         batch = batch.to(device)
         with autocast(cfg, device):
             logps, _ = reference(*forward_inputs(batch, has_padding))
         pairs = len(idx)
-        table[start:start + pairs, 0] = logps[:pairs].float().cpu()
-        table[start:start + pairs, 1] = logps[pairs:].float().cpu()
+        table[idx, 0] = logps[:pairs].float().cpu()
+        table[idx, 1] = logps[pairs:].float().cpu()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return table
 
 

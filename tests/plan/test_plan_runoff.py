@@ -100,18 +100,37 @@ from dpo_sweep.records import read_csv_rows, replace_results, write_results  # n
 from tests.plan.test_plan_schedule import drive, estimate, run, space  # noqa: E402
 
 
+def learning_apart(trials):
+    """``trials`` learning in another precision than theirs (bf16-mixed): their learning trials
+    cannot time a row, so the runoffs time every one."""
+    return [t.model_copy(update={"train": t.train.model_copy(update={"learning_precision": "bf16-mixed"})})
+            for t in trials]
+
+
+def timers(jobs):
+    """The jobs that timed a configuration in full: runoffs, and learning trials that did it in
+    place of one (they run in the rows' precision, before the runoff)."""
+    return [j for j in jobs if j.kind == JobKind.RUNOFF or j.times_row]
+
+
 def test_tied_extrapolated_configurations_are_timed_in_full_after_every_measurement():
     # Two levels at grad_acc 8, measured at 2: the stand-in times them alike, so they tie.
     trials = space(checkpoint_level=["none", "L1"], grad_acc=[8], beta=[0.1, 0.2])
     jobs, rows = drive(SweepPlan(trials, estimate=estimate))
     kinds = [j.kind for j in jobs]
-    assert kinds[:2] == [JobKind.MEASURE, JobKind.MEASURE] and kinds[2:4] == [JobKind.RUNOFF, JobKind.RUNOFF]  # after both measurements
+    # After both measurements: the first beta's learning trial times the fastest (none) in full at the
+    # real effective batch, then a runoff the other; the second beta's learning trial times nothing new.
+    assert kinds == [JobKind.MEASURE, JobKind.MEASURE, JobKind.LEARN, JobKind.RUNOFF, JobKind.LEARN]
+    assert [(j.cfg.grad_acc, j.cfg.checkpoint_level, j.kind) for j in timers(jobs)] == [
+        (8, "none", JobKind.LEARN), (8, "L1", JobKind.RUNOFF)]
     runoff = [j for j in jobs if j.kind == JobKind.RUNOFF]
-    assert [(j.cfg.grad_acc, j.cfg.checkpoint_level) for j in runoff] == [(8, "none"), (8, "L1")]
     assert all(j.job_id.endswith("-runoff") for j in runoff)
     assert not any(j.cfg.train.evaluate for j in runoff)  # a time, no held-batch loss
-    for r in rows.values():  # both betas of each level take their level's runoff
-        level = next(j for j in runoff if j.cfg.checkpoint_level == r.checkpoint_level)
+    # No worst-case step where no row takes the peak: the rows' peaks are their measurements'.
+    assert not any(j.cfg.train.worst_case_step for j in jobs if j.kind != JobKind.MEASURE)
+    assert all(j.cfg.train.worst_case_step for j in jobs if j.kind == JobKind.MEASURE)
+    for r in rows.values():  # both betas of each level take their level's time in full
+        level = next(j for j in timers(jobs) if j.cfg.checkpoint_level == r.checkpoint_level)
         assert (r.step_time_source, r.timed_by, r.measured_by) == ("runoff", level.job_id, r.measured_by)
         assert r.measured_by != level.job_id  # the memory still comes from the short measurement
 
@@ -123,13 +142,14 @@ def test_a_finalist_must_fit_the_budget_less_the_recommendation_margin():
     trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
     plan = SweepPlan(trials, estimate=estimate, budget_gb=15.5, margin=0.5)
     jobs, rows = drive(plan)
-    assert [j.cfg.checkpoint_level for j in jobs if j.kind == JobKind.RUNOFF] == ["L1", "none"]
+    # The learning trial times the fastest measured (none: every row fits the learning precision) first.
+    assert [(j.cfg.checkpoint_level, j.kind) for j in timers(jobs)] == [("none", JobKind.LEARN), ("L1", JobKind.RUNOFF)]
     assert {r.checkpoint_level: r.step_time_source for r in rows.values()} == {"none": "runoff", "L1": "runoff"}
-    l1, none = (next(t.trial_id for t in trials if t.checkpoint_level == c) for c in ("L1", "none"))
+    l1 = next(t.trial_id for t in trials if t.checkpoint_level == "L1")
     notes = plan.take_notes()
+    # 14 steps at the stand-in's extrapolated 830 ms: ~12 s (what the runoff costs, said before it runs)
     assert f"runoff: {l1} tied with the fastest within the step-time noise on extrapolated step times; " \
-           "timing each in full at its grad_acc" in notes
-    assert any(n.startswith(f"runoff: {none} tie on the memory/throughput frontier") for n in notes)
+           "timing each in full at its grad_acc (14 steps: ~12 s)" in notes
 
 
 def _timed(job, tps, spread):
@@ -158,8 +178,8 @@ def test_runoff_rounds_go_on_until_the_frontier_has_no_tie_left():
 
     plan = SweepPlan(trials, estimate=estimate)
     jobs, rows = drive(plan, outcome)
-    runoffs = [j.cfg.checkpoint_level for j in jobs if j.kind == JobKind.RUNOFF]
-    assert runoffs == ["none", "L1", "L2"]
+    assert [(j.cfg.checkpoint_level, j.kind) for j in timers(jobs)] == [
+        ("none", JobKind.LEARN), ("L1", JobKind.RUNOFF), ("L2", JobKind.RUNOFF)]
     assert {r.checkpoint_level: round(r.tokens_per_s) for r in rows.values()} == full
     assert all(r.step_time_source == "runoff" for r in rows.values())
     assert _frontier(list(rows.values())) == {r.trial_id for r in rows.values()}  # each leaner, each slower
@@ -170,20 +190,21 @@ def test_runoff_rounds_go_on_until_the_frontier_has_no_tie_left():
 def test_runoffs_stop_at_the_cap(monkeypatch):
     from dpo_sweep.plan import schedule
 
-    monkeypatch.setattr(schedule, "runoff_cap", lambda measurements: 2)  # the same sweep, capped at 2
+    monkeypatch.setattr(schedule, "runoff_cap", lambda measurements: 1)  # the same sweep, capped at 1 runoff
     trials = space(checkpoint_level=["none", "L1", "L2"], grad_acc=[8])
     short = {"none": (965.0, 0.005), "L1": (960.0, 0.005), "L2": (875.0, 0.07)}
     full = {"none": 965.0, "L1": 940.0, "L2": 850.0}
     jobs, rows = drive(SweepPlan(trials, estimate=estimate), lambda j: _timed(
         j, *short[j.cfg.checkpoint_level]) if j.kind == JobKind.MEASURE else _timed(j, full[j.cfg.checkpoint_level], 0.001))
-    assert [j.cfg.checkpoint_level for j in jobs if j.kind == JobKind.RUNOFF] == ["none", "L1"]
+    # The learning trial's timing is no runoff (it runs anyway): none by it, L1 by the one runoff.
+    assert [(j.cfg.checkpoint_level, j.kind) for j in timers(jobs)] == [("none", JobKind.LEARN), ("L1", JobKind.RUNOFF)]
     assert rows[next(t.trial_id for t in trials if t.checkpoint_level == "L2")].step_time_source == "extrapolated"
     from dpo_sweep.plan.runoff import runoff_cap
     assert runoff_cap(25) == 12 and runoff_cap(5) == 3  # one per two measurements, at least 3
 
 
 def test_rows_written_before_their_runoff_ended_are_handed_back_rewritten():
-    trials = space(grad_acc=[8])
+    trials = learning_apart(space(grad_acc=[8]))
     plan = SweepPlan(trials, estimate=estimate)
     measure = plan.next_job()
     plan.finish(measure.job_id, *run(measure))
@@ -204,7 +225,7 @@ def test_rows_written_before_their_runoff_ended_are_handed_back_rewritten():
 
 
 def test_a_runoff_that_fails_leaves_the_extrapolated_time_and_says_so():
-    trials = space(grad_acc=[8])
+    trials = learning_apart(space(grad_acc=[8]))
     plan = SweepPlan(trials, estimate=estimate)
     jobs, rows = drive(plan, outcome=lambda j: run(j, status="oom") if j.kind == JobKind.RUNOFF else run(j))
     assert [j.kind for j in jobs].count(JobKind.RUNOFF) == 1
@@ -237,7 +258,7 @@ def test_a_peak_at_exactly_the_usable_budget_fits():
     # The plan: both levels peak at 22.80 GB on a 24 GB card, tie, and are timed in full.
     trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
     jobs, _ = drive(SweepPlan(trials, estimate=estimate, budget_gb=24.0), lambda job: run(job, peak_gb=22.80))
-    assert [j.cfg.checkpoint_level for j in jobs if j.kind == JobKind.RUNOFF] == ["none", "L1"]
+    assert [j.cfg.checkpoint_level for j in timers(jobs)] == ["none", "L1"]
 
 
 def test_a_resumed_row_timed_by_a_runoff_keeps_the_runoff_time_after_its_learning_trial():
@@ -245,7 +266,7 @@ def test_a_resumed_row_timed_by_a_runoff_keeps_the_runoff_time_after_its_learnin
     # learning trial ended and the row written again from the restored copy: extrapolated again.
     from tests.plan.test_plan_schedule import collect
 
-    trials = space(grad_acc=[8])
+    trials = learning_apart(space(grad_acc=[8]))
     first = SweepPlan(trials, estimate=estimate)
     measure = first.next_job()
     first.finish(measure.job_id, *run(measure))
@@ -266,16 +287,57 @@ def test_a_resumed_row_timed_by_a_runoff_keeps_the_runoff_time_after_its_learnin
     assert row.stability_from == jobs[1].job_id
 
 
-def test_runoffs_due_previews_the_round_the_rows_so_far_call_for_then_the_queue():
-    trials = space(checkpoint_level=["none", "L1"], grad_acc=[8])
+def test_trials_due_previews_the_round_the_rows_so_far_call_for_then_the_queue():
+    trials = learning_apart(space(checkpoint_level=["none", "L1"], grad_acc=[8]))
     plan = SweepPlan(trials, estimate=estimate)
+
+    def due(kind):
+        return [(d.cfg.trial_id, d.step_ms) for d in plan.trials_due() if d.kind == kind]
+
+    assert [t for t, _ in due(JobKind.MEASURE)] == [t.trial_id for t in trials]
+    assert all(math.isnan(ms) for _, ms in due(JobKind.MEASURE))  # not measured: no step time
     first = plan.next_job()
     plan.finish(first.job_id, *run(first))
-    assert [c.trial_id for c in plan.runoffs_due()] == [first.cfg.trial_id]  # the fastest so far, extrapolated
+    # the fastest so far, extrapolated (t_opt 30 ms + 8 x 100 ms), at its grad_acc
+    assert due(JobKind.RUNOFF) == [(first.source.trial_id + "-runoff", 830.0)]
+    assert [(t, ms) for t, ms in due(JobKind.LEARN)] == [(first.source.trial_id + "-learning", 830.0)]
     second = plan.next_job()
     plan.finish(second.job_id, *run(second))
-    assert not plan.take_notes()  # a look: nothing said, nothing marked
-    due = [c.trial_id for c in plan.runoffs_due()]
+    assert not [n for n in plan.take_notes() if n.startswith("runoff")]  # a look: nothing said, nothing marked
+    ahead = [t for t, _ in due(JobKind.RUNOFF)]
     runoff = plan.next_job()  # the round starts: the same two
-    assert runoff.kind == JobKind.RUNOFF and due == [runoff.source.trial_id] + [c.trial_id for c in plan.runoffs_due()]
-    assert len(due) == 2 and SweepPlan(trials, estimate=estimate, full_grid=True).runoffs_due() == []
+    assert runoff.kind == JobKind.RUNOFF and ahead == [runoff.job_id] + [t for t, _ in due(JobKind.RUNOFF)]
+    assert len(ahead) == 2 and due(JobKind.MEASURE) == []
+    assert plan.running_due()[runoff.job_id].step_ms == 830.0
+    full = SweepPlan(trials, estimate=estimate, full_grid=True)
+    assert {d.kind for d in full.trials_due()} == {JobKind.MEASURE} and len(full.trials_due()) == 2
+
+
+def test_a_learning_trial_in_the_rows_precision_times_its_row_in_place_of_a_runoff():
+    trials = space(grad_acc=[8])
+    plan = SweepPlan(trials, estimate=estimate)
+    measure = plan.next_job()
+    plan.finish(measure.job_id, *run(measure))
+    (ahead,) = plan.trials_due()  # the learning trial alone: it will time the row, no runoff due
+    learn = plan.next_job()
+    assert (ahead.kind, learn.kind, learn.times_row, learn.cfg.grad_acc) == (JobKind.LEARN, JobKind.LEARN, True, 8)
+    notes = plan.take_notes()
+    assert any(n.startswith(f"learning: {learn.job_id} runs 16 steps at grad_acc 8, ~13 s of steps at 0.8 s each: "
+                            "a stability verdict needs 16 steps at the real effective batch")
+               and n.endswith(f"it times {trials[0].trial_id} in full too, in place of a runoff") for n in notes), notes
+    result, steps = run(learn)
+    plan.finish(learn.job_id, dataclasses.replace(result, step_time_ms=900.0), steps)
+    assert plan.next_job() is None and not plan.running()
+    (row,) = plan.take_replaced()
+    assert (row.step_time_ms, row.step_time_source, row.timed_by, row.stability_from) == (
+        900.0, "runoff", learn.job_id, learn.job_id)
+    assert f"learn: {learn.job_id} timed {trials[0].trial_id}: 900 ms per step in full (extrapolated 830 ms)" in plan.take_notes()
+
+
+def test_a_learning_trial_that_diverges_leaves_the_timing_to_a_runoff():
+    trials = space(grad_acc=[8])
+    jobs, rows = drive(SweepPlan(trials, estimate=estimate),
+                       lambda j: run(j, status="diverged") if j.kind == JobKind.LEARN else run(j))
+    assert [(j.kind, j.times_row) for j in jobs] == [(JobKind.MEASURE, False), (JobKind.LEARN, True), (JobKind.RUNOFF, False)]
+    (row,) = rows.values()
+    assert (row.step_time_source, row.timed_by) == ("runoff", jobs[2].job_id)

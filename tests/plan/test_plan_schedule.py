@@ -144,11 +144,13 @@ def test_short_accumulation_runs_two_micro_steps_and_extrapolates_the_step_time(
     jobs, rows = drive(SweepPlan(trials, estimate=estimate))
     measure = [j for j in jobs if j.kind == JobKind.MEASURE]
     assert [(j.job_id, j.cfg.grad_acc) for j in measure] == [(trials[0].trial_id, 2)]
-    # grad_acc 64 is the fastest (tokens/s) and alone: the runoff times it in full (test_plan_runoff.py)
-    assert [j.job_id for j in jobs if j.kind == JobKind.RUNOFF] == [trials[1].trial_id + "-runoff"]
+    # Two effective batches, two learning set-ups: each one's learning trial times its configuration in
+    # full at its grad_acc, in place of a runoff (test_plan_runoff.py); no runoff is left to run.
+    assert [j.job_id for j in jobs if j.kind != JobKind.MEASURE] == [t.trial_id + "-learning" for t in trials]
+    assert all(j.times_row for j in jobs if j.kind == JobKind.LEARN)
     for t in trials:
         r = rows[t.trial_id]
-        assert r.grad_acc == t.grad_acc and r.step_time_source == ("runoff" if t.grad_acc == 64 else "extrapolated")
+        assert r.grad_acc == t.grad_acc and (r.step_time_source, r.timed_by) == ("runoff", t.trial_id + "-learning")
         assert r.step_time_ms == pytest.approx(T_OPT_MS + t.grad_acc * T_MICRO_MS)
         # tokens/s: the measured rate scaled by the work per step over the time per step
         assert r.tokens_per_s == pytest.approx(1000.0 * t.grad_acc / r.step_time_ms)

@@ -42,11 +42,11 @@ class FakePlan:
     def take_replaced(self):
         return []
 
-    def learning_due(self):
+    def trials_due(self):
         return []
 
-    def runoffs_due(self):
-        return []
+    def running_due(self):
+        return {}
 
     def unwritten(self):
         return []
@@ -61,13 +61,15 @@ def test_a_pruned_row_follows_the_row_whose_memory_it_needed(tmp_path, capsys):
     assert (tmp_path / "results.csv").read_text().splitlines()[1].startswith("t002")  # the file keeps the plan's order
 
 
-def test_a_quiet_sweep_says_what_is_running(tmp_path, capsys):
+def test_a_quiet_sweep_says_what_is_running(tmp_path, capsys, monkeypatch):
     rec = recorder.SweepRecorder(tmp_path, FakePlan([]), total=2, already_done=0)
+    monkeypatch.setattr(rec, "left_s", lambda: 100.0)  # the estimate is priced in test_sweep_stopping.py
     start = rec.started_at
     rec.trial_started = {"t000": start, "t001": start + 20}
     rec.heartbeat(start + 10)  # under HEARTBEAT_S since the start: quiet
     assert capsys.readouterr().out == ""
     rec.heartbeat(start + 65)
-    assert capsys.readouterr().out.strip() == "running: t000 (1 min 05 s), t001 (45 s) | 1 min 05 s elapsed"
+    assert capsys.readouterr().out.strip() == ("running: t000 (1 min 05 s), t001 (45 s) | 1 min 05 s elapsed, "
+                                               "~1 min 40 s left")
     rec.heartbeat(start + 80)  # 15 s after that line
     assert capsys.readouterr().out == ""

@@ -104,18 +104,51 @@ def test_recorder_asks_for_the_stop_after_two_alike_failures_and_writes_no_row_f
     assert "[2/3] t001" in capsys.readouterr().out
 
 
-def test_eta_weights_what_is_left_by_its_tokens_at_the_pace_so_far():
-    # Finished trials took 10 s per 1,000 tokens (the median: the first one also waited for its
-    # worker); left: two of 4,000 tokens (grad_acc 4): 80 s, not the 20 s of counting trials.
-    pace = [0.010, 0.010, 0.050]
-    assert recorder.eta_s(pace, left_tokens=8000, concurrent=1) == pytest.approx(80.0)
-    assert recorder.eta_s(pace, left_tokens=8000, concurrent=2) == pytest.approx(40.0)
-    # Rows sharing one measurement: the trials ran half the tokens of the rows they wrote.
-    assert recorder.eta_s(pace, left_tokens=8000, concurrent=1, run_share=0.5) == pytest.approx(40.0)
-    assert recorder.eta_s(pace, left_tokens=0, concurrent=1) == 0.0
-    assert math.isnan(recorder.eta_s([], left_tokens=1000, concurrent=1))
-    assert recorder.trial_tokens(make_cfg(grad_acc=4, micro_batch=2, steps=3)) == 3 * 4 * 2 * 64  # max_length 64
+def _ended(kind, cost_s, measure_s, tokens, once_s=0.0):
+    from dpo_sweep.sweep.estimate import EndedTrial
+
+    return EndedTrial(kind, cost_s, measure_s, once_s, tokens)
+
+
+def test_what_is_left_is_priced_trial_by_trial():
+    from dpo_sweep.plan.jobs import Due, JobKind
+    from dpo_sweep.sweep.estimate import REFERENCE_SHARE, SweepEstimate, trial_tokens
+
+    est = SweepEstimate()
+    measure = make_cfg(trial_id="m", grad_acc=2, micro_batch=2, steps=3)  # 3 x 2 x 2 x 64 tokens
+    assert trial_tokens(measure) == 3 * 2 * 2 * 64
+    assert math.isnan(est.left_s([Due(measure, JobKind.MEASURE, math.nan)], []))  # nothing ended: unknown
+    # The first trial (cold): 30 s, 6 s of steps, 15 s of imports and tokenising a warm worker skips.
+    est.add(_ended(JobKind.MEASURE, 30.0, 6.0, trial_tokens(measure), once_s=15.0))
+    assert est.fixed_s() == 9.0 and est.pace_s_per_token() == pytest.approx(6.0 / 768)
+    assert est.trial_s(Due(measure, JobKind.MEASURE, math.nan)) == pytest.approx(9.0 + 6.0)
+    # Later trials give the fixed cost themselves: the median of theirs, the first's left out.
+    est.add(_ended(JobKind.MEASURE, 10.0, 6.0, 768))
+    est.add(_ended(JobKind.MEASURE, 12.0, 6.0, 768))
+    assert est.fixed_s() == 5.0
+    # A learning trial of a measured configuration: its steps at that step time (no worst-case
+    # step), and the reference pass of its pairs; a runoff: its steps only.
+    learn = make_cfg(trial_id="l", grad_acc=8, micro_batch=2, steps=16, worst_case_step=False, reference="precomputed")
+    assert est.trial_s(Due(learn, JobKind.LEARN, 500.0)) == pytest.approx(5.0 + 16 * 0.5 * (1 + REFERENCE_SHARE))
+    runoff = make_cfg(trial_id="r", grad_acc=8, micro_batch=2, steps=4, worst_case_step=True)
+    assert est.trial_s(Due(runoff, JobKind.RUNOFF, 500.0)) == pytest.approx(5.0 + 5 * 0.5)  # with its worst case
+    # Running trials count less what they ran, never below 0; two at a time halve it.
+    due = [Due(runoff, JobKind.RUNOFF, 500.0)]
+    assert est.left_s(due, [(Due(runoff, JobKind.RUNOFF, 500.0), 4.0)]) == pytest.approx(7.5 + 3.5)
+    assert est.left_s(due, [(Due(runoff, JobKind.RUNOFF, 500.0), 60.0)]) == pytest.approx(7.5)
+    assert est.left_s(due, [], concurrent=2) == pytest.approx(3.75)
+    assert est.left_s([], []) == 0.0
     assert [recorder.duration(s) for s in (42.4, 185, 3720, math.nan)] == ["42 s", "3 min 05 s", "1 h 02 min", "?"]
+
+
+def test_trials_that_failed_before_a_step_price_what_is_left_by_their_whole_cost():
+    from dpo_sweep.plan.jobs import Due, JobKind
+    from dpo_sweep.sweep.estimate import SweepEstimate
+
+    est = SweepEstimate()
+    est.add(_ended(JobKind.MEASURE, 10.0, math.nan, 1000))
+    cfg = make_cfg(grad_acc=4, steps=3)
+    assert est.fixed_s() == 0.0 and est.trial_s(Due(cfg, JobKind.MEASURE, math.nan)) == pytest.approx(0.01 * 3 * 4 * 64)
 
 
 def test_progress_line_left_counts_longer_trials_longer(tmp_path, capsys, monkeypatch):
@@ -127,7 +160,7 @@ def test_progress_line_left_counts_longer_trials_longer(tmp_path, capsys, monkey
     plan = SweepPlan(trials, full_grid=True)
     clock = [0.0]
     monkeypatch.setattr(recorder.time, "monotonic", lambda: clock[0])
-    rec = recorder.SweepRecorder(tmp_path, plan, total=4, already_done=0, trials=trials)
+    rec = recorder.SweepRecorder(tmp_path, plan, total=4, already_done=0)
     for tune_id in ("a", "b"):
         job = plan.next_job()
         trial = _trial(tune_id, job.cfg.trial_id)
@@ -194,7 +227,7 @@ def test_rows_written_when_measured_count_their_learning_trial_in_what_is_left(t
     plan = SweepPlan(trials, estimate=estimate)
     clock = [0.0]
     monkeypatch.setattr(recorder.time, "monotonic", lambda: clock[0])
-    rec = recorder.SweepRecorder(tmp_path, plan, total=3, already_done=0, trials=trials)
+    rec = recorder.SweepRecorder(tmp_path, plan, total=3, already_done=0)
     kinds = []
     while (job := plan.next_job()) is not None:
         kinds.append(job.kind)
@@ -216,23 +249,23 @@ def test_rows_written_when_measured_count_their_learning_trial_in_what_is_left(t
     assert ended[0].split()[1].endswith("-learning") and "(learn, grad_acc 4)" in ended[0]
 
 
-def test_what_is_left_counts_learning_trials_and_queued_runoffs_whole(tmp_path):
-    # Measure trials ran a quarter of the tokens of the rows they wrote (grad_acc 2 of 8): the one
-    # configuration without a row is counted at that share; the learning trial its rows wait for
-    # and a queued runoff run at grad_acc 8, whole.
-    full = make_cfg(trial_id="t2", grad_acc=8, micro_batch=2, steps=3)
+def test_what_is_left_asks_the_plan_for_the_trials_due_and_the_running_ones(tmp_path, monkeypatch):
+    from dpo_sweep.plan.jobs import Due, JobKind
+
+    full = make_cfg(trial_id="t2-learning", grad_acc=8, micro_batch=2, steps=3, worst_case_step=False,
+                    reference="precomputed")
+    runoff = make_cfg(trial_id="t1-runoff", grad_acc=8, micro_batch=2, steps=3, worst_case_step=False)
 
     class Plan:
-        def unwritten(self):
-            return ["t2"]
+        def trials_due(self):
+            return [Due(full, JobKind.LEARN, 1000.0)]
 
-        def learning_due(self):
-            return [full]
+        def running_due(self):
+            return {"t1-runoff": Due(runoff, JobKind.RUNOFF, 1000.0)}
 
-        def runoffs_due(self):
-            return [full.model_copy(update={"trial_id": "t1-runoff"})]
-
-    rec = recorder.SweepRecorder(tmp_path, Plan(), total=3, already_done=2, trials=[full])
-    rec.trial_s_per_token, rec.run_tokens, rec.done_tokens = [0.001], 1000, 4000
-    tokens = recorder.trial_tokens(full)
-    assert rec.left_s() == pytest.approx(0.001 * (tokens * 0.25 + 2 * tokens))
+    monkeypatch.setattr(recorder.time, "monotonic", lambda: 100.0)
+    rec = recorder.SweepRecorder(tmp_path, Plan(), total=3, already_done=2)
+    rec.estimate.add(_ended(JobKind.MEASURE, 2.0, 1.0, 1000))  # 1 s outside the steps
+    rec.trial_started["t1-runoff"] = 99.0  # running for 1 s of its 1 + 3 x 1 s
+    # the learning trial: 1 + 3 s of steps + its reference pass (precomputed); the runoff: 3 s more
+    assert rec.left_s() == pytest.approx((1 + 3 + 0.25 * 3) + 3)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dpo_sweep.train.loop import run_trial
-from dpo_sweep.train.reference import ReferenceTables, pairs_read, table_key
+from dpo_sweep.train.reference import ReferenceTables, pairs_read, reference_batches, table_key
 from dpo_sweep.train.tokenizer import tokenized_pairs
 from dpo_sweep.train.warm_state import WarmState
 from tests.train.test_loop import write_ragged_pairs
@@ -74,3 +74,27 @@ def test_tables_fill_in_only_what_is_missing():
     assert n == 2 and calls == [[1, 5]] and table[5].tolist() == [5.0, -5.0] and math.isnan(table[0, 0])
     table, n = tables.table("k", 10, [5, 7, 1], compute)
     assert n == 1 and calls[-1] == [7]
+
+
+def test_reference_batches_fill_a_token_budget_longest_first_never_below_the_micro_batch():
+    widths = [2000, 1900, 1000, 900, 800, 100, 90, 80, 70]
+    batches = reference_batches(widths, micro_batch=1, chunked_head=True, budget_tokens=8192)
+    assert [i for b in batches for i in b] == list(range(len(widths)))  # every pair once, in order
+    # two rows per pair at the batch's widest: 2 x 2 x 2000 fits 8192, a third pair would not
+    assert batches[0] == [0, 1] and batches[1] == [2, 3, 4, 5] and batches[2] == [6, 7, 8]
+    for b in batches:
+        assert 2 * len(b) * max(widths[i] for i in b) <= 8192
+    # the trial's own micro-batch even past the budget; unchunked logits: the micro-batch only
+    assert reference_batches([4000] * 4, micro_batch=2, chunked_head=True, budget_tokens=8192) == [[0, 1], [2, 3]]
+    assert reference_batches([10] * 5, micro_batch=2, chunked_head=False) == [[0, 1], [2, 3], [4]]
+
+
+def test_batched_reference_gives_the_values_of_one_pair_at_a_time(cfg_factory, big_file):
+    """Batching the reference pass by tokens changes no loss: a trial whose pairs were computed
+    in batches of many pairs (micro_batch 1, chunked head) against one computed pair by pair."""
+    cfg = reference_cfg(cfg_factory, big_file, micro_batch=1, grad_acc=4)
+    batched = run_trial(cfg, log=None)
+    one_by_one = run_trial(reference_cfg(cfg_factory, big_file, micro_batch=1, grad_acc=4, logp_chunk_tokens=0),
+                           log=None)
+    torch.testing.assert_close(torch.tensor([s.loss for s in batched.steps]),
+                               torch.tensor([s.loss for s in one_by_one.steps]), rtol=1e-5, atol=1e-6)
