@@ -407,7 +407,12 @@ class SweepPlan:
         src = job.source
         return ((job.cfg.train.precision, job.cfg.model) == (src.train.precision, src.model)
                 and self._time_row(src, self._measure.of(src)).step_time_source == "extrapolated"
-                and (self._measure.group_of[src.trial_id], src.grad_acc) not in self._runoff.tried)
+                and self._timing_key(src) not in self._runoff.tried)
+
+    def _timing_key(self, cfg: TrialConfig) -> tuple[str, int]:
+        """What one timing in full serves: ``cfg``'s measurement group at its grad_acc (the
+        runoff state's keys)."""
+        return self._measure.group_of[cfg.trial_id], cfg.grad_acc
 
     def _hand_out_learning(self, job: Job) -> None:
         """Say what ``job`` costs and why; mark the configuration it times."""
@@ -418,7 +423,7 @@ class SweepPlan:
         line = (f"learning: {job.job_id} runs {steps} steps at grad_acc {job.cfg.grad_acc}{cost}: a stability "
                 f"verdict needs {steps} steps at the real effective batch ({job.cfg.effective_batch()} pairs)")
         if job.times_row:
-            key = (self._measure.group_of[job.source.trial_id], job.source.grad_acc)
+            key = self._timing_key(job.source)
             self._runoff.tried.add(key)
             self._runoff.by_learning.add(key)
             line += f"; it times {job.source.trial_id} in full too, in place of a runoff"
@@ -435,8 +440,8 @@ class SweepPlan:
             if result.status == "ok":
                 self._take_full_time(job, result)
             else:  # a runoff may time it yet
-                self._runoff.tried.discard((self._measure.group_of[job.source.trial_id], job.source.grad_acc))
-                self._runoff.by_learning.discard((self._measure.group_of[job.source.trial_id], job.source.grad_acc))
+                self._runoff.tried.discard(self._timing_key(job.source))
+                self._runoff.by_learning.discard(self._timing_key(job.source))
 
     # --- the runoff phase ----------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate
 from dpo_sweep.plan.jobs import Job
-from dpo_sweep.plan.rows import LearningSource, fitted_step_ms, shared_row
+from dpo_sweep.plan.rows import LearningSource, shared_row
 from dpo_sweep.plan.rules import learning_config
 from dpo_sweep.plan.runoff import timed_row
 from dpo_sweep.records import StepRecord, TrialResult
@@ -53,15 +53,6 @@ class Group:
         """``cfg`` is the configuration measured, and at its own grad_acc."""
         return self.measuring.trial_id == cfg.trial_id and self.ran_grad_acc == cfg.grad_acc
 
-    def step_ms(self, cfg: TrialConfig) -> float:
-        """Member ``cfg``'s step time from this measurement (inf when no step timed its micro-steps)."""
-        if cfg.trial_id in self.saved:
-            return self.saved[cfg.trial_id].step_time_ms
-        if cfg.grad_acc == self.ran_grad_acc:
-            return self.result.step_time_ms
-        ms = fitted_step_ms(self.steps, self.ran_grad_acc, cfg.grad_acc)
-        return ms if math.isfinite(ms) else math.inf
-
     def row(self, m: TrialConfig, runoff: TrialResult | None = None) -> TrialResult:
         """Member ``m``'s row from this measurement (a resumed sweep's: the row it restored), with
         ``runoff``'s time when it had one (its stability columns still to fill)."""
@@ -89,9 +80,6 @@ class MeasureState:
         """``cfg``'s own trial gives its stability columns: it ran in full, and (unless full_grid,
         where every row is its own) with exactly its set-up's learning steps and precision."""
         return self.of(cfg).ran_in_full(cfg) and (self.full_grid or learning_config(cfg) == cfg)
-
-    def step_ms(self, cfg: TrialConfig) -> float:
-        return self.of(cfg).step_ms(cfg)
 
     def pending(self) -> list[Group]:
         return [g for g in self.groups.values() if g.state is GroupState.PENDING]
