@@ -172,9 +172,11 @@ class SweepRecorder(tune.Callback):
 
     def left_s(self) -> float:
         """The estimate of what is left (:mod:`~dpo_sweep.sweep.estimate`): the trials the plan
-        has still to start and the running ones, less what these ran."""
+        has still to start and the running ones, less what these ran. A job the plan has handed
+        out that Tune has not started yet counts whole (it is no longer due; leaving it out made
+        the ETA drop by a learning trial between the last measurement and that trial's start)."""
         now, running = time.monotonic(), self.plan.running_due()
-        ran = [(due, now - self.trial_started[jid]) for jid, due in running.items() if jid in self.trial_started]
+        ran = [(due, now - self.trial_started.get(jid, now)) for jid, due in running.items()]
         return self.estimate.left_s(self.plan.trials_due(), ran, self.concurrent)
 
     def _end(self, done: CollectedTrial) -> None:

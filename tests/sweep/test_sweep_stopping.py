@@ -141,6 +141,21 @@ def test_what_is_left_is_priced_trial_by_trial():
     assert [recorder.duration(s) for s in (42.4, 185, 3720, math.nan)] == ["42 s", "3 min 05 s", "1 h 02 min", "?"]
 
 
+def test_an_unmeasured_learning_trial_or_runoff_is_priced_at_the_fastest_measured_pace():
+    """The plan runs learning trials and runoffs on the fastest rows: the median pace of slow
+    measurements (mb 1 at level full, first on the H200) priced them 50% high."""
+    from dpo_sweep.plan.jobs import Due, JobKind
+    from dpo_sweep.sweep.estimate import SweepEstimate, trial_tokens
+
+    est = SweepEstimate()
+    for measure_s in (12.0, 6.0, 9.0):  # three measure trials of 1,000 tokens; median 9 s, fastest 6 s
+        est.add(_ended(JobKind.MEASURE, measure_s + 1.0, measure_s, 1000))
+    cfg = make_cfg(grad_acc=4, steps=3, worst_case_step=False)
+    for kind in (JobKind.LEARN, JobKind.RUNOFF):
+        assert est.trial_s(Due(cfg, kind, math.nan)) == pytest.approx(1.0 + 0.006 * trial_tokens(cfg))
+    assert est.trial_s(Due(cfg, JobKind.MEASURE, math.nan)) == pytest.approx(1.0 + 0.009 * trial_tokens(cfg))
+
+
 def test_trials_that_failed_before_a_step_price_what_is_left_by_their_whole_cost():
     from dpo_sweep.plan.jobs import Due, JobKind
     from dpo_sweep.sweep.estimate import SweepEstimate
@@ -269,3 +284,25 @@ def test_what_is_left_asks_the_plan_for_the_trials_due_and_the_running_ones(tmp_
     rec.trial_started["t1-runoff"] = 99.0  # running for 1 s of its 1 + 3 x 1 s
     # the learning trial: 1 + 3 s of steps + its reference pass (precomputed); the runoff: 3 s more
     assert rec.left_s() == pytest.approx((1 + 3 + 0.25 * 3) + 3)
+
+
+def test_a_job_handed_out_but_not_started_yet_counts_whole_in_what_is_left(tmp_path, monkeypatch):
+    """On the H200 the ETA fell from ~3 min to ~1 min 28 s between the last measurement and the
+    learning trial's start: the plan had handed it out (not due any more) and Tune had not started it."""
+    from dpo_sweep.plan.jobs import Due, JobKind
+
+    learning = make_cfg(trial_id="t2-learning", grad_acc=8, micro_batch=2, steps=3, worst_case_step=False)
+
+    class Plan:
+        def trials_due(self):
+            return []
+
+        def running_due(self):
+            return {"t2-learning": Due(learning, JobKind.LEARN, 1000.0)}
+
+    monkeypatch.setattr(recorder.time, "monotonic", lambda: 100.0)
+    rec = recorder.SweepRecorder(tmp_path, Plan(), total=3, already_done=2)
+    rec.estimate.add(_ended(JobKind.MEASURE, 2.0, 1.0, 1000))  # 1 s outside the steps
+    assert rec.left_s() == pytest.approx(1 + 3)  # not started: the whole trial
+    rec.trial_started["t2-learning"] = 99.0
+    assert rec.left_s() == pytest.approx(1 + 3 - 1)
