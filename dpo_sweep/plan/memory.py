@@ -128,12 +128,21 @@ def _hf_config(spec: ModelSpec):
     return AutoConfig.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code)
 
 
+def shape_key(spec: ModelSpec) -> ModelSpec:
+    """What of ``spec`` its shape depends on (the config it is built from): the key of shapes built
+    elsewhere. The storage dtype, attention, kernels and lean ops change no parameter count: a
+    learning trial that drops ``model.dtype`` for bf16-mixed has its configuration's shape (keyed
+    by the whole spec, the H200 user case's driver built it again on the first trial's end,
+    importing torch and transformers: a 10.4 s Tune callback that held back the next trial)."""
+    return ModelSpec(preset=spec.preset, name_or_path=spec.name_or_path, trust_remote_code=spec.trust_remote_code)
+
+
 def model_shape(spec: ModelSpec, known: Mapping[ModelSpec, ModelShape] | None = None) -> ModelShape:
-    """The shape of ``spec``'s model: the one ``known`` gives (shapes built in another process:
-    ``dpo-sweep run``'s preflight builds them, so that the sweep's driver never imports torch or
-    transformers), else built here."""
-    shape = (known or {}).get(spec)
-    return shape if shape is not None else built_shape(spec)
+    """The shape of ``spec``'s model: the one ``known`` gives (shapes built in another process,
+    keyed by :func:`shape_key`: ``dpo-sweep run``'s preflight builds them, so that the sweep's
+    driver never imports torch or transformers), else built here."""
+    shape = (known or {}).get(shape_key(spec))
+    return shape if shape is not None else built_shape(shape_key(spec))
 
 
 @functools.lru_cache(maxsize=16)  # a cache of a pure function: the meta build costs ~1 s the first time

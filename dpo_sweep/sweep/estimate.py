@@ -9,18 +9,27 @@ new pairs, the teardown, the wait for the next trial) - plus its steps:
   that configuration's step time (its row's: a runoff's, else the extrapolation), and a learning
   trial on a precomputed reference first computes the reference of the pairs it reads, most of
   them new (:data:`REFERENCE_SHARE` of a step each step's pairs);
-- a measure trial, whose configuration is not measured yet, at the pace of the measure trials
-  that ended: their steps' seconds per token (:func:`trial_tokens`);
-- a learning trial or runoff whose configuration is not measured yet at the fastest of those
-  paces: the plan runs them on the fastest rows. (On the H200 user case the median pace of the
-  first two measurements, mb 1 and mb 2 at level full, priced the learning trial and the runoffs
-  at 7-12 s a step where they ran at 6.4-7.3 s: the ETA was 50% high in minutes 1-2.)
+- a measure trial, whose configuration is not measured yet, at the pace (seconds per token,
+  :func:`trial_tokens`) of the measured trials nearest it: the same micro-batch (else the nearest)
+  first, then the nearest checkpoint level. On the H200 user case a micro-batch of 1 ran its
+  tokens 1.3-1.9x slower than 2 to 8 did (its kernels too small to fill the GPU: 207-394 ms a
+  pair against 196-228), so the first measurement, mb 1 at level full, priced every other one
+  up to 1.9x high;
+- a learning trial or runoff whose configuration is not measured yet at the fastest measured
+  pace: the plan runs them on the fastest rows. (On the same case the median pace of the first
+  two measurements, mb 1 and mb 2 at level full, priced the learning trial and the runoffs at
+  7-12 s a step where they ran at 6.4-7.3 s: the ETA was 50% high in minutes 1-2.)
 
 Why not one pace per token for everything: on the H200 user case a learning trial of 16 steps at
-grad_acc 32 cost 136 s where the measure trials' token pace said 75, and the first trial's start
-(a cold worker: imports, tokenising, the weights from disk) put the first minute's estimate 2-3x
-over the truth. A warm worker pays those once, so the first trial's ``import`` and ``data``
-phases are left out of the fixed cost (:meth:`SweepEstimate.fixed_s`).
+grad_acc 32 cost 136 s where the measure trials' token pace said 75. And the first trial pays
+what a warm worker pays once: imports, tokenising, the weights' first read from disk and the
+reference pass of the pairs every measurement shares (its model phase took 11.7 s there, the
+later trials' 0.9-5.0 s), the kernels' first compile in its warm-up steps (its 34 micro-steps
+took 26.4 s; mb 1 at level L2, as long a step, took 13.2 s). Counted as every trial's fixed cost
+and pace, these put the first estimate 2.6x over the truth; so the first trial's ``import``,
+``data`` and ``model`` phases and its warm-up steps' excess (:func:`warmup_excess_s`) are left
+out of the fixed cost and of its pace (:meth:`SweepEstimate.fixed_s`): from the second trial on,
+the later trials' own costs price it.
 """
 from __future__ import annotations
 
@@ -31,7 +40,8 @@ from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.jobs import Due, JobKind
-from dpo_sweep.records import TrialResult
+from dpo_sweep.records import StepRecord, TrialResult
+from dpo_sweep.trial_facts import memory_order
 
 #: A reference pass (one forward, no gradients, batched by tokens) of one step's pairs, as a share
 #: of a training step's time (forward and backward, and the level's recompute).
@@ -44,6 +54,17 @@ def trial_tokens(cfg: TrialConfig) -> int:
     return cfg.train.steps * cfg.grad_acc * cfg.micro_batch * cfg.train.max_length
 
 
+def warmup_excess_s(steps: Sequence[StepRecord]) -> float:
+    """What the warm-up steps took over the measured steps' median (never below 0; 0 without
+    both): a fresh process's first steps compile and tune kernels."""
+    timed = [r.step_time_ms for r in steps if not r.worst_case and math.isfinite(r.step_time_ms)]
+    measured = [r.step_time_ms for r in steps if r.measured and not r.worst_case and math.isfinite(r.step_time_ms)]
+    warmup = len(timed) - len(measured)
+    if not measured or not warmup:
+        return 0.0
+    return max(0.0, (sum(timed) - sum(measured) - warmup * statistics.median(measured)) / 1e3)
+
+
 @dataclass(frozen=True)
 class EndedTrial:
     """What one ended trial tells about the next ones."""
@@ -51,13 +72,19 @@ class EndedTrial:
     kind: JobKind
     cost_s: float     # its share of the sweep's wall: from the previous trial's end (or its own start) to its end
     measure_s: float  # its optimizer steps (results.csv measure_s; NaN when it took none)
-    once_s: float     # what a warm worker pays once: its start-up's import and data phases
+    once_s: float     # of its start-up, what a warm worker pays once: the import, data and model phases
     tokens: int       # trial_tokens of what it ran
+    micro_batch: int = 1
+    level: str = "none"
+    warmup_s: float = 0.0  # its warm-up steps' excess over its measured steps (warmup_excess_s)
 
     @classmethod
-    def of(cls, kind: JobKind, cfg: TrialConfig, result: TrialResult, cost_s: float) -> EndedTrial:
-        once = sum(v for v in (result.startup_import_s, result.startup_data_s) if _finite(v))
-        return cls(kind, cost_s, result.measure_s if _finite(result.measure_s) else math.nan, once, trial_tokens(cfg))
+    def of(cls, kind: JobKind, cfg: TrialConfig, result: TrialResult, cost_s: float,
+           steps: Sequence[StepRecord] = ()) -> EndedTrial:
+        once = sum(v for v in (result.startup_import_s, result.startup_data_s, result.startup_model_s) if _finite(v))
+        measure = result.measure_s if _finite(result.measure_s) else math.nan
+        return cls(kind, cost_s, measure, once, trial_tokens(cfg), cfg.micro_batch, cfg.checkpoint_level,
+                   warmup_excess_s(steps) if _finite(measure) else 0.0)
 
 
 class SweepEstimate:
@@ -69,11 +96,17 @@ class SweepEstimate:
     def add(self, trial: EndedTrial) -> None:
         self.ended.append(trial)
 
+    def _steps_s(self, i: int) -> float:
+        """The ``i``-th ended trial's steps, the first one's warm-up excess left out (a warm
+        worker's later trials find the kernels compiled)."""
+        e = self.ended[i]
+        return max(0.0, e.measure_s - e.warmup_s) if i == 0 else e.measure_s
+
     def fixed_s(self) -> float:
         """A trial's cost outside its steps: the median over the ended trials after the first; from
-        the first alone, its cost less its import and data phases (a warm worker's later trials
-        skip them). 0 while no ended trial ran a step (:meth:`pace_s_per_token` then prices the
-        whole trial); NaN before a trial has ended."""
+        the first alone, its cost less its steps and less what a warm worker pays once (its
+        import, data and model phases, its warm-up steps' excess). 0 while no ended trial ran a
+        step (:meth:`pace_s_per_token` then prices the whole trial); NaN before a trial has ended."""
         if not self.ended:
             return math.nan
         if not any(_finite(e.measure_s) for e in self.ended):
@@ -81,16 +114,22 @@ class SweepEstimate:
         outside = [e.cost_s - (e.measure_s if _finite(e.measure_s) else 0.0) for e in self.ended]
         if len(outside) > 1:
             return max(0.0, statistics.median(outside[1:]))
-        return max(0.0, outside[0] - self.ended[0].once_s)
+        first = self.ended[0]
+        return max(0.0, outside[0] - first.once_s - first.warmup_s)
 
-    def pace_s_per_token(self, fastest: bool = False) -> float:
-        """The median (``fastest``: the least) seconds per token of the ended measure trials' steps
-        (of any kind's when no measure trial ran a step); of the ended trials' whole cost while none
-        ran a step (a failure before the first step). NaN before a trial has ended."""
-        timed = [e for e in self.ended if _finite(e.measure_s) and e.tokens > 0]
+    def pace_s_per_token(self, fastest: bool = False, like: TrialConfig | None = None) -> float:
+        """Seconds per token of the ended measure trials' steps (of any kind's when no measure
+        trial ran a step): their median; ``fastest``: the least; ``like``: the median of those
+        nearest that configuration (its micro-batch, then its checkpoint level). Of the ended
+        trials' whole cost while none ran a step (a failure before the first step). NaN before a
+        trial has ended."""
+        timed = [i for i, e in enumerate(self.ended) if _finite(e.measure_s) and e.tokens > 0]
         if timed:
-            measured = [e for e in timed if e.kind is JobKind.MEASURE] or timed
-            paces = [e.measure_s / e.tokens for e in measured]
+            measured = [i for i in timed if self.ended[i].kind is JobKind.MEASURE] or timed
+            if like is not None and not fastest:
+                near = min(_distance(self.ended[i], like) for i in measured)
+                measured = [i for i in measured if _distance(self.ended[i], like) == near]
+            paces = [self._steps_s(i) / self.ended[i].tokens for i in measured]
             return min(paces) if fastest else statistics.median(paces)
         whole = [e.cost_s / e.tokens for e in self.ended if e.tokens > 0]
         return statistics.median(whole) if whole else math.nan
@@ -103,7 +142,8 @@ class SweepEstimate:
             if due.kind is JobKind.LEARN and t.reference == "precomputed":
                 steps += REFERENCE_SHARE * t.steps * due.step_ms / 1e3
         else:
-            steps = self.pace_s_per_token(fastest=due.kind is not JobKind.MEASURE) * trial_tokens(due.cfg)
+            fastest = due.kind is not JobKind.MEASURE
+            steps = self.pace_s_per_token(fastest, like=None if fastest else due.cfg) * trial_tokens(due.cfg)
         return self.fixed_s() + steps
 
     def left_s(self, due: Sequence[Due], running: Sequence[tuple[Due, float]], concurrent: int = 1) -> float:
@@ -114,6 +154,13 @@ class SweepEstimate:
             return 0.0
         total = sum(self.trial_s(d) for d in due) + sum(max(0.0, self.trial_s(d) - ran) for d, ran in running)
         return total / max(1, concurrent)
+
+
+def _distance(ended: EndedTrial, cfg: TrialConfig) -> tuple[float, int]:
+    """How far an ended trial's configuration is from ``cfg``: micro-batch (by factors of 2) first,
+    then checkpoint level."""
+    return (abs(math.log2(ended.micro_batch) - math.log2(cfg.micro_batch)),
+            abs(memory_order(ended.level) - memory_order(cfg.checkpoint_level)))
 
 
 def _finite(x: object) -> bool:

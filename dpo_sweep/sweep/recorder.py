@@ -194,7 +194,7 @@ class SweepRecorder(tune.Callback):
             # One trial at a time: its share of the wall runs from the last one's end (Tune's wait
             # to start it included); several at a time: from its own start.
             since = max(started, self.last_end) if self.concurrent == 1 and self.last_end is not None else started
-            self.estimate.add(EndedTrial.of(job.kind, job.cfg, done.result, now - since))
+            self.estimate.add(EndedTrial.of(job.kind, job.cfg, done.result, now - since, done.steps))
         self.last_end = now
         r = done.result
         self.endings.append(Ending(job_id, r.status, len(done.steps), r.error))

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from dpo_sweep import preflight
 from dpo_sweep.config import ModelSpec, TrialConfig, distinct_models
 from dpo_sweep.errors import UserError
-from dpo_sweep.plan.memory import ModelShape, model_shape
+from dpo_sweep.plan.memory import ModelShape, model_shape, shape_key
 from dpo_sweep.train.lengths import LengthProfile
 
 #: Added to the preflight process's niceness (see the module doc).
@@ -63,7 +63,7 @@ def model_shapes(trials: Sequence[TrialConfig]) -> dict[ModelSpec, ModelShape]:
     shapes = {}
     for spec in distinct_models(trials):
         try:
-            shapes[spec] = model_shape(spec)
+            shapes[shape_key(spec)] = model_shape(spec)
         except Exception:  # noqa: BLE001 - see the doc
             continue
     return shapes

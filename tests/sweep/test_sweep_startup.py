@@ -256,3 +256,20 @@ def test_imports_without_bytecode_are_noted_after_the_data_line(tmp_path, monkey
     if noted:
         assert out.index("data synthetic: 16 pair(s)") < out.index(note) < out.index("Ray dashboard: off")
         assert "python -m compileall -q -j 0 /site/torch" in out
+
+
+def test_a_learning_trial_that_drops_the_models_dtype_finds_its_shape_built():
+    """bf16 rows learn in bf16-mixed, which drops ``model.dtype: bfloat16``: that spec is not the
+    one the preflight built, yet its shape is (on the H200 user case the driver built it again on
+    the first trial's end, importing torch and transformers: a 10.4 s Tune callback)."""
+    from dpo_sweep.plan import memory
+    from dpo_sweep.plan.rules import learning_config
+    from testkit import make_cfg
+
+    cfg = make_cfg(precision="bf16", model={"preset": "tiny-llama", "dtype": "bfloat16"})
+    learning = learning_config(cfg, "bf16-mixed")
+    assert learning.model != cfg.model  # the case: another spec of one model
+    shapes = startup.model_shapes([cfg])
+    memory.built_shape.cache_clear()
+    assert memory.model_shape(learning.model, shapes) == memory.model_shape(cfg.model, shapes)
+    assert memory.built_shape.cache_info().currsize == 0  # nothing built in the driver

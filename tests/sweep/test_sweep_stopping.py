@@ -104,10 +104,65 @@ def test_recorder_asks_for_the_stop_after_two_alike_failures_and_writes_no_row_f
     assert "[2/3] t001" in capsys.readouterr().out
 
 
-def _ended(kind, cost_s, measure_s, tokens, once_s=0.0):
+def _ended(kind, cost_s, measure_s, tokens, once_s=0.0, micro_batch=1, level="none", warmup_s=0.0):
     from dpo_sweep.sweep.estimate import EndedTrial
 
-    return EndedTrial(kind, cost_s, measure_s, once_s, tokens)
+    return EndedTrial(kind, cost_s, measure_s, once_s, tokens, micro_batch, level, warmup_s)
+
+
+def _step(ms, measured=True, worst_case=False):
+    from dpo_sweep.records import StepRecord
+
+    return StepRecord(trial_id="t", step=0, loss=0.5, grad_norm=1.0, step_time_ms=ms, peak_mem_gb=1.0,
+                      reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-1.0, logps_rejected=-1.0, kl=0.0,
+                      measured=measured, worst_case=worst_case)
+
+
+def test_the_first_trials_once_costs_leave_its_fixed_cost_and_its_pace():
+    """The H200 user case's first trial: 51 s, of which its model phase (the weights' first read,
+    the shared reference pass) and its warm-up step's kernel compile are paid once; counted in
+    every trial's price they put the first ETA 2.6x over the truth."""
+    from dpo_sweep.plan.jobs import Due, JobKind
+    from dpo_sweep.records import TrialResult
+    from dpo_sweep.sweep.estimate import EndedTrial, SweepEstimate, trial_tokens, warmup_excess_s
+
+    steps = [_step(9000.0, measured=False), _step(3000.0), _step(4000.0), _step(2000.0), _step(8000.0, worst_case=True)]
+    assert warmup_excess_s(steps) == pytest.approx(6.0)  # 9 s less the measured steps' median 3 s
+    assert warmup_excess_s(steps[1:]) == 0.0 and warmup_excess_s([]) == 0.0
+    assert warmup_excess_s([_step(1000.0, measured=False), _step(3000.0)]) == 0.0  # never below 0
+    cfg = make_cfg(micro_batch=1, checkpoint_level="full", grad_acc=2, steps=4)
+    result = TrialResult(trial_id="t", status="ok", **cfg.knobs(), measure_s=26.0, startup_import_s=1.0, startup_data_s=1.0,
+                         startup_model_s=12.0)
+    first = EndedTrial.of(JobKind.MEASURE, cfg, result, 51.0, steps)
+    assert (first.once_s, first.warmup_s, first.micro_batch, first.level) == (14.0, 6.0, 1, "full")
+    est = SweepEstimate()
+    est.add(first)
+    assert est.fixed_s() == pytest.approx(51.0 - 26.0 - 14.0 - 6.0)
+    assert est.pace_s_per_token() == pytest.approx(20.0 / trial_tokens(cfg))
+    est.add(_ended(JobKind.MEASURE, 12.0, 9.0, trial_tokens(cfg), micro_batch=1, level="full", warmup_s=2.0))
+    assert est.fixed_s() == 3.0  # a later trial's own: nothing left out of it
+    assert est.pace_s_per_token() == pytest.approx(14.5 / trial_tokens(cfg))
+    assert est.trial_s(Due(cfg, JobKind.MEASURE, math.nan)) == pytest.approx(3.0 + 14.5)
+
+
+def test_an_unmeasured_measurement_is_priced_at_the_pace_of_its_nearest_measured_configurations():
+    """On the H200 user case micro-batch 1 ran its tokens up to 1.9x slower than 2-8: the pace of
+    the first measurement (mb 1, level full) priced the larger micro-batches 1.9x high."""
+    from dpo_sweep.plan.jobs import Due, JobKind
+    from dpo_sweep.sweep.estimate import SweepEstimate
+
+    est = SweepEstimate()
+    est.add(_ended(JobKind.MEASURE, 13.0, 12.0, 1000, micro_batch=1, level="full"))  # 0.012 s a token
+    est.add(_ended(JobKind.MEASURE, 8.0, 7.0, 1000, micro_batch=2, level="full"))    # 0.007
+    est.add(_ended(JobKind.MEASURE, 7.0, 6.0, 1000, micro_batch=2, level="L1"))      # 0.006
+    pace = lambda **kw: est.pace_s_per_token(like=make_cfg(**kw))  # noqa: E731
+    assert pace(micro_batch=1, checkpoint_level="L2") == pytest.approx(0.012)  # same micro-batch
+    assert pace(micro_batch=2, checkpoint_level="L2") == pytest.approx(0.006)  # the nearest level: L1
+    assert pace(micro_batch=2, checkpoint_level="L3") == pytest.approx(0.007)  # full
+    assert pace(micro_batch=8, checkpoint_level="full") == pytest.approx(0.007)  # nearest micro-batch, same level
+    assert pace(micro_batch=4, checkpoint_level="none") == pytest.approx(0.006)  # nearest micro-batch, nearest level
+    cfg = make_cfg(micro_batch=4, checkpoint_level="full", grad_acc=2, steps=3)
+    assert est.trial_s(Due(cfg, JobKind.MEASURE, math.nan)) == pytest.approx(est.fixed_s() + 0.007 * 3 * 2 * 4 * 64)
 
 
 def test_what_is_left_is_priced_trial_by_trial():
