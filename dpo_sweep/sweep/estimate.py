@@ -135,24 +135,35 @@ class SweepEstimate:
         return statistics.median(whole) if whole else math.nan
 
     def trial_s(self, due: Due) -> float:
-        """What ``due`` costs from its start to its end (NaN before a trial has ended)."""
+        """What ``due`` costs from its start to its end (NaN before a trial has ended, and for an
+        unmeasured configuration while no pace prices it: :meth:`_paced`)."""
         t = due.cfg.train
         if _finite(due.step_ms):
             steps = (t.steps + t.worst_case_step) * due.step_ms / 1e3
             if due.kind is JobKind.LEARN and t.reference == "precomputed":
                 steps += REFERENCE_SHARE * t.steps * due.step_ms / 1e3
         else:
+            if not self._paced(due.cfg):
+                return math.nan
             fastest = due.kind is not JobKind.MEASURE
             steps = self.pace_s_per_token(fastest, like=None if fastest else due.cfg) * trial_tokens(due.cfg)
         return self.fixed_s() + steps
 
+    def _paced(self, cfg: TrialConfig) -> bool:
+        """Whether a pace prices ``cfg``: some measured trial ran its micro-batch, or two micro-batch
+        sizes have been measured (one alone says nothing of another's: on the H200 user case the
+        first measurement, mb 1, priced the rest 69% high from its pace alone), or none ran a step."""
+        timed = {e.micro_batch for e in self.ended if _finite(e.measure_s) and e.tokens > 0}
+        return not timed or cfg.micro_batch in timed or len(timed) > 1
+
     def left_s(self, due: Sequence[Due], running: Sequence[tuple[Due, float]], concurrent: int = 1) -> float:
         """What is left: the trials ``due`` whole, the ``running`` ones (each with the seconds it has
         run) less what they ran (never below 0), ``concurrent`` at a time. 0 when nothing is left,
-        NaN before a trial has ended."""
+        NaN while one of them has no price (:meth:`trial_s`)."""
         if not due and not running:
             return 0.0
-        total = sum(self.trial_s(d) for d in due) + sum(max(0.0, self.trial_s(d) - ran) for d, ran in running)
+        rest = [self.trial_s(d) - ran for d, ran in running]
+        total = sum(self.trial_s(d) for d in due) + sum(r if math.isnan(r) else max(0.0, r) for r in rest)
         return total / max(1, concurrent)
 
 

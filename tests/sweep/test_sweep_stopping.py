@@ -165,6 +165,24 @@ def test_an_unmeasured_measurement_is_priced_at_the_pace_of_its_nearest_measured
     assert est.trial_s(Due(cfg, JobKind.MEASURE, math.nan)) == pytest.approx(est.fixed_s() + 0.007 * 3 * 2 * 4 * 64)
 
 
+def test_one_measured_micro_batch_prices_no_other_one():
+    """The H200 user case's first measurement, mb 1, priced the rest 69% high from its pace alone:
+    until a second micro-batch size is measured, what is left is not known (``~? left``), unless
+    everything left runs the measured micro-batch."""
+    from dpo_sweep.plan.jobs import Due, JobKind
+    from dpo_sweep.sweep.estimate import SweepEstimate
+
+    est = SweepEstimate()
+    est.add(_ended(JobKind.MEASURE, 13.0, 12.0, 1000, micro_batch=1, level="full"))
+    same, other = (Due(make_cfg(micro_batch=mb, checkpoint_level="L1"), JobKind.MEASURE, math.nan) for mb in (1, 2))
+    learn = Due(make_cfg(micro_batch=2, grad_acc=4), JobKind.LEARN, math.nan)
+    assert math.isfinite(est.left_s([same], []))
+    assert math.isnan(est.left_s([same, other], [])) and math.isnan(est.left_s([same], [(learn, 5.0)]))
+    assert math.isfinite(est.left_s([same], [(Due(other.cfg, JobKind.RUNOFF, 500.0), 5.0)]))  # its step time known
+    est.add(_ended(JobKind.MEASURE, 8.0, 7.0, 1000, micro_batch=4, level="full"))
+    assert math.isfinite(est.left_s([same, other], [(learn, 5.0)]))
+
+
 def test_what_is_left_is_priced_trial_by_trial():
     from dpo_sweep.plan.jobs import Due, JobKind
     from dpo_sweep.sweep.estimate import REFERENCE_SHARE, SweepEstimate, trial_tokens
@@ -174,12 +192,12 @@ def test_what_is_left_is_priced_trial_by_trial():
     assert trial_tokens(measure) == 3 * 2 * 2 * 64
     assert math.isnan(est.left_s([Due(measure, JobKind.MEASURE, math.nan)], []))  # nothing ended: unknown
     # The first trial (cold): 30 s, 6 s of steps, 15 s of imports and tokenising a warm worker skips.
-    est.add(_ended(JobKind.MEASURE, 30.0, 6.0, trial_tokens(measure), once_s=15.0))
+    est.add(_ended(JobKind.MEASURE, 30.0, 6.0, trial_tokens(measure), once_s=15.0, micro_batch=2))
     assert est.fixed_s() == 9.0 and est.pace_s_per_token() == pytest.approx(6.0 / 768)
     assert est.trial_s(Due(measure, JobKind.MEASURE, math.nan)) == pytest.approx(9.0 + 6.0)
     # Later trials give the fixed cost themselves: the median of theirs, the first's left out.
-    est.add(_ended(JobKind.MEASURE, 10.0, 6.0, 768))
-    est.add(_ended(JobKind.MEASURE, 12.0, 6.0, 768))
+    est.add(_ended(JobKind.MEASURE, 10.0, 6.0, 768, micro_batch=2))
+    est.add(_ended(JobKind.MEASURE, 12.0, 6.0, 768, micro_batch=2))
     assert est.fixed_s() == 5.0
     # A learning trial of a measured configuration: its steps at that step time (no worst-case
     # step), and the reference pass of its pairs; a runoff: its steps only.
