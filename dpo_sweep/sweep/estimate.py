@@ -27,9 +27,9 @@ reference pass of the pairs every measurement shares (its model phase took 11.7 
 later trials' 0.9-5.0 s), the kernels' first compile in its warm-up steps (its 34 micro-steps
 took 26.4 s; mb 1 at level L2, as long a step, took 13.2 s). Counted as every trial's fixed cost
 and pace, these put the first estimate 2.6x over the truth; so the first trial's ``import``,
-``data`` and ``model`` phases and its warm-up steps' excess (:func:`warmup_excess_s`) are left
-out of the fixed cost and of its pace (:meth:`SweepEstimate.fixed_s`): from the second trial on,
-the later trials' own costs price it.
+``data`` and ``model`` phases are left out of the fixed cost (:meth:`SweepEstimate.fixed_s`), and
+its warm-up steps' excess (:func:`warmup_excess_s`) out of its pace: from the second trial on, the
+later trials' own costs price it.
 """
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ class SweepEstimate:
 
     def fixed_s(self) -> float:
         """A trial's cost outside its steps: the median over the ended trials after the first; from
-        the first alone, its cost less its steps and less what a warm worker pays once (its
-        import, data and model phases, its warm-up steps' excess). 0 while no ended trial ran a
+        the first alone, its cost less its steps (their warm-up excess with them) and less its
+        import, data and model phases, which a warm worker pays once. 0 while no ended trial ran a
         step (:meth:`pace_s_per_token` then prices the whole trial); NaN before a trial has ended."""
         if not self.ended:
             return math.nan
@@ -114,8 +114,7 @@ class SweepEstimate:
         outside = [e.cost_s - (e.measure_s if _finite(e.measure_s) else 0.0) for e in self.ended]
         if len(outside) > 1:
             return max(0.0, statistics.median(outside[1:]))
-        first = self.ended[0]
-        return max(0.0, outside[0] - first.once_s - first.warmup_s)
+        return max(0.0, outside[0] - self.ended[0].once_s)  # its steps, warm-up excess included, are out
 
     def pace_s_per_token(self, fastest: bool = False, like: TrialConfig | None = None) -> float:
         """Seconds per token of the ended measure trials' steps (of any kind's when no measure
