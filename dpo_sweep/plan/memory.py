@@ -141,8 +141,9 @@ def model_shape(spec: ModelSpec, known: Mapping[ModelSpec, ModelShape] | None = 
     """The shape of ``spec``'s model: the one ``known`` gives (shapes built in another process,
     keyed by :func:`shape_key`: ``dpo-sweep run``'s preflight builds them, so that the sweep's
     driver never imports torch or transformers), else built here."""
-    shape = (known or {}).get(shape_key(spec))
-    return shape if shape is not None else built_shape(shape_key(spec))
+    key = shape_key(spec)
+    shape = (known or {}).get(key)
+    return shape if shape is not None else built_shape(key)
 
 
 @functools.lru_cache(maxsize=16)  # a cache of a pure function: the meta build costs ~1 s the first time

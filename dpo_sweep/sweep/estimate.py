@@ -74,9 +74,9 @@ class EndedTrial:
     measure_s: float  # its optimizer steps (results.csv measure_s; NaN when it took none)
     once_s: float     # of its start-up, what a warm worker pays once: the import, data and model phases
     tokens: int       # trial_tokens of what it ran
-    micro_batch: int = 1
-    level: str = "none"
-    warmup_s: float = 0.0  # its warm-up steps' excess over its measured steps (warmup_excess_s)
+    micro_batch: int  # what it ran (the pace's nearest configurations: _distance)
+    level: str
+    warmup_s: float   # its warm-up steps' excess over its measured steps (warmup_excess_s)
 
     @classmethod
     def of(cls, kind: JobKind, cfg: TrialConfig, result: TrialResult, cost_s: float,
