@@ -273,3 +273,39 @@ def test_a_learning_trial_that_drops_the_models_dtype_finds_its_shape_built():
     memory.built_shape.cache_clear()
     assert memory.model_shape(learning.model, shapes) == memory.model_shape(cfg.model, shapes)
     assert memory.built_shape.cache_info().currsize == 0  # nothing built in the driver
+
+
+def test_no_ray_handle_is_freed_while_ray_shuts_down_beside_the_analysis(monkeypatch):
+    """A handle freed mid-shutdown ends the process with exit 1 after a finished sweep ("The core
+    worker has already been shutdown"; a CPU checkpoint-folder sweep, 3 runs of 3): the release
+    keeps the pool and the connection, and the cyclic collector waits, until Ray is down."""
+    import gc
+    import threading
+    import weakref
+
+    from dpo_sweep.sweep import command
+
+    shutting_down, go_on, seen = threading.Event(), threading.Event(), {}
+
+    def shutdown():
+        shutting_down.set()
+        go_on.wait(10)
+        seen["collector on"] = gc.isenabled()
+
+    monkeypatch.setattr(command.ray, "shutdown", shutdown)
+    monkeypatch.setattr(command, "stop_local_autoscaler", lambda: None)
+    monkeypatch.setattr(command, "stop_guard", lambda guard: None)
+    class Pool:
+        def close(self):
+            pass
+
+    pool, conn = Pool(), SimpleNamespace(started_here=True, guard=None)
+    held = weakref.ref(pool)
+    assert gc.isenabled()
+    with command.RayRelease() as release:
+        release.start(pool, conn)
+        del pool
+        assert shutting_down.wait(10)
+        assert held() is not None and not gc.isenabled()  # what the analysis beside it runs under
+        go_on.set()
+    assert seen == {"collector on": False} and gc.isenabled() and held() is None
