@@ -182,7 +182,7 @@ EXTRAPOLATION_CONFIGS = ((1, "full"), (2, "L2"), (2, "full"), (4, "L1"), (4, "L2
 
 
 def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, configs,
-                     out_dir: Path) -> list[dict]:
+                     out_dir: Path, pad: int | None = None) -> list[dict]:
     """Each configuration's measure trial (at ``rules.measure_grad_acc``, as the planner runs it) and its full trial;
     the planner's extrapolation from the first (``ratio``, its default; ``line`` and the plain
     ``t_opt + G x t_micro`` beside it), the second's measured step time. Every step of both trials
@@ -198,7 +198,9 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
     rows, all_steps, warm = [], [], warm_state()
     for mb, level in configs:
         full = trial_config(case, micro_batch=mb, level=level, grad_acc=effective // mb, max_length=max_length,
-                            steps=steps, warmup=1)
+                            steps=steps, warmup=1, **({} if pad is None else {"pad_to_multiple_of": pad}))
+        if pad is not None:  # named apart from the same configuration at the default multiple
+            full = full.model_copy(update={"trial_id": f"{full.trial_id}_pad{pad}"})
         short = full.model_copy(update={"grad_acc": measure_grad_acc(full), "trial_id": full.trial_id + "-short"})
         lengths = LengthProfile.of(warm.tokenized_pairs(full)[1])
         shape = built_shape(full.model)
@@ -233,11 +235,44 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
     return rows
 
 
-def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: int) -> list[dict]:
+def with_shape_flags(steps: list, cfg, lengths, multiple: int, seen: set) -> list:
+    """``steps`` of ``cfg``'s trial with ``micro_new`` and ``micro_step_ms`` as the trainer now
+    records them, for a steps.csv written before it did: a micro-step is new where its shape
+    (rows, padded width; ``multiple``: the run's ``train.pad_to_multiple_of``) is not in ``seen``
+    (the shapes the process ran before, in file order), which it joins."""
+    import dataclasses
+    import itertools
+
+    from dpo_sweep.telemetry.timing import micro_and_optimizer_ms
+    from dpo_sweep.train.order import micro_batch_order, padded_width, worst_case_order
+
+    g = cfg.grad_acc
+    order = list(itertools.islice(micro_batch_order(len(lengths.widths), cfg.micro_batch, 1, 0, cfg.train.seed,
+                                                    grad_acc=g), cfg.train.steps * g))
+    worst = list(worst_case_order(list(lengths.widths), cfg.micro_batch, 1, 0, grad_acc=g))
+    out = []
+    for s in steps:
+        ms = [float(x) for x in s.micro_ms.split(",")]
+        batches = worst[-len(ms):] if s.worst_case else order[(s.step - 1) * g:s.step * g]
+        flags = []
+        for idx in batches:
+            shape = (2 * len(idx), padded_width(max(lengths.widths[i] for i in idx), multiple))
+            flags.append(shape not in seen)
+            seen.add(shape)
+        micro, _ = micro_and_optimizer_ms([*ms, s.optimizer_ms], new=flags)
+        out.append(dataclasses.replace(s, micro_step_ms=micro, micro_new="".join("1" if f else "0" for f in flags)))
+    return out
+
+
+def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: int, pad: int = 1) -> list[dict]:
     """The extrapolations again from an earlier run's steps.csv (``extrapolate``'s), without a GPU:
-    the case's data laid out here (``make --no-weights`` gives the same pairs for the same seed)."""
+    the case's data laid out here (``make --no-weights`` gives the same pairs for the same seed).
+    ``planner_ms``: the planner's own (``plan.rows.fitted_step_ms``) as it now reads the steps,
+    first-of-their-shape micro-steps left out (:func:`with_shape_flags` where the file has no
+    ``micro_new``; ``pad``: the run's ``train.pad_to_multiple_of``)."""
     from dpo_sweep.plan.extrapolate import FITS, extrapolate, fit_micro_steps, step_layout
     from dpo_sweep.plan.memory import built_shape
+    from dpo_sweep.plan.rows import fitted_step_ms
     from dpo_sweep.records import StepRecord, read_csv_rows, rows_as
     from dpo_sweep.train.lengths import LengthProfile
     from dpo_sweep.train.tokenizer import tokenized_pairs
@@ -245,6 +280,14 @@ def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: i
     by_trial: dict[str, list] = {}
     for step in rows_as(StepRecord, read_csv_rows(steps_csv)):
         by_trial.setdefault(step.trial_id, []).append(step)
+    seen: set = set()
+    for tid, trial_steps in by_trial.items():
+        if trial_steps[0].micro_new:
+            continue
+        mb, level = int(tid.split("_")[0][2:]), tid.split("_")[1]
+        cfg = trial_config(case, micro_batch=mb, level=level, grad_acc=int(trial_steps[0].grad_acc),
+                           max_length=max_length, steps=steps, warmup=1)
+        by_trial[tid] = with_shape_flags(trial_steps, cfg, LengthProfile.of(tokenized_pairs(cfg)[1]), pad, seen)
     rows = []
     for tid in [t for t in by_trial if not t.endswith("-short")]:
         if tid + "-short" not in by_trial:
@@ -256,6 +299,8 @@ def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: i
         lengths, shape = LengthProfile.of(tokenized_pairs(full)[1]), built_shape(full.model)
         truth = statistics.median(s.step_time_ms for s in by_trial[tid] if s.measured and not s.worst_case)
         row = {"config": tid, "full_step_ms": truth}
+        planner = fitted_step_ms(by_trial[tid + "-short"], short.grad_acc, full.grad_acc)
+        row["planner_ms"], row["planner_error"] = planner, planner / truth - 1
         for how in FITS:
             fit = fit_micro_steps(by_trial[tid + "-short"], step_layout(short, lengths, shape).works, 1, how)
             ext = extrapolate(fit, full, step_layout(full, lengths, shape))
@@ -272,8 +317,8 @@ def parse_configs(text: str, grad_acc: int | None = None) -> tuple:
 
 
 def extrapolation(case: Path, out_dir: Path, effective: int, max_length: int, steps: int,
-                  configs=EXTRAPOLATION_CONFIGS) -> None:
-    rows = extrapolate_rows(case, effective, max_length, steps, configs, out_dir)
+                  configs=EXTRAPOLATION_CONFIGS, pad: int | None = None) -> None:
+    rows = extrapolate_rows(case, effective, max_length, steps, configs, out_dir, pad)
     table(rows)
     write_csv(out_dir / "extrapolation.csv", rows)
     errs = [abs(r["error"]) for r in rows if math.isfinite(r["error"])]
@@ -462,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", help="extrapolate / memory: MB:LEVEL,... instead of the built-in list "
                                       "(memory runs them at grad_acc 2)")
     ap.add_argument("--no-weights", action="store_true", help="make: config and tokenizer only (for refit)")
+    ap.add_argument("--pad-multiple", type=int, help="extrapolate: train.pad_to_multiple_of (default: auto); "
+                                                        "refit: the one the run had (default 1)")
     ap.add_argument("--steps-csv", type=Path, help="refit: an extrapolate run's extrapolation_steps/steps.csv")
     ap.add_argument("--budget-gb", type=float, default=48.0, help="sweep: the card emulated (resources.gpu_memory_gb)")
     ap.add_argument("--timeout-s", type=float, default=540.0, help="sweep: stop the sweep after this long")
@@ -469,12 +516,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "make":
         make(args.arch, args.pairs, args.dir, sigma=args.sigma, weights=not args.no_weights)
     elif args.command == "refit":
-        refit(args.dir, args.steps_csv, args.effective_batch, args.max_length, args.steps)
+        refit(args.dir, args.steps_csv, args.effective_batch, args.max_length, args.steps, args.pad_multiple or 1)
     elif args.command == "cost":
         cost(args.dir, args.small, args.out_dir, args.max_length, args.steps, args.preset, args.pairs)
     elif args.command == "extrapolate":
         extrapolation(args.dir, args.out_dir, args.effective_batch, args.max_length, args.steps,
-                      parse_configs(args.configs) if args.configs else EXTRAPOLATION_CONFIGS)
+                      parse_configs(args.configs) if args.configs else EXTRAPOLATION_CONFIGS, args.pad_multiple)
     elif args.command == "sweep":
         sweep(args.dir, args.out_dir, args.max_length, args.budget_gb, args.effective_batch, args.timeout_s)
     elif args.command == "probe":

@@ -63,6 +63,7 @@ class StepRecord:
     micro_step_ms: float = math.nan  # median forward+backward of the accumulating micro-steps (timing.micro_and_optimizer_ms)
     optimizer_ms: float = math.nan   # unscale, clip, AdamW step, zero_grad, schedule
     micro_ms: str = ""  # each micro-step's forward+backward in order, "183.1,184.0" (plan/extrapolate.py)
+    micro_new: str = ""  # per micro-step "1" where its shape ran first in the process (CUDA), else "0": "100"
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class TrialResult:
     attn_implementation: str = ""
     liger_kernel: bool = False
     lean_ops: bool = False
+    pad_multiple: int = 0  # rows padded to a width multiple of (train.pad_to_multiple_of as resolved; 0: not recorded)
     # Memory levers (train.adapter, train.optimizer): what was trained and how.
     adapter: str = ""                  # full | lora | qlora
     optimizer: str = ""                # adamw | adamw_8bit | adamw_4bit

@@ -53,6 +53,18 @@ def planned_device(cfg: TrialConfig) -> Device:
     return "cpu" if wants_cpu(cfg.train, cfg.resources) else "cuda"
 
 
+#: ``train.pad_to_multiple_of: auto`` on CUDA: cuDNN attention's plans are per row width.
+CUDA_PAD_MULTIPLE = 64
+
+
+def pad_multiple(train: TrainSpec, device: str) -> int:
+    """The multiple a trial on ``device`` pads its rows' width to (``train.pad_to_multiple_of``;
+    auto: :data:`CUDA_PAD_MULTIPLE`, at most ``train.max_length``, on CUDA; 1 on the CPU)."""
+    if train.pad_to_multiple_of != "auto":
+        return train.pad_to_multiple_of
+    return min(CUDA_PAD_MULTIPLE, train.max_length) if device == "cuda" else 1
+
+
 def refused_cuda_lever(train: TrainSpec, resources: ResourcesSpec) -> str | None:
     """Why ``train``'s levers are refused with a CPU device; None when they go together."""
     levers = cuda_levers(train)

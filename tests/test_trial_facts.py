@@ -43,3 +43,17 @@ def test_levels_recompute_more_in_their_memory_order():
     assert not any(vars(r["none"]).values()) and r["full"].layer
     assert r["L1"].mlp and not r["L1"].attention and r["L2"].attention and not r["L2"].qkv and r["L3"].qkv
     assert trial_facts.refused_attention("L2", "eager") and not trial_facts.refused_attention("L1", "eager")
+
+
+def test_rows_are_padded_to_64_on_cuda_and_not_on_the_cpu():
+    assert trial_facts.pad_multiple(TrainSpec(max_length=2048), "cuda") == 64
+    assert trial_facts.pad_multiple(TrainSpec(max_length=2048), "cpu") == 1
+    assert trial_facts.pad_multiple(TrainSpec(max_length=32), "cuda") == 32  # never past max_length
+    assert trial_facts.pad_multiple(TrainSpec(max_length=2048, pad_to_multiple_of=8), "cpu") == 8
+    assert trial_facts.pad_multiple(TrainSpec(max_length=2048, pad_to_multiple_of=1), "cuda") == 1
+
+
+@pytest.mark.parametrize("value", [0, -8, 4096])
+def test_a_pad_multiple_outside_1_to_max_length_is_refused(value):
+    with pytest.raises(ValueError, match=r"train.pad_to_multiple_of \(%d\) must be auto or a whole number from 1" % value):
+        TrainSpec(max_length=2048, pad_to_multiple_of=value)

@@ -50,6 +50,13 @@ def _row_value(row: pd.Series, column: str) -> Any:
     return value
 
 
+def _ran_pad_multiple(row: pd.Series) -> int:
+    """The width multiple the row's trial padded to (``pad_multiple``). Rows from before the
+    column (0 or none) padded to their longest row: 1."""
+    value = _row_value(row, "pad_multiple")
+    return max(1, int(float(value))) if value is not None else 1
+
+
 def _same(a: Any, b: Any) -> bool:
     """A results.csv cell (text, numpy) against a config value."""
     if isinstance(b, bool) or isinstance(a, bool):
@@ -90,13 +97,21 @@ def _resolved_model(trial: TrialConfig, row: pd.Series) -> dict[str, Any]:
     return model
 
 
+def _resolved_train(trial: TrialConfig, row: pd.Series) -> dict[str, Any]:
+    """The train section with ``pad_to_multiple_of: auto`` replaced by the multiple the winner ran with."""
+    train = trial.train.model_dump(mode="json")
+    if train["pad_to_multiple_of"] == "auto":
+        train["pad_to_multiple_of"] = _ran_pad_multiple(row)
+    return train
+
+
 def pinned_space(trial: TrialConfig, row: pd.Series, objectives: dict[str, Any] | None = None) -> dict[str, Any]:
     """A space mapping whose one trial is ``trial``, every section written out in full."""
     raw = {
         "name": f"{trial.space_name}-recommended",
         "model": _resolved_model(trial, row),
         "data": trial.data.model_dump(mode="json", exclude_none=True),
-        "train": trial.train.model_dump(mode="json"),
+        "train": _resolved_train(trial, row),
         "resources": trial.resources.model_dump(mode="json"),
         "search": {"micro_batch": [trial.micro_batch], "checkpoint_level": [trial.checkpoint_level],
                    "grad_acc": [trial.grad_acc], "beta": [trial.beta]},
@@ -146,6 +161,8 @@ def trl_config(trial: TrialConfig, row: pd.Series) -> tuple[dict[str, Any], list
         args["label_smoothing"] = t.label_smoothing
     if t.padding_free:
         args["padding_free"] = True
+    elif (multiple := _ran_pad_multiple(row)) > 1:
+        args["pad_to_multiple_of"] = multiple  # TRL's "auto" pads only on Neuron
     if t.group_by_length:
         args["group_by_length"] = True
     if model.get("liger_kernel") is True:

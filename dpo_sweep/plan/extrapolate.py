@@ -25,11 +25,11 @@ from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.memory import ModelShape
-from dpo_sweep.trial_facts import planned_attention
+from dpo_sweep.trial_facts import pad_multiple, planned_attention, planned_device
 from dpo_sweep.records import StepRecord
 from dpo_sweep.telemetry.flops import DecoderShape, TokenCounts, dpo_step_flops
 from dpo_sweep.train.lengths import LengthProfile
-from dpo_sweep.train.order import micro_batch_order
+from dpo_sweep.train.order import micro_batch_order, padded_width
 
 #: steps -> ranks -> micro-batches -> work (FLOPs)
 Works = list[list[list[float]]]
@@ -42,14 +42,16 @@ def decoder_shape(s: ModelShape) -> DecoderShape:
 
 
 def computed_counts(lengths: LengthProfile, idx: Sequence[int], *, padding_free: bool, chunked_head: bool,
-                    attn: str = "sdpa") -> TokenCounts:
+                    attn: str = "sdpa", multiple: int = 1) -> TokenCounts:
     """What the kernels compute for the micro-batch of pairs ``idx``. Padded: every row as wide as
-    the widest pair, padding included; packed: the sequences end to end in one row. Attention
+    the widest pair rounded up to ``multiple`` (``train.pad_to_multiple_of``), padding included;
+    packed: the sequences end to end in one row. Attention
     through sdpa or eager with a mask (padding, or packed sequences' block mask) computes the
     whole square of a row; flash-attn only each sequence's causal half."""
     seqs = [lengths.prompt[i] + r for i in idx for r in (lengths.chosen[i], lengths.rejected[i])]
     responses = sum(lengths.chosen[i] + lengths.rejected[i] for i in idx)
-    rows, width = (1, sum(seqs)) if padding_free else (len(seqs), max(lengths.widths[i] for i in idx))
+    rows, width = (1, sum(seqs)) if padding_free else (
+        len(seqs), padded_width(max(lengths.widths[i] for i in idx), multiple))
     tokens = rows * width
     square = attn not in ("flash_attention_2", "flash_attention_3")
     causal_pairs = rows * width * width if square else sum(n * (n + 1) // 2 for n in seqs)
@@ -71,13 +73,15 @@ def step_layout(cfg: TrialConfig, lengths: LengthProfile, shape: ModelShape) -> 
     t = cfg.train
     world, chunked, g = cfg.resources.workers_per_trial, t.logp_chunk_tokens > 0, cfg.grad_acc
     dshape, attn, packed = decoder_shape(shape), planned_attention(cfg.model.attn_implementation), lengths.packed()
+    multiple = pad_multiple(t, planned_device(cfg))
     works, tokens = [], [0] * t.steps
     for rank in range(world):
         order = micro_batch_order(len(lengths.widths), cfg.micro_batch, world, rank, t.seed, grad_acc=g,
                                   lengths=lengths.widths if t.group_by_length else None)
         rank_works = []
         for k, idx in enumerate(itertools.islice(order, t.steps * g)):
-            counts = computed_counts(lengths, idx, padding_free=t.padding_free, chunked_head=chunked, attn=attn)
+            counts = computed_counts(lengths, idx, padding_free=t.padding_free, chunked_head=chunked, attn=attn,
+                                     multiple=multiple)
             rank_works.append(dpo_step_flops(shape=dshape, counts=counts, level=cfg.checkpoint_level,
                                              reference=t.reference, chunked_head=chunked, lean_mlp=cfg.model.lean_ops))
             tokens[k // g] += sum(packed[i] for i in idx)  # a pair's real tokens, padded or not
@@ -133,6 +137,11 @@ def _median(points: list[tuple[float, float]]) -> tuple[float, float]:
     return statistics.median(t for _, t in points), 0.0
 
 
+#: Micro-steps of shapes the process had run before that a fit needs before it leaves out the
+#: first ones of their shape (``StepRecord.micro_new``).
+MIN_REPEATED = 8
+
+
 #: How the micro-step times are fitted. ``median``: every micro-step costs the
 #: short run's median one (its work ignored); ``ratio``: the short run's time over its work,
 #: times each real micro-batch's work; ``line``: a + b x work. On the H200 (Qwen2-3B shape,
@@ -151,9 +160,15 @@ def fit_micro_steps(steps: Sequence[StepRecord], works: Works, world: int, how: 
     if not timed:
         return None
     first, middle, last = [], [], []
+    # A micro-step of a shape the process ran first (``micro_new``: CUDA's kernel plans built) is
+    # left out while enough others remain: a long run builds those plans once.
+    repeats = sum(flag == "0" for s, _ in timed for flag in s.micro_new)
     for s, ms in timed:
         w = works[s.step - 1][0]
+        new = s.micro_new if repeats >= MIN_REPEATED else ""
         for j, (t, wj) in enumerate(zip(ms, w)):
+            if j < len(new) and new[j] == "1":
+                continue
             (first if j == 0 else last if world > 1 and j == len(ms) - 1 else middle).append((wj, t))
     fitted = middle or first
     intercept, slope = FITS[how](fitted)

@@ -13,7 +13,8 @@ liger_kernel, lean_ops, remote code)
 data.* (source, sizes, columns, seeds)   yes   sequence lengths and padding (synthetic seeds too:
                                                conservative, they are cheap to keep)
 train.max_length, padding_side,          yes   tokens per micro-step, head memory, what a trial
-logp_chunk_tokens, precision, reference,       runs on, how the measurement is taken
+pad_to_multiple_of, logp_chunk_tokens,         runs on, how the measurement is taken
+precision, reference,
 device, warmup_steps, group_by_length,
 padding_free, worst_case_step
 train.fail_at_step / fail_kind /         yes   test hooks that change the outcome

@@ -180,7 +180,8 @@ class PhaseMarks:
         return [(b - a) * 1e3 for a, b in zip(self._marks, self._marks[1:])]
 
 
-def micro_and_optimizer_ms(durations_ms: Sequence[float], last_syncs: bool = False) -> tuple[float, float]:
+def micro_and_optimizer_ms(durations_ms: Sequence[float], last_syncs: bool = False,
+                           new: Sequence[bool] = ()) -> tuple[float, float]:
     """``(micro_step_ms, optimizer_ms)`` of one step from :class:`PhaseMarks` durations (one per
     micro-step, then the optimizer phase). The micro-step time is the steady one that every
     micro-step but the first repeats: the median of the micro-steps that add into gradients
@@ -189,10 +190,16 @@ def micro_and_optimizer_ms(durations_ms: Sequence[float], last_syncs: bool = Fal
     benchmarks/results/h200_checks/levels-mfu-extrapolation/), so timing it alone put the
     extrapolation to grad_acc 64 3.5% low. ``last_syncs``: the last micro-step
     carries the gradient all-reduce (DDP syncs only there, once per step like the optimizer
-    phase) and is left out when another accumulating one is there. With one micro-step, that one."""
+    phase) and is left out when another accumulating one is there. With one micro-step, that one.
+    ``new``: per micro-step, whether its shape ran first in the process; those are left out while
+    another is there. On CUDA such a micro-step also builds the kernel plans a long run builds
+    once (sdpa's cuDNN attention, per shape): on the H200 ~100 ms more on a 3B model at
+    micro_batch 1 (269 vs 169 ms; benchmarks/results/extrapolation_h200/, call 6)."""
     if len(durations_ms) < 2:
         return math.nan, math.nan
     micro = list(durations_ms[:-1])
-    accumulating = micro[1:]
-    steady = (accumulating[:-1] if last_syncs else accumulating) or accumulating or micro
-    return statistics.median(steady), durations_ms[-1]
+    known = [not n for n in new] if len(new) == len(micro) else [True] * len(micro)
+    indices = list(range(1, len(micro)))
+    steady = (indices[:-1] if last_syncs else indices) or indices or [0]
+    repeated = [i for i in steady if known[i]]
+    return statistics.median(micro[i] for i in (repeated or steady)), durations_ms[-1]

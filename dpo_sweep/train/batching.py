@@ -8,7 +8,7 @@ import torch
 
 from dpo_sweep.telemetry.flops import TokenCounts
 from dpo_sweep.train.data import PairDataset, TokenizedPair
-from dpo_sweep.train.order import micro_batch_order, packed_tokens, pair_length, usable_pairs, worst_case_order
+from dpo_sweep.train.order import micro_batch_order, packed_tokens, padded_width, pair_length, usable_pairs, worst_case_order
 
 
 @dataclass(frozen=True)
@@ -52,15 +52,17 @@ class MicroBatch:
                              self.response_mask, self.index, self.sequence_ids)))
 
 
-def collate(pairs: list[TokenizedPair], index: list[int], pad_id: int, padding_side: str = "right") -> MicroBatch:
-    """Pad whole pairs into one concatenated chosen+rejected batch."""
+def collate(pairs: list[TokenizedPair], index: list[int], pad_id: int, padding_side: str = "right",
+            multiple: int = 1) -> MicroBatch:
+    """Pad whole pairs into one concatenated chosen+rejected batch, as wide as its longest row
+    rounded up to ``multiple`` (``train.pad_to_multiple_of``, resolved: ``trial_facts.pad_multiple``)."""
     seqs, masks = [], []
     for field in ("chosen_ids", "rejected_ids"):
         for p in pairs:
             resp = getattr(p, field)
             seqs.append(list(p.prompt_ids) + list(resp))
             masks.append([False] * len(p.prompt_ids) + [True] * len(resp))
-    width = max(len(s) for s in seqs)
+    width = padded_width(max(len(s) for s in seqs), multiple)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(seqs), width), dtype=torch.long)
     resp = torch.zeros((len(seqs), width), dtype=torch.bool)
@@ -76,12 +78,12 @@ def collate(pairs: list[TokenizedPair], index: list[int], pad_id: int, padding_s
 
 def micro_batches(ds: PairDataset, micro_batch: int, world_size: int, rank: int, seed: int,
                   pad_id: int, padding_side: str = "right", *, grad_acc: int, group_by_length: bool = False,
-                  padding_free: bool = False) -> Iterator[MicroBatch]:
+                  padding_free: bool = False, multiple: int = 1) -> Iterator[MicroBatch]:
     """Endless collated micro-batches for this rank."""
     lengths = [pair_length(p) for p in ds.pairs] if group_by_length else None
     for idx in micro_batch_order(len(ds), micro_batch, world_size, rank, seed, grad_acc=grad_acc,
                                  lengths=lengths):
-        yield make_batch(ds, idx, pad_id, padding_side, padding_free)
+        yield make_batch(ds, idx, pad_id, padding_side, padding_free, multiple)
 
 
 def flop_token_counts(mb: MicroBatch, chunked_head: bool) -> TokenCounts:
@@ -101,19 +103,20 @@ def flop_token_counts(mb: MicroBatch, chunked_head: bool) -> TokenCounts:
 
 
 def worst_case_batches(ds: PairDataset, micro_batch: int, world_size: int, rank: int, pad_id: int,
-                       padding_side: str = "right", *, grad_acc: int, padding_free: bool = False
-                       ) -> Iterator[MicroBatch]:
+                       padding_side: str = "right", *, grad_acc: int, padding_free: bool = False,
+                       multiple: int = 1) -> Iterator[MicroBatch]:
     """The worst-case step's micro-batches (:func:`worst_case_order`) for this rank."""
     lengths = [pair_length(p) for p in ds.pairs]
     packed = [packed_tokens(p) for p in ds.pairs] if padding_free else None
     for idx in worst_case_order(lengths, micro_batch, world_size, rank, grad_acc=grad_acc, packed=packed):
-        yield make_batch(ds, idx, pad_id, padding_side, padding_free)
+        yield make_batch(ds, idx, pad_id, padding_side, padding_free, multiple)
 
 
-def make_batch(ds: PairDataset, idx: list[int], pad_id: int, padding_side: str, padding_free: bool) -> MicroBatch:
+def make_batch(ds: PairDataset, idx: list[int], pad_id: int, padding_side: str, padding_free: bool,
+               multiple: int = 1) -> MicroBatch:
     """Pairs ``idx`` of ``ds``, padded (:func:`collate`) or packed into one row (:func:`pack`)."""
     pairs = [ds.pairs[i] for i in idx]
-    return pack(pairs, idx) if padding_free else collate(pairs, idx, pad_id, padding_side)
+    return pack(pairs, idx) if padding_free else collate(pairs, idx, pad_id, padding_side, multiple)
 
 
 def pack(pairs: list[TokenizedPair], index: list[int]) -> MicroBatch:

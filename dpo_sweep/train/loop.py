@@ -209,8 +209,10 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     flop_counts = NO_TOKENS
     phases = PhaseMarks(setup.device)  # no sync of its own: read after the timer's end-of-step sync
     phases.mark()
+    new_shapes = []  # per micro-step: its shape's first in this process (CUDA: kernel plans built)
     for micro in range(grad_acc):
         batch = next(setup.worst_batches if worst else setup.batches)
+        new_shapes.append(first_of_its_shape(setup.shapes_run, batch, setup.device))
         max_seq_len = max(max_seq_len, batch.max_seq_len())
         flop_counts += flop_token_counts(batch, chunked_head=cfg.train.logp_chunk_tokens > 0)
         sync = micro == grad_acc - 1 or cfg.resources.sync_every_micro_step
@@ -222,7 +224,7 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
     sums = _all_reduce_sums(setup, device_sums, host_counts)
     step_time_ms = timer.end_step(counted=not worst)  # the worst case is not a typical step
     durations_ms = phases.durations_ms()
-    micro_step_ms, optimizer_ms = micro_and_optimizer_ms(durations_ms, last_syncs=setup.world > 1)
+    micro_step_ms, optimizer_ms = micro_and_optimizer_ms(durations_ms, last_syncs=setup.world > 1, new=new_shapes)
     clock.step_ended()
     # One host sync per step, after the step is done; one process has its counts already.
     totals = metrics.StepSums.from_tensor(sums, host=host_counts if setup.world == 1 else None)
@@ -243,12 +245,23 @@ def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySa
         tokens_per_s=tokens / (step_time_ms / 1e3), lr=float(setup.scheduler.get_last_lr()[0]),
         measured=step > cfg.train.warmup_steps, micro_step_ms=micro_step_ms, optimizer_ms=optimizer_ms,
         beta=beta, grad_acc=grad_acc, micro_ms=",".join(f"{ms:.3f}" for ms in durations_ms[:-1]),
+        micro_new="".join("1" if n else "0" for n in new_shapes),
         max_seq_len=int(_max_over_workers(setup, max_seq_len)), padding_frac=means.padding_frac,
         worst_case=worst,
     )
     if not worst:
         setup.grad_acc_schedule.observe(record.kl)
     return StepOutput(record, tokens, flop_counts, peaks)
+
+
+def first_of_its_shape(shapes_run: set[tuple[int, ...]], batch: MicroBatch, device: torch.device) -> bool:
+    """Whether ``batch`` is the first micro-batch of its shape this process trains on (then
+    recorded in ``shapes_run``), on CUDA: there its micro-step also builds the kernel plans a long
+    run builds once. On the CPU, never (nothing of the kind)."""
+    shape = tuple(batch.input_ids.shape)
+    new = shape not in shapes_run
+    shapes_run.add(shape)
+    return new and device.type == "cuda"
 
 
 def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bool, beta: float,
@@ -414,7 +427,9 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
         reward_margin=metrics.mean([r.reward_margin for r in measured_records]),
         error=error, mem_source=mem_source, loss_type=cfg.train.loss, precision=cfg.train.precision,
         reference=cfg.train.reference, attn_implementation=setup.built.attn_implementation,
-        liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops, adapter=cfg.train.adapter,
+        liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops,
+        pad_multiple=1 if cfg.train.padding_free else trial_facts.pad_multiple(cfg.train, device.type),
+        adapter=cfg.train.adapter,
         optimizer=cfg.train.optimizer, trainable_params=sum(p.numel() for p in setup.params), device=str(device),
         steps=len(records), measured_steps=len(measured), pairs_used=setup.data.usable_pairs,
         pairs_dropped=setup.data.pairs.dropped, startup_s=clock.startup_s(), measure_s=clock.measure_s(),

@@ -16,6 +16,11 @@ def pair_length(p: TokenizedPair) -> int:
     return len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids))
 
 
+def padded_width(width: int, multiple: int) -> int:
+    """``width`` rounded up to a multiple of ``multiple`` (``train.pad_to_multiple_of``)."""
+    return -(-width // multiple) * multiple
+
+
 def packed_tokens(p: TokenizedPair) -> int:
     """A pair's tokens packed padding-free: the prompt twice (chosen and rejected rows) and both responses."""
     return 2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids)

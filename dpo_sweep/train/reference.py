@@ -75,10 +75,10 @@ def table_key(cfg: TrialConfig) -> str:
     """What the reference values depend on besides the data: the weights (the model spec, the
     seed that initialises a preset, the adapter: QLoRA's reference is the quantised base), the
     forward's arithmetic (precision, attention, liger, lean ops, the log-prob head's chunking)
-    and how a pair is laid out (padding side, packing)."""
+    and how a pair is laid out (padding side, the width's multiple, packing)."""
     t = cfg.train
     return "|".join(map(str, (cfg.model.model_dump_json(), t.precision, t.seed, t.adapter, t.logp_chunk_tokens,
-                              t.padding_side, t.padding_free)))
+                              t.padding_side, t.pad_to_multiple_of, t.padding_free)))
 
 
 class ReferenceTables:

@@ -29,10 +29,11 @@ from dpo_sweep.train.data import PairDataset
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference
-from dpo_sweep.train.order import pair_length, usable_pairs
+from dpo_sweep.train.order import padded_width, pair_length, usable_pairs
 from dpo_sweep.train.reference import ReferenceTables, pairs_read, reference_batches, table_key
 from dpo_sweep.train.tokenizer import tokenized_pairs
 from dpo_sweep.train.warm_state import WarmState
+from dpo_sweep.trial_facts import pad_multiple
 
 Logger = Callable[[str], None]
 
@@ -69,6 +70,7 @@ class TrialSetup:
     grad_acc_schedule: knobs.GradAccSchedule  # micro-steps per step (train.grad_acc_schedule)
     adaptive_clip: knobs.AdaptiveClip | None  # train.adaptive_clip
     ema: knobs.WeightEma | None  # train.ema_decay
+    shapes_run: set[tuple[int, ...]]  # micro-batch shapes this process trained on (WarmState.shapes_run)
 
 
 def configure_device_memory(cfg: TrialConfig, device: torch.device) -> None:
@@ -149,14 +151,16 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         scaler=torch.amp.GradScaler(device.type, enabled=train.precision == "fp16"),
         batches=micro_batches(data.pairs, cfg.micro_batch, world, rank, train.seed, data.pad_token_id,
                               train.padding_side, grad_acc=cfg.grad_acc, group_by_length=train.group_by_length,
-                              padding_free=train.padding_free),
+                              padding_free=train.padding_free, multiple=pad_multiple(train, device.type)),
         # After the steps, one on the longest pairs: the peak a real run meets at its longest batch.
         worst_batches=worst_case_batches(data.pairs, cfg.micro_batch, world, rank, data.pad_token_id,
-                                         train.padding_side, grad_acc=cfg.grad_acc, padding_free=train.padding_free),
+                                         train.padding_side, grad_acc=cfg.grad_acc, padding_free=train.padding_free,
+                                         multiple=pad_multiple(train, device.type)),
         shape=DecoderShape.from_config(policy.config),
         grad_acc_schedule=knobs.GradAccSchedule(train.grad_acc_schedule, cfg.grad_acc, train.steps),
         adaptive_clip=knobs.AdaptiveClip(params, train.adaptive_clip_window) if train.adaptive_clip else None,
         ema=knobs.WeightEma(params, train.ema_decay) if train.ema_decay is not None else None,
+        shapes_run=warm.shapes_run if warm is not None else set(),
     )
 
 
@@ -225,9 +229,10 @@ def precompute_reference(reference: SequenceLogProbs, ds: PairDataset, cfg: Tria
     the batches of :func:`~dpo_sweep.train.reference.reference_batches` (``ds`` longest first).
     The allocator's cache is emptied after it on CUDA: the steps' peaks are their own."""
     table = torch.zeros(len(ds), 2, dtype=torch.float32)
-    widths = [pair_length(p) for p in ds.pairs]
+    multiple = pad_multiple(cfg.train, device.type)  # the steps' widths: the kernels' plans serve both
+    widths = [padded_width(pair_length(p), multiple) for p in ds.pairs]
     for idx in reference_batches(widths, cfg.micro_batch, chunked_head=cfg.train.logp_chunk_tokens > 0):
-        batch = collate([ds.pairs[i] for i in idx], idx, pad_id, cfg.train.padding_side)
+        batch = collate([ds.pairs[i] for i in idx], idx, pad_id, cfg.train.padding_side, multiple)
         has_padding = bool((batch.attention_mask == 0).any())
         batch = batch.to(device)
         with autocast(cfg, device):

@@ -29,6 +29,9 @@ class WarmState:
       changed after they are made (a frozen dataclass of tuples; the tokenizer is only read).
     - The precomputed reference's log-probs of those pairs (:class:`ReferenceTables`): a later
       trial on the same weights only computes the pairs no earlier trial read.
+    - The micro-batch shapes this process has trained on (``shapes_run``): on CUDA the first
+      micro-step of a shape also builds kernel plans the process keeps (sdpa's cuDNN attention:
+      one per shape), so the step loop leaves such micro-steps out of the steady micro-step time.
 
     :meth:`release` leaves the process as a fresh one would start the next trial.
     """
@@ -36,6 +39,7 @@ class WarmState:
     def __init__(self) -> None:
         self._data: dict[tuple, tuple[Any, PairDataset]] = {}
         self.reference_tables = ReferenceTables()
+        self.shapes_run: set[tuple[int, ...]] = set()
         self._malloc_trim: Callable[[int], int] | None = None
         self._trim_looked_up = False
 

@@ -55,7 +55,9 @@ def test_recommended_yaml_pins_the_winner_validates_as_one_trial_and_runs(tmp_pa
     assert len(pinned.trials) == 1
     one = pinned.trials[0]
     assert (one.micro_batch, one.checkpoint_level, one.grad_acc, one.beta) == (4, "none", 1, 0.1)
-    assert one.train == expected.train and one.train.lr == 3e-4  # the swept lr, and every other field
+    # the swept lr, and every other field; pad_to_multiple_of auto pinned to what the row ran (not
+    # recorded in these rows: the longest row, 1)
+    assert one.train == expected.train.model_copy(update={"pad_to_multiple_of": 1}) and one.train.lr == 3e-4
     assert one.model.attn_implementation == "sdpa" and one.model.liger_kernel is False  # auto, resolved
     assert one.data == expected.data and one.resources == expected.resources
     assert "recommended.yaml" in outcome.recommendation_text and "learning_rate=0.0003" in outcome.recommendation_text
@@ -107,6 +109,25 @@ def test_trl_precision(tmp_path, precision, bf16, fp16, dtype):
     args, _ = winner.trl_config(t, load_results(results_for(tmp_path, quick_space(tmp_path), 0)).iloc[0])
     assert (args["bf16"], args["fp16"]) == (bf16, fp16)
     assert args.get("model_init_kwargs", {}).get("torch_dtype") == dtype
+
+
+def test_trl_pads_to_the_multiple_the_trial_padded_to(tmp_path):
+    # the row's pad_multiple (train.pad_to_multiple_of as it resolved: auto is 64 on CUDA, 1 on the
+    # CPU); TRL's own auto pads only on Neuron, so a multiple above 1 is passed on
+    raw = quick_space(tmp_path)
+    t = space_mod.parse(raw).trials[0]
+    row = load_results(results_for(tmp_path, raw, 0)).iloc[0]
+    assert "pad_to_multiple_of" not in winner.trl_config(t, row)[0]  # not recorded (older results)
+    on_gpu = row.copy()
+    on_gpu["pad_multiple"] = 64
+    assert winner.trl_config(t, on_gpu)[0]["pad_to_multiple_of"] == 64
+    assert winner.pinned_space(t, on_gpu)["train"]["pad_to_multiple_of"] == 64  # auto pinned to what ran
+    assert winner.pinned_space(t, row)["train"]["pad_to_multiple_of"] == 1  # before the column: the longest row
+    on_cpu = row.copy()
+    on_cpu["pad_multiple"] = 1
+    assert "pad_to_multiple_of" not in winner.trl_config(t, on_cpu)[0]
+    packed = space_mod.parse(quick_space(tmp_path, train={"padding_free": True})).trials[0]
+    assert "pad_to_multiple_of" not in winner.trl_config(packed, on_gpu)[0]
 
 
 def test_trl_gaps_name_what_trl_cannot_express(tmp_path):

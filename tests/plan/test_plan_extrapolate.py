@@ -1,10 +1,11 @@
 """Step times extrapolated on the pairs of the real steps (plan/extrapolate.py)."""
+import dataclasses
 import math
 import random
 
 import pytest
 
-from dpo_sweep.plan.extrapolate import computed_counts, extrapolate, fit_micro_steps, step_layout
+from dpo_sweep.plan.extrapolate import MIN_REPEATED, computed_counts, extrapolate, fit_micro_steps, step_layout
 from dpo_sweep.plan.memory import ModelShape
 from dpo_sweep.plan.rows import fitted_step_ms
 from dpo_sweep.records import StepRecord
@@ -56,6 +57,27 @@ def test_on_long_tailed_lengths_the_real_steps_are_predicted_where_a_micro_step_
     assert abs(old / true_median - 1) > 0.05, (old, true_median)
 
 
+def test_micro_steps_of_a_new_shape_are_left_out_of_the_fit_once_enough_others_remain():
+    lengths = long_tailed(seed=4)
+    short = make_cfg(micro_batch=2, grad_acc=4, steps=6, warmup_steps=1, max_length=4096)
+    clean = measured_steps(short, lengths)
+    works = step_layout(short, lengths, SHAPE).works
+    stalled = []  # the second micro-step of every step pays 100 ms of plan building, flagged as new
+    for s in clean:
+        ms = [float(x) for x in s.micro_ms.split(",")]
+        ms[1] += 100.0
+        stalled.append(dataclasses.replace(s, micro_ms=",".join(map(str, ms)), micro_new="0100"))
+    want = fit_micro_steps(clean, works, world=1, how="line")
+    got = fit_micro_steps(stalled, works, world=1, how="line")
+    assert got.intercept_ms == pytest.approx(want.intercept_ms, rel=1e-6)
+    assert got.per_flop_ms == pytest.approx(want.per_flop_ms, rel=1e-6)
+    # with fewer than MIN_REPEATED repeated micro-steps the flags are not trusted: all are fitted
+    few = [dataclasses.replace(s, micro_new="1110") for s in stalled[:3]]
+    assert sum(f == "0" for s in few for f in s.micro_new if s.measured) < MIN_REPEATED
+    unflagged = [dataclasses.replace(s, micro_new="") for s in few]
+    assert fit_micro_steps(few, works, world=1, how="line") == fit_micro_steps(unflagged, works, world=1, how="line")
+
+
 def test_padding_is_computed_and_packing_is_not():
     lengths = LengthProfile((10, 2), (5, 30), (3, 1), (15, 32))
     padded = computed_counts(lengths, [0, 1], padding_free=False, chunked_head=True)
@@ -63,6 +85,20 @@ def test_padding_is_computed_and_packing_is_not():
     assert padded.causal_pairs == 4 * 32 * 32  # sdpa with a padding mask: the whole square of each row
     packed = computed_counts(lengths, [0, 1], padding_free=True, chunked_head=True, attn="flash_attention_2")
     assert packed.tokens == 15 + 13 + 32 + 3 and packed.causal_pairs == sum(n * (n + 1) // 2 for n in (15, 13, 32, 3))
+
+
+def test_rows_rounded_up_to_the_pad_multiple_are_computed_at_that_width():
+    lengths = LengthProfile((10, 2), (5, 30), (3, 1), (15, 32))
+    rounded = computed_counts(lengths, [0, 1], padding_free=False, chunked_head=True, multiple=64)
+    assert rounded.tokens == 4 * 64 and rounded.causal_pairs == 4 * 64 * 64
+    assert rounded.head_rows == 5 + 3 + 30 + 1  # the real response tokens only
+    # a GPU configuration's layout pads to 64 (auto); the same on the CPU does not
+    long = long_tailed(seed=2)
+    gpu = make_cfg(micro_batch=1, grad_acc=4, steps=2, max_length=4096, device="auto", resources={"use_gpu": "auto"})
+    cpu = make_cfg(micro_batch=1, grad_acc=4, steps=2, max_length=4096)
+    assert sum(map(sum, (w[0] for w in step_layout(gpu, long, SHAPE).works))) > \
+        sum(map(sum, (w[0] for w in step_layout(cpu, long, SHAPE).works)))
+    assert step_layout(gpu, long, SHAPE).tokens == step_layout(cpu, long, SHAPE).tokens  # real tokens: the same
 
 
 def test_with_several_workers_the_synchronising_micro_step_counts_once_per_step():

@@ -16,6 +16,25 @@ def profile(pairs):
 LONG_TAILED = profile([(10, 8, 6)] * 30 + [(40, 30, 12), (20, 100, 9)])  # widths 18.., 70, 120
 
 
+def test_on_cuda_the_worst_micro_batch_is_as_wide_as_its_rows_rounded_up():
+    # train.pad_to_multiple_of auto: 64 on CUDA (at most max_length), 1 on the CPU.
+    cpu = make_cfg(micro_batch=2, max_length=256)
+    gpu = make_cfg(micro_batch=2, max_length=256, device="auto", resources={"use_gpu": "auto"})
+    assert worst_micro_batch(cpu, LONG_TAILED) == (2 * 2 * 120, 120)
+    assert worst_micro_batch(gpu, LONG_TAILED) == (2 * 2 * 128, 128)
+    assert worst_micro_batch(cpu, LONG_TAILED, device="cuda") == (2 * 2 * 128, 128)
+    assert worst_micro_batch(make_cfg(micro_batch=2, max_length=256, pad_to_multiple_of=48), LONG_TAILED) == \
+        (2 * 2 * 144, 144)
+    assert worst_micro_batch(make_cfg(micro_batch=2, max_length=200), None, device="cuda") == (2 * 2 * 256, 256)
+    # rows of exactly the widest width have padding once the width is rounded past them
+    even = profile([(60, 60, 60)] * 4)
+    assert not worst_micro_batch_padded(cpu, even) and worst_micro_batch_padded(cpu, even, device="cuda")
+    # packed rows are never rounded
+    packed = make_cfg(micro_batch=2, max_length=256, padding_free=True)
+    assert worst_micro_batch(packed, LONG_TAILED, device="cuda") == worst_micro_batch(packed, LONG_TAILED)
+    assert not worst_micro_batch_padded(packed, even, device="cuda")
+
+
 def test_worst_micro_batch_is_the_longest_pairs():
     cfg = make_cfg(micro_batch=2, max_length=256)
     assert worst_micro_batch(cfg, None) == (2 * 2 * 256, 256)
@@ -53,7 +72,7 @@ def test_padding_gives_sdpa_a_mask_repeated_kv_and_a_bias_per_layer():
     # size instead of the GQA size, plus a T x T bias per row in each layer (transformers'
     # use_gqa_in_sdpa; measured: a Mistral shape at mb 4 on 2,048 tokens, 5.2 GB of 6.7 missing).
     model = {"preset": "tiny-llama", "attn_implementation": "sdpa"}
-    cfg = make_cfg(micro_batch=2, max_length=256, model=model)
+    cfg = make_cfg(micro_batch=2, max_length=256, model=model, pad_to_multiple_of=1)  # widths as they are
     s, b = model_shape(cfg.model), element_bytes(cfg.model, cfg.train.precision)
     assert s.kv_dim < s.q_dim  # the tiny preset is GQA
     unpadded = profile([(60, 60, 60)] * 4)

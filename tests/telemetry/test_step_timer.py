@@ -125,3 +125,16 @@ def test_the_trainer_records_where_each_step_went():
         # the accumulating micro-steps, the optimizer phase, and the first micro-step is the rest (the
         # worst-case step runs 2 micro-steps: order.WORST_CASE_MICRO_STEPS)
         assert (s.grad_acc - 1) * s.micro_step_ms + s.optimizer_ms < s.step_time_ms
+
+
+def test_micro_steps_of_a_shape_the_process_ran_first_are_left_out_while_others_remain():
+    from dpo_sweep.telemetry.timing import micro_and_optimizer_ms
+
+    # micro-steps 1 and 3 of their shape's first (CUDA: kernel plans built, ~100 ms more)
+    durations = [100.0, 270.0, 170.0, 268.0, 172.0, 30.0]
+    assert micro_and_optimizer_ms(durations) == pytest.approx((220.0, 30.0))
+    assert micro_and_optimizer_ms(durations, new=[False, True, False, True, False]) == pytest.approx((171.0, 30.0))
+    # every accumulating one new: they are what there is
+    assert micro_and_optimizer_ms([100.0, 270.0, 268.0, 30.0], new=[False, True, True]) == pytest.approx((269.0, 30.0))
+    # flags that do not match the micro-steps are not read
+    assert micro_and_optimizer_ms(durations, new=[True]) == micro_and_optimizer_ms(durations)

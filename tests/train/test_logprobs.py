@@ -90,3 +90,19 @@ def test_padding_amount_does_not_change_logps(tiny):
     a = lp(short.input_ids, short.attention_mask, short.position_ids, short.response_mask)[0]
     b = lp(padded.input_ids, padded.attention_mask, padded.position_ids, padded.response_mask)[0]
     torch.testing.assert_close(b[[0, 2]], a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_rows_padded_to_a_multiple_give_the_same_logps(tiny, side):
+    # train.pad_to_multiple_of: the width is the longest row rounded up; the extra padding changes
+    # no log-prob (right or left padded).
+    pairs = ragged_pairs(3, seed=5)
+    lp = SequenceLogProbs(tiny, 8)
+    plain = collate(pairs, [0, 1, 2], pad_id=258, padding_side=side)
+    rounded = collate(pairs, [0, 1, 2], pad_id=258, padding_side=side, multiple=16)
+    assert plain.input_ids.shape[1] % 16 != 0  # the case rounds something
+    assert rounded.input_ids.shape[1] == -(-plain.input_ids.shape[1] // 16) * 16
+    assert rounded.tokens() == plain.tokens() and rounded.max_seq_len() == plain.max_seq_len()
+    a = lp(plain.input_ids, plain.attention_mask, plain.position_ids, plain.response_mask)[0]
+    b = lp(rounded.input_ids, rounded.attention_mask, rounded.position_ids, rounded.response_mask)[0]
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
