@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--memory-budget-gb", type=float, help="budget for the recommendation")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="change the space file's settings, as validate and trial take them, e.g. "
-                   f"--set train.steps=8 --set micro_batch=2 (repeatable; DIR/{ResultsDir.SPACE} records the result)")
+                   f"--set train.steps=8 --set micro_batch=2, or micro_batch=[2,4] to sweep those (repeatable; "
+                   f"DIR/{ResultsDir.SPACE} records the result)")
     r.add_argument("--full-grid", action="store_true",
                    help="run every configuration in full: no pruning, shared measurements or short accumulation")
     _safety_margin_flag(r)

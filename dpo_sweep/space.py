@@ -121,7 +121,8 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``KEY=VALUE`` overrides. A bare search dimension (``micro_batch=4``) pins that
-    dimension to one value; a dotted key (``train.steps=3``) sets that field."""
+    dimension to one value, or a YAML list of them (``micro_batch=[2,4]``) sweeps those; a dotted
+    key (``train.steps=3``) sets that field."""
     raw = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
@@ -142,7 +143,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 )
             search = raw.setdefault("search", {}) or {}
             raw["search"] = search
-            search[dim] = [value]
+            search[dim] = _as_list(dim, value)
             if dim == "grad_acc":
                 search.pop("effective_batch", None)
             if dim == "effective_batch":

@@ -36,6 +36,15 @@ def test_set_seed_reaches_every_trial():
     assert {t.train.seed for t in sp.trials} == {5}
 
 
+def test_set_with_a_list_sweeps_those_values_and_an_empty_one_is_refused():
+    sp = space_mod.load(QUICKSTART, ["micro_batch=[2,4]", "search.checkpoint_level=[none]", "lr=[1e-4, 3e-4]"])
+    assert sorted({(t.micro_batch, t.checkpoint_level, t.train.lr) for t in sp.trials}) == \
+        [(2, "none", 1e-4), (2, "none", 3e-4), (4, "none", 1e-4), (4, "none", 3e-4)]
+    assert sp.raw["search"]["micro_batch"] == [2, 4]  # what DIR/space.yaml records
+    with pytest.raises(SpaceError, match=r"search.micro_batch: empty list"):
+        space_mod.load(QUICKSTART, ["micro_batch=[]"])
+
+
 def test_seed_under_search_is_a_dimension_with_readable_unique_ids():
     trials = space_mod.parse(with_search(seed=[0, 1, 2])).trials
     assert len(trials) == 36
