@@ -267,8 +267,8 @@ class TrainSpec(_Strict):
     padding_side: Literal["right", "left"] = Field("right", description="Where batches are padded.")
     pad_to_multiple_of: int | Literal["auto"] = Field(
         "auto",
-        description="Pad a micro-batch's rows to a multiple of this many tokens (padded batches; "
-        "padding_free packs without padding). auto: 64 (at most max_length) on CUDA, 1 (the batch's "
+        description="Round the width of a micro-batch that has padding up to a multiple of this many "
+        "tokens (rows all of one length stay as they are; padding_free packs without padding). auto: 64 (at most max_length) on CUDA, 1 (the batch's "
         "longest row) on the CPU. On CUDA sdpa's cuDNN attention builds a plan for each new row width: on the H200 a "
         "micro-step of a width not seen before took ~200 ms more (a 3B model at micro_batch 1, "
         "~300 ms a micro-step), so on long-tailed lengths nearly every micro-step paid it; 64 bounds "

@@ -29,7 +29,7 @@ from dpo_sweep.trial_facts import pad_multiple, planned_attention, planned_devic
 from dpo_sweep.records import StepRecord
 from dpo_sweep.telemetry.flops import DecoderShape, TokenCounts, dpo_step_flops
 from dpo_sweep.train.lengths import LengthProfile
-from dpo_sweep.train.order import micro_batch_order, padded_width
+from dpo_sweep.train.order import batch_width, micro_batch_order
 
 #: steps -> ranks -> micro-batches -> work (FLOPs)
 Works = list[list[list[float]]]
@@ -44,14 +44,14 @@ def decoder_shape(s: ModelShape) -> DecoderShape:
 def computed_counts(lengths: LengthProfile, idx: Sequence[int], *, padding_free: bool, chunked_head: bool,
                     attn: str = "sdpa", multiple: int = 1) -> TokenCounts:
     """What the kernels compute for the micro-batch of pairs ``idx``. Padded: every row as wide as
-    the widest pair rounded up to ``multiple`` (``train.pad_to_multiple_of``), padding included;
+    the widest pair (rounded up to ``multiple``, ``train.pad_to_multiple_of``, when it has padding),
+    padding included;
     packed: the sequences end to end in one row. Attention
     through sdpa or eager with a mask (padding, or packed sequences' block mask) computes the
     whole square of a row; flash-attn only each sequence's causal half."""
     seqs = [lengths.prompt[i] + r for i in idx for r in (lengths.chosen[i], lengths.rejected[i])]
     responses = sum(lengths.chosen[i] + lengths.rejected[i] for i in idx)
-    rows, width = (1, sum(seqs)) if padding_free else (
-        len(seqs), padded_width(max(lengths.widths[i] for i in idx), multiple))
+    rows, width = (1, sum(seqs)) if padding_free else (len(seqs), batch_width(seqs, multiple))
     tokens = rows * width
     square = attn not in ("flash_attention_2", "flash_attention_3")
     causal_pairs = rows * width * width if square else sum(n * (n + 1) // 2 for n in seqs)

@@ -67,7 +67,6 @@ from typing import Mapping
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.levers import lever_bytes
 from dpo_sweep.train.lengths import LengthProfile
-from dpo_sweep.train.order import padded_width
 from dpo_sweep import trial_facts
 
 GB = 1e9
@@ -307,24 +306,20 @@ def _pad_multiple(cfg: TrialConfig, device: str | None) -> int:
     return trial_facts.pad_multiple(cfg.train, device or trial_facts.planned_device(cfg))
 
 
-def worst_micro_batch_padded(cfg: TrialConfig, lengths: LengthProfile | None, device: str | None = None) -> bool:
-    """Whether the largest micro-batch ``cfg`` runs on ``device`` has padding: unknown lengths are
-    taken as every sequence at ``max_length`` (padded only up to the width's multiple)."""
-    multiple = _pad_multiple(cfg, device)
-    if lengths is None:
-        return padded_width(cfg.train.max_length, multiple) > cfg.train.max_length
-    return lengths.worst_micro_batch_padded(cfg.micro_batch, cfg.train.padding_free, multiple)
+def worst_micro_batch_padded(cfg: TrialConfig, lengths: LengthProfile | None) -> bool:
+    """Whether the largest micro-batch ``cfg`` runs has padding: unknown lengths are taken as
+    every sequence at ``max_length`` (none)."""
+    return lengths is not None and lengths.worst_micro_batch_padded(cfg.micro_batch, cfg.train.padding_free)
 
 
 def worst_micro_batch(cfg: TrialConfig, lengths: LengthProfile | None, device: str | None = None) -> tuple[int, int]:
     """(tokens, longest row) of the largest micro-batch ``cfg`` runs on ``device``: its data's
     ``micro_batch`` longest pairs (the worst-case step) when their lengths are known, else every
-    sequence at ``max_length``; padded rows as wide as ``train.pad_to_multiple_of`` rounds them."""
-    multiple = _pad_multiple(cfg, device)
+    sequence at ``max_length`` (rows of one length: no padding to round); padded rows as wide as
+    ``train.pad_to_multiple_of`` rounds them."""
     if lengths is None:
-        width = padded_width(cfg.train.max_length, multiple)
-        return 2 * cfg.micro_batch * width, width
-    return lengths.worst_micro_batch(cfg.micro_batch, cfg.train.padding_free, multiple)
+        return 2 * cfg.micro_batch * cfg.train.max_length, cfg.train.max_length
+    return lengths.worst_micro_batch(cfg.micro_batch, cfg.train.padding_free, _pad_multiple(cfg, device))
 
 
 def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape | None = None,
@@ -339,7 +334,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     world = cfg.resources.workers_per_trial
     shard = world if (world > 1 and cfg.resources.parallelism == "fsdp") else 1  # FSDP: a rough 1/world
     tokens, seq_len = worst_micro_batch(cfg, lengths, device)
-    masked = worst_micro_batch_padded(cfg, lengths, device)
+    masked = worst_micro_batch_padded(cfg, lengths)
     kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len, masked=masked)
 
     lev = lever_bytes(cfg, s, b.weight, b.activation, b.autocast, lean, liger)  # adapter and optimizer (levers.py)

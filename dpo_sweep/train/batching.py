@@ -8,7 +8,7 @@ import torch
 
 from dpo_sweep.telemetry.flops import TokenCounts
 from dpo_sweep.train.data import PairDataset, TokenizedPair
-from dpo_sweep.train.order import micro_batch_order, packed_tokens, padded_width, pair_length, usable_pairs, worst_case_order
+from dpo_sweep.train.order import batch_width, micro_batch_order, packed_tokens, pair_length, usable_pairs, worst_case_order
 
 
 @dataclass(frozen=True)
@@ -54,15 +54,16 @@ class MicroBatch:
 
 def collate(pairs: list[TokenizedPair], index: list[int], pad_id: int, padding_side: str = "right",
             multiple: int = 1) -> MicroBatch:
-    """Pad whole pairs into one concatenated chosen+rejected batch, as wide as its longest row
-    rounded up to ``multiple`` (``train.pad_to_multiple_of``, resolved: ``trial_facts.pad_multiple``)."""
+    """Pad whole pairs into one concatenated chosen+rejected batch, as wide as its longest row,
+    rounded up to ``multiple`` when it has padding (``order.batch_width``; ``train.pad_to_multiple_of``
+    as ``trial_facts.pad_multiple`` resolves it)."""
     seqs, masks = [], []
     for field in ("chosen_ids", "rejected_ids"):
         for p in pairs:
             resp = getattr(p, field)
             seqs.append(list(p.prompt_ids) + list(resp))
             masks.append([False] * len(p.prompt_ids) + [True] * len(resp))
-    width = padded_width(max(len(s) for s in seqs), multiple)
+    width = batch_width([len(s) for s in seqs], multiple)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(seqs), width), dtype=torch.long)
     resp = torch.zeros((len(seqs), width), dtype=torch.bool)

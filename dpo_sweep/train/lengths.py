@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.train.data import PairDataset
-from dpo_sweep.train.order import padded_width, pair_length
+from dpo_sweep.train.order import batch_width, pair_length
 
 #: Bars per histogram in data.json: enough to show a long tail, few enough to read.
 HISTOGRAM_BINS = 24
@@ -45,26 +45,29 @@ class LengthProfile:
         size = self.packed() if padding_free else self.widths
         return sorted(range(len(size)), key=lambda i: -size[i])[:micro_batch]
 
+    def _rows(self, pairs: Sequence[int]) -> list[int]:
+        """The padded rows' real tokens of a micro-batch of ``pairs``: prompt + chosen, prompt + rejected."""
+        return [self.prompt[i] + r for i in pairs for r in (self.chosen[i], self.rejected[i])]
+
     def worst_micro_batch(self, micro_batch: int, padding_free: bool, multiple: int = 1) -> tuple[int, int]:
-        """(tokens, longest row) of that micro-batch: padded, 2 x micro_batch rows of the widest
-        width rounded up to ``multiple`` (``train.pad_to_multiple_of``); packed, its pairs' tokens
-        in one row."""
+        """(tokens, longest row) of that micro-batch: padded, 2 x micro_batch rows of its width
+        (:func:`~dpo_sweep.train.order.batch_width`: the widest, rounded up to ``multiple`` when
+        it has padding); packed, its pairs' tokens in one row."""
         longest = self._worst_pairs(micro_batch, padding_free)
         if not padding_free:
-            width = padded_width(self.widths[longest[0]], multiple)
+            width = batch_width(self._rows(longest), multiple)
             return 2 * len(longest) * width, width
         tokens = sum(self.packed()[i] for i in longest)
         return tokens, tokens
 
-    def worst_micro_batch_padded(self, micro_batch: int, padding_free: bool, multiple: int = 1) -> bool:
+    def worst_micro_batch_padded(self, micro_batch: int, padding_free: bool) -> bool:
         """Whether that micro-batch has padding (then the attention gets a mask): a row of its
-        pairs shorter than its width (the widest rounded up to ``multiple``). Packed into one row,
-        it has none."""
+        pairs shorter than the widest (rounding to a multiple pads only a batch that has padding
+        already). Packed into one row, it has none."""
         if padding_free:
             return False
-        longest = self._worst_pairs(micro_batch, padding_free)
-        width = padded_width(self.widths[longest[0]], multiple)
-        return any(self.prompt[i] + r < width for i in longest for r in (self.chosen[i], self.rejected[i]))
+        rows = self._rows(self._worst_pairs(micro_batch, padding_free))
+        return min(rows) < max(rows)
 
 def histogram(values: Sequence[int], bins: int = HISTOGRAM_BINS) -> dict[str, list[int]]:
     """Counts of ``values`` in ``bins`` equal-width integer bins: ``{"edges": [lo0, ..., hi], "counts"}``;

@@ -21,6 +21,14 @@ def padded_width(width: int, multiple: int) -> int:
     return -(-width // multiple) * multiple
 
 
+def batch_width(rows: Sequence[int], multiple: int) -> int:
+    """The width of a padded micro-batch whose rows hold ``rows`` tokens: the longest, rounded up
+    to ``multiple`` when the batch has padding anyway. Rows all of one length stay unpadded: no
+    attention mask, the kernels' causal path (fixed-length pairs keep their one shape)."""
+    longest = max(rows)
+    return longest if min(rows) == longest else padded_width(longest, multiple)
+
+
 def packed_tokens(p: TokenizedPair) -> int:
     """A pair's tokens packed padding-free: the prompt twice (chosen and rejected rows) and both responses."""
     return 2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids)

@@ -106,3 +106,6 @@ def test_rows_padded_to_a_multiple_give_the_same_logps(tiny, side):
     a = lp(plain.input_ids, plain.attention_mask, plain.position_ids, plain.response_mask)[0]
     b = lp(rounded.input_ids, rounded.attention_mask, rounded.position_ids, rounded.response_mask)[0]
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    # rows all of one length: nothing to round, no padding made
+    even = collate([TokenizedPair((1,) * 5, (2,) * 4, (3,) * 4)], [0], pad_id=258, multiple=16)
+    assert even.input_ids.shape == (2, 9) and bool(even.attention_mask.all())
