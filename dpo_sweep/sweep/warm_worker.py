@@ -10,7 +10,8 @@ trainer once, when it is created, and runs trial after trial:
    (:func:`start_pool`) as soon as Ray is up, before Tune: the workers import while the preflight
    ends and Tune starts, and they outlive any one Tune trial process. A worker leaves out what
    no trial uses (:func:`~dpo_sweep.sweep.worker_setup.unused_packages_hidden`), and keeps what
-   its imports made out of the garbage collector's walks (``gc.freeze``).
+   its imports made out of the garbage collector's walks (``gc.freeze``). Then it tokenises the
+   sweep's data in a thread (``WarmState.prefetch``): the first trial finds it made.
 1. :func:`run_in_warm_worker` (in the Tune trial process) takes a free one and hands it the validated
    ``TrialConfig``; the actor runs :func:`~dpo_sweep.sweep.trial_run.run_and_report` in a thread and
    streams each report back (a Ray streaming generator), which the trial process forwards with
@@ -49,6 +50,7 @@ from dpo_sweep.config import TrialConfig, distinct_models
 from dpo_sweep.sweep.protocol import TrialFailure, short_error
 from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER, import_trainer, output_to_file, run_and_report, worker_log_path
 from dpo_sweep.sweep.worker_setup import unused_packages_hidden
+from dpo_sweep.train.data import data_key
 
 
 def wanted(cfg: TrialConfig) -> bool:
@@ -60,7 +62,7 @@ class TrialWorker:
     """The long-lived process of one trial slot (see the module doc). A Ray actor of the sweep's
     :class:`WorkerPool`; a plain object in tests."""
 
-    def __init__(self, trainer: str = DEFAULT_TRAINER, models: list[Any] = ()):
+    def __init__(self, trainer: str = DEFAULT_TRAINER, models: list[Any] = (), data: TrialConfig | None = None):
         started = time.time()  # no Ray Train here: importing it cost 2.1 s on the H200
         with unused_packages_hidden():
             self._run_trial = import_trainer(trainer)
@@ -78,6 +80,8 @@ class TrialWorker:
         #: When the import ran: the part that overlaps the first trial is that trial's ``import``
         #: phase (the trial that started this worker waited for it; later trials do not).
         self._import_window: tuple[float, float] | None = (started, time.time())
+        if data is not None:  # the sweep's data, tokenised while the driver's preflight runs
+            self._warm.prefetch(data)
         self.trials_run = 0
 
     def run(self, loop_config: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -151,16 +155,17 @@ class WorkerPool:
     starts; the Tune trial processes take them from it by its name. A Ray actor
     (:func:`start_pool`); the workers it creates itself (replacements) it owns, so they end with it."""
 
-    def __init__(self, workers: list[Any], options: dict[str, Any], trainer: str, models: list[Any]):
+    def __init__(self, workers: list[Any], options: dict[str, Any], trainer: str, models: list[Any],
+                 data: TrialConfig | None = None):
         import asyncio
 
-        self._options, self._trainer, self._models = options, trainer, models
+        self._options, self._trainer, self._models, self._data = options, trainer, models, data
         self._free: asyncio.Queue = asyncio.Queue()
         for worker in workers:
             self._free.put_nowait(worker)
 
     def _new_worker(self) -> Any:
-        return new_worker(self._options, self._trainer, self._models)
+        return new_worker(self._options, self._trainer, self._models, self._data)
 
     async def acquire(self) -> Any:
         """A free worker (waits for one: the sweep runs at most as many trials as it has)."""
@@ -175,9 +180,10 @@ class WorkerPool:
         self._free.put_nowait(worker)
 
 
-def new_worker(options: dict[str, Any], trainer: str, models: list[Any]) -> Any:
-    """A :class:`TrialWorker` actor; it starts importing the trainer and ``models``' code at once."""
-    return ray.remote(TrialWorker).options(**options, max_restarts=0).remote(trainer, models)
+def new_worker(options: dict[str, Any], trainer: str, models: list[Any], data: TrialConfig | None = None) -> Any:
+    """A :class:`TrialWorker` actor; it starts importing the trainer and ``models``' code at once,
+    then tokenising ``data``'s pairs."""
+    return ray.remote(TrialWorker).options(**options, max_restarts=0).remote(trainer, models, data)
 
 
 @dataclass
@@ -196,17 +202,25 @@ class WarmPool:
             ray.kill(actor, no_restart=True)
 
 
+def shared_data(trials: Sequence[TrialConfig]) -> TrialConfig | None:
+    """A trial whose data every one of ``trials`` reads (the same pairs, tokenizer and
+    ``max_length``): what a warm worker tokenises as it starts; None when they read several."""
+    return trials[0] if len({data_key(t) for t in trials}) == 1 else None
+
+
 def start_pool(name: str, count: int, trials: Sequence[TrialConfig], use_gpu: bool, trainer: str) -> WarmPool:
     """The sweep's :class:`WorkerPool` named ``name`` with ``count`` workers that start importing
     the trainer and ``trials``' model classes now. The driver creates the workers itself, at the
     same time as the pool: a worker's process start and imports are the first trial's wait, and
-    they need not wait for the pool's own process to start."""
+    they need not wait for the pool's own process to start. Then each tokenises the trials' data
+    (:func:`shared_data`)."""
     first = trials[0].resources
     options = {"num_cpus": first.cpus_per_worker, "num_gpus": 1 if use_gpu else 0}
     models = distinct_models(trials)
-    workers = [new_worker(options, trainer, models) for _ in range(count)]
+    data = shared_data(trials)
+    workers = [new_worker(options, trainer, models, data) for _ in range(count)]
     actor = ray.remote(WorkerPool).options(name=name, num_cpus=0, max_concurrency=max(4, 2 * count)).remote(
-        workers, options, trainer, models)
+        workers, options, trainer, models, data)
     return WarmPool(name, actor, workers)
 
 

@@ -6,10 +6,12 @@ nothing: its data and reference log-probs are made for it alone.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
 import os
+import threading
 from typing import Any, Callable
 
 import torch
@@ -38,6 +40,7 @@ class WarmState:
 
     def __init__(self) -> None:
         self._data: dict[tuple, tuple[Any, PairDataset]] = {}
+        self._data_lock = threading.Lock()
         self.reference_tables = ReferenceTables()
         self.shapes_run: set[tuple[int, ...]] = set()
         self._malloc_trim: Callable[[int], int] | None = None
@@ -45,13 +48,29 @@ class WarmState:
 
     def tokenized_pairs(self, cfg: TrialConfig) -> tuple[Any, PairDataset]:
         """``cfg``'s tokenizer and its data tokenised at ``train.max_length``; the same objects as the
-        last call's when they would be made from the same inputs."""
+        last call's when they would be made from the same inputs. A call while :meth:`prefetch`
+        tokenises waits for it."""
         key = data_stamp(cfg)
-        if key not in self._data:
-            self._data.clear()  # one data set at a time: a sweep has one
-            self.reference_tables.clear()
-            self._data[key] = tokenized_pairs(cfg)
-        return self._data[key]
+        with self._data_lock:
+            if key not in self._data:
+                self._data.clear()  # one data set at a time: a sweep has one
+                self.reference_tables.clear()
+                self._data[key] = tokenized_pairs(cfg)
+            return self._data[key]
+
+    def prefetch(self, cfg: TrialConfig) -> threading.Thread:
+        """Tokenise ``cfg``'s data in a thread, now: a warm worker does it as it starts, while the
+        driver's preflight runs, so that its first trial finds the data made (20,000 chat pairs:
+        15 s on the 2-core machine). A failure is left to the trial, which meets it again (and the
+        preflight says what is wrong before any trial)."""
+
+        def work() -> None:
+            with contextlib.suppress(Exception):
+                self.tokenized_pairs(cfg)
+
+        thread = threading.Thread(target=work, name="prefetch-data", daemon=True)
+        thread.start()
+        return thread
 
     def release(self, device: torch.device) -> None:
         """Leave the process as a fresh one would start the next trial: liger's patches undone, the

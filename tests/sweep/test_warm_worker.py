@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -189,3 +190,53 @@ def test_unused_packages_look_uninstalled_only_within_the_block(tmp_path, monkey
     with unused_packages_hidden():  # one already imported stays
         assert sys.modules["sklearn"] is imported
     monkeypatch.delitem(sys.modules, "sklearn")
+
+
+def test_a_worker_tokenises_its_sweeps_data_as_it_starts_and_its_first_trial_finds_it(monkeypatch):
+    from dpo_sweep.train import warm_state
+
+    calls, real = [], warm_state.tokenized_pairs
+
+    def counted(cfg):
+        calls.append(threading.current_thread().name)
+        return real(cfg)
+
+    monkeypatch.setattr(warm_state, "tokenized_pairs", counted)
+    cfg = _cfg(2, 64)
+    _, row, _ = _run(TrialWorker(data=cfg), cfg)
+    assert row.status == "ok" and calls == ["prefetch-data"]  # made once, by the worker's start
+
+
+def test_a_trial_waits_for_the_prefetch_and_a_failed_one_is_the_trials_to_meet(monkeypatch):
+    from dpo_sweep.train import warm_state
+
+    calls, release = [], threading.Event()
+
+    def slow(cfg):
+        calls.append(cfg.train.max_length)
+        release.wait(5)
+        if cfg.train.max_length == 32:
+            raise ValueError("a bad row")
+        return "tokenizer", "pairs"
+
+    monkeypatch.setattr(warm_state, "tokenized_pairs", slow)
+    warm = warm_state.WarmState()
+    cfg = _cfg(2, 64)
+    thread = warm.prefetch(cfg)
+    waiter = threading.Thread(target=lambda: calls.append(warm.tokenized_pairs(cfg)))
+    waiter.start()
+    time.sleep(0.2)
+    release.set()
+    thread.join(5)
+    waiter.join(5)
+    assert calls == [64, ("tokenizer", "pairs")]  # tokenised once; the trial's call waited for it
+    bad = _cfg(2, 32)
+    warm.prefetch(bad).join(5)  # the prefetch's failure is swallowed ...
+    with pytest.raises(ValueError, match="a bad row"):
+        warm.tokenized_pairs(bad)  # ... and the trial meets it
+
+
+def test_workers_tokenise_at_start_only_the_data_every_trial_reads():
+    same = [_cfg(2, 64), _cfg(4, 64, checkpoint_level="full")]
+    assert warm_worker.shared_data(same) is same[0]
+    assert warm_worker.shared_data([_cfg(2, 64), _cfg(2, 128)]) is None  # a swept max_length: the trials tokenise
