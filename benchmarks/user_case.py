@@ -456,27 +456,51 @@ def eta_rows(lines: list[tuple[float, str]], end_s: float) -> list[dict]:
     return rows
 
 
-def sweep(case: Path, out_dir: Path, max_length: int, budget_gb: float, effective: int, timeout_s: float) -> None:
-    """``dpo-sweep run`` of :func:`sweep_space` in a subprocess, every console line timestamped:
-    its wall time, and each ETA it printed against the truth (``eta.csv``); the results folder in
-    ``out_dir/sweep``."""
+def run_timestamped(cmd: list[str], timeout_s: float, grace_s: float = 60.0) -> tuple[int, list, float, bool]:
+    """``cmd`` to its end, each output line printed and kept with its seconds since the start:
+    (exit code, lines, wall seconds, whether it was stopped). Past ``timeout_s`` it gets a SIGINT,
+    a Ctrl-C (a sweep stops as a user would stop it: rows kept, the resume command printed), then
+    after ``grace_s`` a SIGTERM, then a SIGKILL."""
+    import signal
     import subprocess
+    import threading
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    space = out_dir / "space.yaml"
-    space.write_text(sweep_space(case, max_length, budget_gb, effective))
-    cmd = [sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", str(out_dir / "sweep"), "--no-dashboard"]
-    started, lines = time.monotonic(), []
+    started, lines, stopped = time.monotonic(), [], threading.Event()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT) as proc:
+        def stop() -> None:
+            if proc.poll() is not None:
+                return
+            stopped.set()
+            for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 20.0), (signal.SIGKILL, None)):
+                proc.send_signal(sig)
+                try:
+                    proc.wait(timeout=wait_s)
+                    return
+                except subprocess.TimeoutExpired:
+                    continue
+
+        timer = threading.Timer(timeout_s, stop)
+        timer.daemon = True
+        timer.start()
         try:
             for line in proc.stdout:
                 lines.append((time.monotonic() - started, line.rstrip()))
                 print(f"[{lines[-1][0]:7.1f} s] {line.rstrip()}", flush=True)
-                if time.monotonic() - started > timeout_s:
-                    proc.terminate()
         finally:
             rc = proc.wait()
-    wall = time.monotonic() - started
+            timer.cancel()
+    return rc, lines, time.monotonic() - started, stopped.is_set()
+
+
+def sweep(case: Path, out_dir: Path, max_length: int, budget_gb: float, effective: int, timeout_s: float) -> None:
+    """``dpo-sweep run`` of :func:`sweep_space` in a subprocess, every console line timestamped:
+    its wall time, and each ETA it printed against the truth (``eta.csv``); the results folder in
+    ``out_dir/sweep``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    space = out_dir / "space.yaml"
+    space.write_text(sweep_space(case, max_length, budget_gb, effective))
+    cmd = [sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", str(out_dir / "sweep"), "--no-dashboard"]
+    rc, lines, wall, stopped = run_timestamped(cmd, timeout_s)
     (out_dir / "console.log").write_text("".join(f"[{at:7.1f} s] {text}\n" for at, text in lines))
     rows = eta_rows(lines, wall)
     if rows:
@@ -485,7 +509,8 @@ def sweep(case: Path, out_dir: Path, max_length: int, budget_gb: float, effectiv
     # From the end of the first minute on (of the command's wall time), while at least 30 s are left:
     # near the end a few seconds off read as a large share of what is left.
     late = [abs(r["error"]) for r in rows if r["at_s"] >= 60 and r["true_left_s"] >= 30 and math.isfinite(r["error"])]
-    print(f"sweep: exit {rc}, {wall:.0f} s; ETA from the first minute on, 30 s or more left: "
+    print(f"sweep: exit {rc}{f', stopped at its {timeout_s:.0f} s limit' if stopped else ''}, {wall:.0f} s; "
+          "ETA from the first minute on, 30 s or more left: "
           + (f"max |error| {max(late):.0%} over {len(late)} lines" if late else "no such line"))
 
 

@@ -34,3 +34,20 @@ def test_eta_rows_compare_each_estimate_with_what_was_left():
     assert [(r["at_s"], r["elapsed_said_s"], r["eta_s"], r["true_left_s"]) for r in rows[:2]] == [
         (10.0, 10.0, 300.0, 300.0), (130.0, 130.0, 3720.0, 180.0)]
     assert rows[0]["error"] == 0.0 and math.isnan(rows[2]["eta_s"]) and math.isnan(rows[2]["error"])
+
+
+def test_a_command_past_its_limit_gets_a_ctrl_c_first_as_a_user_would_stop_it():
+    child = ("import sys, time\n"
+             "print('started', flush=True)\n"
+             "try:\n    time.sleep(60)\n"
+             "except KeyboardInterrupt:\n    print('stopped by Ctrl-C', flush=True); sys.exit(130)\n")
+    rc, lines, wall, stopped = user_case.run_timestamped([sys.executable, "-c", child], timeout_s=1.0)
+    assert (rc, stopped) == (130, True) and [text for _, text in lines] == ["started", "stopped by Ctrl-C"]
+    assert wall < 30  # it did not sleep its minute out
+    # one that ignores the Ctrl-C gets a SIGTERM after the grace period
+    deaf = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(60)\n"
+    rc, _, wall, stopped = user_case.run_timestamped([sys.executable, "-c", deaf], timeout_s=1.0, grace_s=1.0)
+    assert stopped and rc == -15 and wall < 30
+    # a command that ends in time is not stopped
+    rc, lines, _, stopped = user_case.run_timestamped([sys.executable, "-c", "print('done')"], timeout_s=30)
+    assert (rc, stopped, [t for _, t in lines]) == (0, False, ["done"])
