@@ -59,7 +59,10 @@ CUDA_PAD_MULTIPLE = 64
 
 def pad_multiple(train: TrainSpec, device: str) -> int:
     """The multiple a trial on ``device`` pads its rows' width to (``train.pad_to_multiple_of``;
-    auto: :data:`CUDA_PAD_MULTIPLE`, at most ``train.max_length``, on CUDA; 1 on the CPU)."""
+    auto: :data:`CUDA_PAD_MULTIPLE`, at most ``train.max_length``, on CUDA; 1 on the CPU). 1 with
+    ``train.padding_free``: packed rows have no padding to round."""
+    if train.padding_free:
+        return 1
     if train.pad_to_multiple_of != "auto":
         return train.pad_to_multiple_of
     return min(CUDA_PAD_MULTIPLE, train.max_length) if device == "cuda" else 1

@@ -51,6 +51,7 @@ def test_rows_are_padded_to_64_on_cuda_and_not_on_the_cpu():
     assert trial_facts.pad_multiple(TrainSpec(max_length=32), "cuda") == 32  # never past max_length
     assert trial_facts.pad_multiple(TrainSpec(max_length=2048, pad_to_multiple_of=8), "cpu") == 8
     assert trial_facts.pad_multiple(TrainSpec(max_length=2048, pad_to_multiple_of=1), "cuda") == 1
+    assert trial_facts.pad_multiple(TrainSpec(max_length=2048, padding_free=True), "cuda") == 1  # packed: no padding
 
 
 @pytest.mark.parametrize("value", [0, -8, 4096])

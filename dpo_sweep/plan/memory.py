@@ -298,14 +298,6 @@ def _reference_forward_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_
     return layer + head
 
 
-def _pad_multiple(cfg: TrialConfig, device: str | None) -> int:
-    """The width multiple of ``cfg``'s padded rows on ``device`` (None: where the planner assumes
-    it runs); packed rows are never padded."""
-    if cfg.train.padding_free:
-        return 1
-    return trial_facts.pad_multiple(cfg.train, device or trial_facts.planned_device(cfg))
-
-
 def worst_micro_batch_padded(cfg: TrialConfig, lengths: LengthProfile | None) -> bool:
     """Whether the largest micro-batch ``cfg`` runs has padding: unknown lengths are taken as
     every sequence at ``max_length`` (none)."""
@@ -313,13 +305,15 @@ def worst_micro_batch_padded(cfg: TrialConfig, lengths: LengthProfile | None) ->
 
 
 def worst_micro_batch(cfg: TrialConfig, lengths: LengthProfile | None, device: str | None = None) -> tuple[int, int]:
-    """(tokens, longest row) of the largest micro-batch ``cfg`` runs on ``device``: its data's
+    """(tokens, longest row) of the largest micro-batch ``cfg`` runs on ``device`` (None: where the
+    planner assumes it runs): its data's
     ``micro_batch`` longest pairs (the worst-case step) when their lengths are known, else every
     sequence at ``max_length`` (rows of one length: no padding to round); padded rows as wide as
     ``train.pad_to_multiple_of`` rounds them."""
     if lengths is None:
         return 2 * cfg.micro_batch * cfg.train.max_length, cfg.train.max_length
-    return lengths.worst_micro_batch(cfg.micro_batch, cfg.train.padding_free, _pad_multiple(cfg, device))
+    multiple = trial_facts.pad_multiple(cfg.train, device or trial_facts.planned_device(cfg))
+    return lengths.worst_micro_batch(cfg.micro_batch, cfg.train.padding_free, multiple)
 
 
 def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape | None = None,

@@ -144,6 +144,7 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "
         f"reference {train.reference}, {_lever_words(train, params)}, device {device}, {world} worker(s) "
         f"[{time.perf_counter() - since:.1f} s]")
+    multiple = pad_multiple(train, device.type)  # the padded batches' width multiple (train.pad_to_multiple_of)
     return TrialSetup(
         cfg=cfg, device=device, world=world, rank=rank, data=data, built=built, policy=policy_logps,
         params=params, reference=reference, ref_table=ref_table, optimizer=optimizer,
@@ -151,11 +152,11 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         scaler=torch.amp.GradScaler(device.type, enabled=train.precision == "fp16"),
         batches=micro_batches(data.pairs, cfg.micro_batch, world, rank, train.seed, data.pad_token_id,
                               train.padding_side, grad_acc=cfg.grad_acc, group_by_length=train.group_by_length,
-                              padding_free=train.padding_free, multiple=pad_multiple(train, device.type)),
+                              padding_free=train.padding_free, multiple=multiple),
         # After the steps, one on the longest pairs: the peak a real run meets at its longest batch.
         worst_batches=worst_case_batches(data.pairs, cfg.micro_batch, world, rank, data.pad_token_id,
                                          train.padding_side, grad_acc=cfg.grad_acc, padding_free=train.padding_free,
-                                         multiple=pad_multiple(train, device.type)),
+                                         multiple=multiple),
         shape=DecoderShape.from_config(policy.config),
         grad_acc_schedule=knobs.GradAccSchedule(train.grad_acc_schedule, cfg.grad_acc, train.steps),
         adaptive_clip=knobs.AdaptiveClip(params, train.adaptive_clip_window) if train.adaptive_clip else None,
