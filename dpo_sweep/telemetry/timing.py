@@ -194,7 +194,7 @@ def micro_and_optimizer_ms(durations_ms: Sequence[float], last_syncs: bool = Fal
     ``new``: per micro-step, whether its shape ran first in the process; those are left out while
     another is there. On CUDA such a micro-step also builds the kernel plans a long run builds
     once (sdpa's cuDNN attention, per shape): on the H200 ~100 ms more on a 3B model at
-    micro_batch 1 (269 vs 169 ms; benchmarks/results/extrapolation_h200/, call 6)."""
+    micro_batch 1 (268 vs 169 ms, medians; benchmarks/results/extrapolation_h200/, call 6)."""
     if len(durations_ms) < 2:
         return math.nan, math.nan
     micro = list(durations_ms[:-1])
