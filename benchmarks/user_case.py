@@ -286,7 +286,7 @@ def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: i
             continue
         mb, level = int(tid.split("_")[0][2:]), tid.split("_")[1]
         cfg = trial_config(case, micro_batch=mb, level=level, grad_acc=int(trial_steps[0].grad_acc),
-                           max_length=max_length, steps=steps, warmup=1)
+                           max_length=max_length, steps=steps, warmup=1, pad_to_multiple_of=pad)
         by_trial[tid] = with_shape_flags(trial_steps, cfg, LengthProfile.of(tokenized_pairs(cfg)[1]), pad, seen)
     rows = []
     for tid in [t for t in by_trial if not t.endswith("-short")]:
@@ -294,7 +294,7 @@ def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: i
             continue
         mb, level = int(tid.split("_")[0][2:]), tid.split("_")[1]
         full = trial_config(case, micro_batch=mb, level=level, grad_acc=effective // mb, max_length=max_length,
-                            steps=steps, warmup=1)
+                            steps=steps, warmup=1, pad_to_multiple_of=pad)  # laid out at the run's multiple
         short = full.model_copy(update={"grad_acc": int(by_trial[tid + "-short"][0].grad_acc)})
         lengths, shape = LengthProfile.of(tokenized_pairs(full)[1]), built_shape(full.model)
         truth = statistics.median(s.step_time_ms for s in by_trial[tid] if s.measured and not s.worst_case)

@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from dpo_sweep.results_dir import ResultsDir
 
@@ -64,6 +64,31 @@ class StepRecord:
     optimizer_ms: float = math.nan   # unscale, clip, AdamW step, zero_grad, schedule
     micro_ms: str = ""  # each micro-step's forward+backward in order, "183.1,184.0" (plan/extrapolate.py)
     micro_new: str = ""  # per micro-step "1" where its shape ran first in the process (CUDA), else "0": "100"
+
+    def steady_micro_steps(self, last_syncs: bool = False) -> list[float]:
+        """The times of this step's micro-steps that its ``micro_step_ms`` is the median of
+        (:func:`steady_micro_ms`); empty when it recorded none (``micro_ms``)."""
+        if not self.micro_ms:
+            return []
+        ms = [float(x) for x in self.micro_ms.split(",")]
+        return steady_micro_ms([*ms, self.optimizer_ms], last_syncs, [flag == "1" for flag in self.micro_new])
+
+
+def steady_micro_ms(durations_ms: Sequence[float], last_syncs: bool = False,
+                    new: Sequence[bool] = ()) -> list[float]:
+    """The micro-steps of one step whose median is its steady micro-step
+    (``telemetry.timing.micro_and_optimizer_ms`` says which and why): of ``durations_ms``, one
+    per micro-step then the optimizer phase, every micro-step but the first, and with
+    ``last_syncs`` but the last; those of a shape new in the process (``new``) left out while
+    another remains. Empty without a micro-step."""
+    micro = list(durations_ms[:-1])
+    if not micro:
+        return []
+    known = [not n for n in new] if len(new) == len(micro) else [True] * len(micro)
+    indices = list(range(1, len(micro)))
+    steady = (indices[:-1] if last_syncs else indices) or indices or [0]
+    repeated = [i for i in steady if known[i]]
+    return [micro[i] for i in (repeated or steady)]
 
 
 @dataclass(frozen=True)
@@ -135,6 +160,7 @@ class TrialResult:
     predicted_peak_gb: float = math.nan  # the memory model's prediction when the measurement started
     measured_by: str = ""          # the trial whose memory/time measurement this row carries (own id: itself)
     step_time_source: str = ""     # measured | extrapolated (t_opt + grad_acc x t_micro of a short run) | runoff
+    extrapolation_error: float = math.nan  # extrapolated: the step time's relative standard error, which widens its p10-p90
     timed_by: str = ""             # runoff: the <id>-runoff trial that timed this row in full at its grad_acc
     stability_from: str = ""       # the trial whose loss trajectory gives loss_mean, loss_std, ...
     stability_steps: int | None = None  # that trial's optimizer steps (train.learning_steps, or the row's own)

@@ -5,7 +5,9 @@ A row's numbers come from up to two trials:
 * its **memory/time measurement** (``measured_by``): the peak columns are copied; the step time
   is the measurement's own when it ran at the row's grad_acc (``step_time_source: measured``),
   else ``t_opt + grad_acc x t_micro`` fitted on the measurement's steps (``extrapolated``);
-  throughput and MFU follow the extrapolated time (work per step grows with grad_acc);
+  throughput and MFU follow the extrapolated time (work per step grows with grad_acc), and its
+  p10-p90 interval is the measurement's, scaled to it and widened by the extrapolation's own
+  relative error (``extrapolation_error``, :class:`FittedStep`): p10 / (1 + e), p90 x (1 + e);
 * its **learning trial** (``stability_from``): the loss trajectory at the row's real effective
   batch gives ``loss_mean``, ``loss_std``, ``grad_norm_mean``, ``reward_accuracy`` and
   ``reward_margin`` and stability.py's signals and verdict; ``stability_steps`` and
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
@@ -33,27 +36,50 @@ STABILITY_COLUMNS: dict[str, object] = {
 }
 
 
-def fitted_step_ms(steps: Sequence[StepRecord], ran_grad_acc: int, grad_acc: int) -> float:
+@dataclasses.dataclass(frozen=True)
+class FittedStep:
+    """A step time extrapolated from a short accumulation, and how precisely it is known."""
+
+    step_ms: float
+    #: The step's relative standard error from its steady micro-step's alone: the standard error
+    #: of a median, sqrt(pi / 2) x their standard deviation / sqrt(n), times grad_acc, over the
+    #: step. The short run's micro-steps are a sample of the data's micro-batches and the real
+    #: step adds grad_acc of them. NaN when fewer than two micro-steps were timed.
+    rel_error: float
+
+
+def fitted_step(steps: Sequence[StepRecord], ran_grad_acc: int, grad_acc: int, workers: int = 1) -> FittedStep:
     """The step time at ``grad_acc`` from the measured steps of a trial that ran ``ran_grad_acc``
-    micro-steps per step (NaN when no measured step timed its micro-steps)."""
+    micro-steps per step on ``workers`` workers (NaN when no measured step timed its micro-steps)."""
     timed = [s for s in steps if s.measured and not s.worst_case and math.isfinite(s.micro_step_ms) and math.isfinite(s.step_time_ms)]
     if not timed:
-        return math.nan
+        return FittedStep(math.nan, math.nan)
     model = fit_step_time([s.step_time_ms for s in timed], [[s.micro_step_ms] * ran_grad_acc for s in timed])
-    return extrapolate_step_ms(model.t_opt_ms, model.t_micro_ms, grad_acc)
+    step_ms = extrapolate_step_ms(model.t_opt_ms, model.t_micro_ms, grad_acc)
+    sample = [t for s in timed for t in s.steady_micro_steps(last_syncs=workers > 1)]
+    if len(sample) < 2 or not step_ms > 0:
+        return FittedStep(step_ms, math.nan)
+    standard_error = math.sqrt(math.pi / 2) * statistics.stdev(sample) / math.sqrt(len(sample))
+    return FittedStep(step_ms, grad_acc * standard_error / step_ms)
+
+
+def fitted_step_ms(steps: Sequence[StepRecord], ran_grad_acc: int, grad_acc: int) -> float:
+    """:func:`fitted_step`'s step time."""
+    return fitted_step(steps, ran_grad_acc, grad_acc).step_ms
 
 
 def _time_columns(measured: TrialResult, steps: Sequence[StepRecord], ran_grad_acc: int,
-                  grad_acc: int) -> dict:
+                  grad_acc: int, workers: int) -> dict:
     if grad_acc == ran_grad_acc or measured.status != "ok":
         return {"step_time_source": "measured" if measured.status == "ok" else ""}
-    step_ms = fitted_step_ms(steps, ran_grad_acc, grad_acc)
-    ratio = step_ms / measured.step_time_ms  # the spread and the rates scale with the step
-    work = grad_acc / ran_grad_acc           # tokens and FLOPs per step
-    return {"step_time_ms": step_ms, "step_time_p10_ms": measured.step_time_p10_ms * ratio,
-            "step_time_p90_ms": measured.step_time_p90_ms * ratio,
+    fitted = fitted_step(steps, ran_grad_acc, grad_acc, workers)
+    ratio = fitted.step_ms / measured.step_time_ms  # the spread and the rates scale with the step
+    work = grad_acc / ran_grad_acc                   # tokens and FLOPs per step
+    widen = 1 + (fitted.rel_error if math.isfinite(fitted.rel_error) else 0.0)  # the extrapolation's own error
+    return {"step_time_ms": fitted.step_ms, "step_time_p10_ms": measured.step_time_p10_ms * ratio / widen,
+            "step_time_p90_ms": measured.step_time_p90_ms * ratio * widen,
             "tokens_per_s": measured.tokens_per_s * work / ratio, "mfu": measured.mfu * work / ratio,
-            "step_time_source": "extrapolated"}
+            "step_time_source": "extrapolated", "extrapolation_error": fitted.rel_error}
 
 
 def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepRecord], *, ran_grad_acc: int,
@@ -66,7 +92,7 @@ def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepReco
         measured, **config_columns(cfg), loss_type=cfg.train.loss,
         predicted_peak_gb=predicted_peak_gb, measured_by=measured_by, stability_from="",
         **{c: getattr(measured, c) if own else math.nan for c in TIMING_COLUMNS},
-        **_time_columns(measured, steps, ran_grad_acc, cfg.grad_acc),
+        **_time_columns(measured, steps, ran_grad_acc, cfg.grad_acc, cfg.resources.workers_per_trial),
     )
 
 

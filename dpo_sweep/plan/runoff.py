@@ -112,4 +112,4 @@ def timed_row(row: TrialResult, runoff: TrialResult) -> TrialResult:
     return dataclasses.replace(
         row, step_time_ms=runoff.step_time_ms, step_time_p10_ms=runoff.step_time_p10_ms,
         step_time_p90_ms=runoff.step_time_p90_ms, tokens_per_s=runoff.tokens_per_s, mfu=runoff.mfu,
-        step_time_source="runoff", timed_by=runoff.trial_id)
+        step_time_source="runoff", extrapolation_error=math.nan, timed_by=runoff.trial_id)

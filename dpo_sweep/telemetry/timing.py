@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from dpo_sweep.records import steady_micro_ms
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """q-th percentile with linear interpolation between order statistics (numpy's default).
@@ -197,9 +199,5 @@ def micro_and_optimizer_ms(durations_ms: Sequence[float], last_syncs: bool = Fal
     micro_batch 1 (268 vs 169 ms, medians; benchmarks/results/extrapolation_h200/, call 6)."""
     if len(durations_ms) < 2:
         return math.nan, math.nan
-    micro = list(durations_ms[:-1])
-    known = [not n for n in new] if len(new) == len(micro) else [True] * len(micro)
-    indices = list(range(1, len(micro)))
-    steady = (indices[:-1] if last_syncs else indices) or indices or [0]
-    repeated = [i for i in steady if known[i]]
-    return statistics.median(micro[i] for i in (repeated or steady)), durations_ms[-1]
+    return statistics.median(steady_micro_ms(durations_ms, last_syncs, new)), durations_ms[-1]
+
