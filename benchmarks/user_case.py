@@ -183,14 +183,15 @@ EXTRAPOLATION_CONFIGS = ((1, "full"), (2, "L2"), (2, "full"), (4, "L1"), (4, "L2
 
 def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, configs,
                      out_dir: Path, pad: int | None = None) -> list[dict]:
-    """Each configuration's measure trial (at ``rules.measure_grad_acc``, as the planner runs it) and its full trial;
-    the planner's extrapolation from the first (``ratio``, its default; ``line`` and the plain
-    ``t_opt + G x t_micro`` beside it), the second's measured step time. Every step of both trials
+    """Each configuration's measure trial (at ``rules.measure_grad_acc``, as the planner runs it) and its full trial:
+    the planner's row from the first (``plan.rows.shared_row``: its extrapolated step time, its
+    p10-p90 widened by its ``extrapolation_error``), the FLOP-weighted ``ratio`` and ``line`` fits of
+    ``plan/extrapolate.py`` beside it, the second's measured step time. Every step of both trials
     goes to ``out_dir/extrapolation_steps.csv`` (their micro-step times in ``micro_ms``)."""
     from dpo_sweep.plan.extrapolate import extrapolate, fit_micro_steps, step_layout
     from dpo_sweep.plan.memory import built_shape, predict_peak_gb
     from dpo_sweep.trial_facts import planned_device
-    from dpo_sweep.plan.rows import fitted_step_ms
+    from dpo_sweep.plan.rows import shared_row
     from dpo_sweep.plan.rules import measure_grad_acc
     from dpo_sweep.records import write_steps
     from dpo_sweep.train.lengths import LengthProfile
@@ -204,6 +205,7 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
         short = full.model_copy(update={"grad_acc": measure_grad_acc(full), "trial_id": full.trial_id + "-short"})
         lengths = LengthProfile.of(warm.tokenized_pairs(full)[1])
         shape = built_shape(full.model)
+        predicted_gb = predict_peak_gb(short, device=planned_device(short), lengths=lengths, shape=shape).total_gb
         measured, _ = run(short, warm)
         timed, _ = run(full, warm)
         all_steps += [*measured.steps, *timed.steps]
@@ -214,21 +216,21 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
             fit = fit_micro_steps(measured.steps, step_layout(short, lengths, shape).works, 1, how) if ok else None
             return extrapolate(fit, full, step_layout(full, lengths, shape)) if fit else None
 
-        ext, line = predicted("ratio"), predicted("line")
-        old = fitted_step_ms(measured.steps, short.grad_acc, full.grad_acc) if ok else math.nan
+        ratio, line = predicted("ratio"), predicted("line")
+        row = shared_row(full, m, measured.steps, ran_grad_acc=short.grad_acc, measured_by=short.trial_id,
+                         predicted_peak_gb=predicted_gb) if ok else None
         truth = f.step_time_ms if ok else math.nan
         rows.append({
             "config": full.trial_id, "status": f"{m.status}/{f.status}",
-            "extrapolated_step_ms": ext.step_ms if ext else math.nan, "full_step_ms": truth,
-            "error": ext.step_ms / truth - 1 if ext else math.nan,
-            "interval_ms": f"{ext.p10_ms:.0f}-{ext.p90_ms:.0f}" if ext else "",
+            "extrapolated_step_ms": row.step_time_ms if row else math.nan, "full_step_ms": truth,
+            "error": row.step_time_ms / truth - 1 if row else math.nan,
+            "extrapolation_error": row.extrapolation_error if row else math.nan,
+            "interval_ms": f"{row.step_time_p10_ms:.0f}-{row.step_time_p90_ms:.0f}" if row else "",
             "full_p10_p90_ms": f"{f.step_time_p10_ms:.0f}-{f.step_time_p90_ms:.0f}",
-            "fit_rel_error": ext.rel_error if ext else math.nan,
+            "ratio_step_ms": ratio.step_ms if ratio else math.nan,
+            "ratio_error": ratio.step_ms / truth - 1 if ratio else math.nan,
             "line_step_ms": line.step_ms if line else math.nan, "line_error": line.step_ms / truth - 1 if line else math.nan,
-            "old_extrapolated_ms": old, "old_error": old / truth - 1,
-            "short_peak_gb": m.peak_mem_gb, "full_peak_gb": f.peak_mem_gb,
-            "predicted_peak_gb": predict_peak_gb(short, device=planned_device(short), lengths=lengths,
-                                                 shape=shape).total_gb,
+            "short_peak_gb": m.peak_mem_gb, "full_peak_gb": f.peak_mem_gb, "predicted_peak_gb": predicted_gb,
         })
         write_csv(out_dir / "extrapolation.csv", rows)  # after each configuration: a cut-off run keeps its rows
         write_steps(out_dir / "extrapolation_steps", all_steps)
@@ -264,49 +266,69 @@ def with_shape_flags(steps: list, cfg, lengths, multiple: int, seen: set) -> lis
     return out
 
 
-def refit(case: Path, steps_csv: Path, effective: int, max_length: int, steps: int, pad: int = 1) -> list[dict]:
-    """The extrapolations again from an earlier run's steps.csv (``extrapolate``'s), without a GPU:
+def refit(case: Path, steps_csv: Path, max_length: int, pad: int = 1, out_csv: Path | None = None) -> list[dict]:
+    """The extrapolations again from an earlier run's steps.csv (``extrapolate``'s or a sweep's), without a GPU:
     the case's data laid out here (``make --no-weights`` gives the same pairs for the same seed).
-    ``planner_ms``: the planner's own (``plan.rows.fitted_step_ms``) as it now reads the steps,
+    ``planner_ms``: the planner's own (``plan.rows.fitted_step``) as it now reads the steps, with its
+    ``extrapolation_error`` and the p10-p90 interval the row gets (``interval_ms``; ``holds_full``:
+    the full run's median step inside it),
     first-of-their-shape micro-steps left out (:func:`with_shape_flags` where the file has no
     ``micro_new``; ``pad``: the run's ``train.pad_to_multiple_of``)."""
     from dpo_sweep.plan.extrapolate import FITS, extrapolate, fit_micro_steps, step_layout
     from dpo_sweep.plan.memory import built_shape
-    from dpo_sweep.plan.rows import fitted_step_ms
+    from dpo_sweep.plan.rows import fitted_step
     from dpo_sweep.records import StepRecord, read_csv_rows, rows_as
+    from dpo_sweep.telemetry.timing import percentile
     from dpo_sweep.train.lengths import LengthProfile
     from dpo_sweep.train.tokenizer import tokenized_pairs
 
     by_trial: dict[str, list] = {}
     for step in rows_as(StepRecord, read_csv_rows(steps_csv)):
         by_trial.setdefault(step.trial_id, []).append(step)
+
+    def config(tid: str):
+        """The configuration trial ``tid`` ran, as the file has it: its knobs from the id
+        (``mb2_L1_ga16-short``, a sweep's ``t005_mb2_L1_ga16_b0.1-runoff``), its grad_acc and
+        steps from its steps."""
+        knobs = tid.split("-")[0].split("_")
+        knobs = knobs[1:] if knobs[0][1:].isdigit() else knobs
+        ran = by_trial[tid]
+        return trial_config(case, micro_batch=int(knobs[0][2:]), level=knobs[1], grad_acc=int(ran[0].grad_acc),
+                            max_length=max_length, steps=max(s.step for s in ran if not s.worst_case), warmup=1,
+                            pad_to_multiple_of=pad)  # laid out at the run's multiple
+
     seen: set = set()
     for tid, trial_steps in by_trial.items():
-        if trial_steps[0].micro_new:
-            continue
-        mb, level = int(tid.split("_")[0][2:]), tid.split("_")[1]
-        cfg = trial_config(case, micro_batch=mb, level=level, grad_acc=int(trial_steps[0].grad_acc),
-                           max_length=max_length, steps=steps, warmup=1, pad_to_multiple_of=pad)
-        by_trial[tid] = with_shape_flags(trial_steps, cfg, LengthProfile.of(tokenized_pairs(cfg)[1]), pad, seen)
+        if not trial_steps[0].micro_new:
+            cfg = config(tid)
+            by_trial[tid] = with_shape_flags(trial_steps, cfg, LengthProfile.of(tokenized_pairs(cfg)[1]), pad, seen)
+    # (full run, measure trial): extrapolate's <config> and <config>-short; a sweep's learning
+    # trials and runoffs, which time the configuration its measure trial <id> extrapolated
+    pairs = [(tid, tid + "-short") for tid in by_trial if tid + "-short" in by_trial]
+    pairs += [(tid, tid.rsplit("-", 1)[0]) for tid in by_trial
+              if tid.endswith(("-runoff", "-learning")) and tid.rsplit("-", 1)[0] in by_trial]
     rows = []
-    for tid in [t for t in by_trial if not t.endswith("-short")]:
-        if tid + "-short" not in by_trial:
-            continue
-        mb, level = int(tid.split("_")[0][2:]), tid.split("_")[1]
-        full = trial_config(case, micro_batch=mb, level=level, grad_acc=effective // mb, max_length=max_length,
-                            steps=steps, warmup=1, pad_to_multiple_of=pad)  # laid out at the run's multiple
-        short = full.model_copy(update={"grad_acc": int(by_trial[tid + "-short"][0].grad_acc)})
+    for tid, short_id in pairs:
+        full, short = config(tid), config(short_id)
         lengths, shape = LengthProfile.of(tokenized_pairs(full)[1]), built_shape(full.model)
         truth = statistics.median(s.step_time_ms for s in by_trial[tid] if s.measured and not s.worst_case)
         row = {"config": tid, "full_step_ms": truth}
-        planner = fitted_step_ms(by_trial[tid + "-short"], short.grad_acc, full.grad_acc)
-        row["planner_ms"], row["planner_error"] = planner, planner / truth - 1
+        planner = fitted_step(by_trial[short_id], short.grad_acc, full.grad_acc)
+        row["planner_ms"], row["planner_error"] = planner.step_ms, planner.step_ms / truth - 1
+        # the row's p10-p90 as the planner writes it: the short run's, scaled, widened by its own error
+        short_ms = [s.step_time_ms for s in by_trial[short_id] if s.measured and not s.worst_case]
+        ratio, widen = planner.step_ms / statistics.median(short_ms), 1 + planner.rel_error
+        low, high = percentile(short_ms, 10) * ratio / widen, percentile(short_ms, 90) * ratio * widen
+        row["extrapolation_error"], row["interval_ms"] = planner.rel_error, f"{low:.0f}-{high:.0f}"
+        row["holds_full"] = low <= truth <= high
         for how in FITS:
-            fit = fit_micro_steps(by_trial[tid + "-short"], step_layout(short, lengths, shape).works, 1, how)
+            fit = fit_micro_steps(by_trial[short_id], step_layout(short, lengths, shape).works, 1, how)
             ext = extrapolate(fit, full, step_layout(full, lengths, shape))
             row[f"{how}_ms"], row[f"{how}_error"] = ext.step_ms, ext.step_ms / truth - 1
         rows.append(row)
     table(rows)
+    if out_csv:
+        write_csv(out_csv, rows)
     return rows
 
 
@@ -534,14 +556,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-weights", action="store_true", help="make: config and tokenizer only (for refit)")
     ap.add_argument("--pad-multiple", type=int, help="extrapolate: train.pad_to_multiple_of (default: auto); "
                                                         "refit: the one the run had (default 1)")
-    ap.add_argument("--steps-csv", type=Path, help="refit: an extrapolate run's extrapolation_steps/steps.csv")
+    ap.add_argument("--steps-csv", type=Path, help="refit: an extrapolate run's extrapolation_steps/steps.csv, or a sweep's steps.csv")
     ap.add_argument("--budget-gb", type=float, default=48.0, help="sweep: the card emulated (resources.gpu_memory_gb)")
     ap.add_argument("--timeout-s", type=float, default=540.0, help="sweep: stop the sweep after this long")
     args = ap.parse_args(argv)
     if args.command == "make":
         make(args.arch, args.pairs, args.dir, sigma=args.sigma, weights=not args.no_weights)
     elif args.command == "refit":
-        refit(args.dir, args.steps_csv, args.effective_batch, args.max_length, args.steps, args.pad_multiple or 1)
+        refit(args.dir, args.steps_csv, args.max_length, args.pad_multiple or 1, args.out_dir / "refit.csv")
     elif args.command == "cost":
         cost(args.dir, args.small, args.out_dir, args.max_length, args.steps, args.preset, args.pairs)
     elif args.command == "extrapolate":

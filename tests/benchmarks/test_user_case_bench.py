@@ -51,3 +51,30 @@ def test_a_command_past_its_limit_gets_a_ctrl_c_first_as_a_user_would_stop_it():
     # a command that ends in time is not stopped
     rc, lines, _, stopped = user_case.run_timestamped([sys.executable, "-c", "print('done')"], timeout_s=30)
     assert (rc, stopped, [t for _, t in lines]) == (0, False, ["done"])
+
+
+def test_extrapolate_reports_the_planner_s_row_and_refit_reads_it_back_from_the_steps(tmp_path):
+    # A tiny checkpoint folder and long-tailed chat pairs; one configuration extrapolated from its
+    # measure trial (mb 2 at grad_acc 6 of a grad_acc 16 row: 24 timed micro-steps over 4 measured
+    # steps) and timed in full, on the CPU.
+    import csv
+
+    user_case.make("tiny-qwen2", 80, tmp_path / "q", prompt_words=20, reply_words=15)
+    out = tmp_path / "r"
+    rows = user_case.extrapolate_rows(tmp_path / "q", 32, 128, 5, [(2, "full")], out)
+    (row,) = rows
+    assert row["status"] == "ok/ok" and row["extrapolated_step_ms"] > 0 and row["full_step_ms"] > 0
+    low, high = (float(x) for x in row["interval_ms"].split("-"))
+    assert low < row["extrapolated_step_ms"] < high and math.isfinite(row["extrapolation_error"])
+    assert row["error"] == row["extrapolated_step_ms"] / row["full_step_ms"] - 1
+    steps_csv = out / "extrapolation_steps" / "steps.csv"
+    (again,) = user_case.refit(tmp_path / "q", steps_csv, 128)
+    assert again["config"] == "mb2_full_ga16" and math.isclose(again["planner_ms"], row["extrapolated_step_ms"])
+    assert math.isclose(again["extrapolation_error"], row["extrapolation_error"])
+    # a sweep's steps: the measure trial <id> and the runoff that timed it in full, <id>-runoff
+    text = steps_csv.read_text().replace("mb2_full_ga16-short", "t000_mb2_full_ga16_b0.1").replace(
+        "mb2_full_ga16,", "t000_mb2_full_ga16_b0.1-runoff,")
+    (tmp_path / "sweep_steps.csv").write_text(text)
+    (swept,) = user_case.refit(tmp_path / "q", tmp_path / "sweep_steps.csv", 128, out_csv=tmp_path / "refit.csv")
+    assert swept["config"] == "t000_mb2_full_ga16_b0.1-runoff" and math.isclose(swept["planner_ms"], again["planner_ms"])
+    assert [r["config"] for r in csv.DictReader((tmp_path / "refit.csv").open())] == [swept["config"]]
