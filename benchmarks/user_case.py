@@ -9,7 +9,8 @@ pairs; then what such a user meets, measured.
     python benchmarks/user_case.py sweep --dir /tmp/case --out-dir D        # the 16-configuration sweep, its ETAs
 
 Every trial runs in this process, one after another (one ``WarmState`` kept and released between
-them, as a warm worker does), through the trainer's own ``run_trial``. ``--arch tiny-qwen2`` / ``tiny-mistral``
+them, as a warm worker does), through the trainer's own ``run_trial``; ``cost`` runs each data
+set's trials in a fresh process of their own. ``--arch tiny-qwen2`` / ``tiny-mistral``
 run the same on a CPU in seconds. Each command prints a table and writes CSV.
 """
 from __future__ import annotations
@@ -136,45 +137,80 @@ def table(rows: list[dict]) -> None:
         print("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
 
 
-def synthetic_config(preset: str, pairs: int, steps: int):
-    """The CPU form of the cost check: a preset on synthetic pairs (64 + 64 tokens)."""
+def synthetic_config(preset: str, pairs: int, steps: int, tokens: int = 64):
+    """The CPU form of the cost check: a preset on synthetic pairs (``tokens`` + ``tokens``)."""
     from dpo_sweep.config import DataSpec, ModelSpec, ResourcesSpec, TrainSpec, TrialConfig
 
     return TrialConfig(trial_id=f"{preset}_{pairs}", model=ModelSpec(preset=preset),
-                       data=DataSpec(synthetic={"pairs": pairs, "prompt_tokens": 64, "response_tokens": 64}),
-                       train=TrainSpec(steps=steps, warmup_steps=1, max_length=256, precision="fp32",
+                       data=DataSpec(synthetic={"pairs": pairs, "prompt_tokens": tokens, "response_tokens": tokens}),
+                       train=TrainSpec(steps=steps, warmup_steps=1, max_length=4 * tokens, precision="fp32",
                                        reference="precomputed", evaluate=False),
                        resources=ResourcesSpec(), micro_batch=1, checkpoint_level="full", grad_acc=2)
 
 
+def cost_config(case: Path | None, n: int | None, mb: int, max_length: int, steps: int, preset: str | None,
+                pairs: int):
+    """The cost check's trial at micro-batch ``mb`` on ``n`` pairs (None: the whole file, or
+    ``pairs`` synthetic ones with ``preset``): full checkpointing, grad_acc 2."""
+    if preset:
+        return synthetic_config(preset, n or pairs, steps).model_copy(update={"micro_batch": mb})
+    return trial_config(case, micro_batch=mb, level="full", grad_acc=2, max_length=max_length, steps=steps,
+                        warmup=1, max_pairs=n)
+
+
+def cost_process(case: Path | None, n: int | None, small: int, max_length: int, steps: int,
+                 preset: str | None, pairs: int) -> list[dict]:
+    """One data set's trials in this process, as a sweep's warm worker runs them: a first trial
+    (mb 1), which tokenizes the data and computes the reference log-probs of the pairs it reads,
+    then a second one of another configuration (mb 2), which finds both cached. Before them a
+    warm-up trial, left out: imports, the CUDA context, a model build, on the first ``small`` pairs
+    at a quarter of ``max_length`` (a preset: 16 + 16 tokens), so it builds none of the measured
+    trials' reference log-probs and few of their shapes."""
+    warm = warm_state()
+    if preset:
+        run(synthetic_config(preset, small, 2, tokens=16).model_copy(update={"trial_id": "warm-up"}), warm)
+    else:
+        run(cost_config(case, small, 1, max(64, max_length // 4), 2, None, pairs), warm)
+    rows = []
+    for mb in (1, 2):
+        out, wall = run(cost_config(case, n, mb, max_length, steps, preset, pairs), warm)
+        r = out.result
+        rows.append({"pairs": r.pairs_used, "data": "all" if n is None else "small", "trial": "first" if mb == 1 else "second",
+                     "config": r.trial_id, "status": r.status, "wall_s": wall, "startup_s": r.startup_s,
+                     "startup_model_s": r.startup_model_s, "measure_s": r.measure_s})
+    return rows
+
+
 def cost(case: Path | None, small: int, out_dir: Path, max_length: int, steps: int, preset: str | None = None,
-         pairs: int = 4096) -> None:
+         pairs: int = 4096, repeats: int = 3) -> list[dict]:
     """Trials on the whole file and on its first ``small`` pairs (with ``preset``: on ``pairs`` and
-    on ``small`` synthetic pairs), as a sweep's warm worker runs them: per data set a first trial
-    (mb 1, full, grad_acc 2), which tokenizes the data and computes the reference log-probs of
-    the pairs it reads, then a second one of another configuration (mb 2), which finds both
-    cached. A first small trial warms the process up (imports, the first model build) and is
-    left out. The ratios compare the whole file with the small one, trial by trial."""
-    rows, warm = [], warm_state()
-    for n in (small, None, small):
-        for mb in ((1,) if not rows else (1, 2)):
-            if preset:
-                cfg = synthetic_config(preset, n or pairs, steps).model_copy(update={"micro_batch": mb})
-            else:
-                cfg = trial_config(case, micro_batch=mb, level="full", grad_acc=2, max_length=max_length,
-                                   steps=steps, warmup=1, max_pairs=n)
-            out, wall = run(cfg, warm)
-            r = out.result
-            rows.append({"pairs": r.pairs_used if n else "all", "trial": "first" if mb == 1 else "second",
-                         "config": cfg.trial_id, "status": r.status, "wall_s": wall, "startup_s": r.startup_s,
-                         "startup_model_s": r.startup_model_s, "measure_s": r.measure_s})
-    rows = rows[1:]
-    for k, trial in enumerate(("first", "second")):
-        rows.append({"pairs": "ratio all / small", "trial": trial, "config": "", "status": "",
-                     "wall_s": rows[k]["wall_s"] / rows[k + 2]["wall_s"], "startup_s": math.nan,
-                     "startup_model_s": math.nan, "measure_s": math.nan})
+    on ``small`` synthetic pairs). Each data set's trials run in a fresh process of their own
+    (:func:`cost_process`), so neither finds what the other's built (cuDNN plans of its widths,
+    the reference log-probs); ``repeats`` times, the order alternating. The ratios compare the
+    medians, trial by trial; every run is a row of ``out_dir/trial_cost.csv``."""
+    import subprocess
+    import tempfile
+
+    rows = []
+    for repeat in range(repeats):
+        for data in (("all", "small") if repeat % 2 == 0 else ("small", "all")):
+            with tempfile.TemporaryDirectory() as tmp:
+                cmd = [sys.executable, __file__, "cost-process", "--data", data, "--small", str(small),
+                       "--max-length", str(max_length), "--steps", str(steps), "--pairs", str(pairs),
+                       "--out-dir", tmp, *(["--preset", preset] if preset else ["--dir", str(case)])]
+                subprocess.run(cmd, check=True, cwd=REPO_ROOT)
+                rows += [{"repeat": repeat, **r} for r in json.loads((Path(tmp) / "cost.json").read_text())]
+            write_csv(out_dir / "trial_cost.csv", rows)  # after each process: a cut-off run keeps its rows
+    summary = []
+    for trial in ("first", "second"):
+        wall = {data: statistics.median(r["wall_s"] for r in rows if r["data"] == data and r["trial"] == trial)
+                for data in ("all", "small")}
+        summary.append({"trial": trial, "all_wall_s": wall["all"], "small_wall_s": wall["small"],
+                        "ratio": wall["all"] / wall["small"], "runs": repeats})
     table(rows)
-    write_csv(out_dir / "trial_cost.csv", rows)
+    table(summary)
+    write_csv(out_dir / "trial_cost_summary.csv", summary)
+    return summary
 
 
 #: (micro_batch, level) at effective batch ``--effective-batch``: grad_acc = E / micro_batch.
@@ -202,6 +238,9 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
                             steps=steps, warmup=1, **({} if pad is None else {"pad_to_multiple_of": pad}))
         if pad is not None:  # named apart from the same configuration at the default multiple
             full = full.model_copy(update={"trial_id": f"{full.trial_id}_pad{pad}"})
+        again = sum(r["config"].split("_run")[0] == full.trial_id for r in rows)
+        if again:  # a configuration given again (run-to-run spread in one process): its own name
+            full = full.model_copy(update={"trial_id": f"{full.trial_id}_run{again + 1}"})
         short = full.model_copy(update={"grad_acc": measure_grad_acc(full), "trial_id": full.trial_id + "-short"})
         lengths = LengthProfile.of(warm.tokenized_pairs(full)[1])
         shape = built_shape(full.model)
@@ -538,13 +577,15 @@ def sweep(case: Path, out_dir: Path, max_length: int, budget_gb: float, effectiv
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=("make", "cost", "extrapolate", "memory", "probe", "refit", "sweep"))
+    ap.add_argument("command", choices=("make", "cost", "cost-process", "extrapolate", "memory", "probe", "refit", "sweep"))
     ap.add_argument("--dir", type=Path, help="the case's folder (make writes it)")
     ap.add_argument("--preset", help="cost: a preset on synthetic pairs instead of the case's folder")
     ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen2-3b")
     ap.add_argument("--pairs", type=int, default=1500)
     ap.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the lengths")
     ap.add_argument("--small", type=int, default=64, help="cost: the small data set's pairs")
+    ap.add_argument("--repeats", type=int, default=3, help="cost: fresh processes per data set (median)")
+    ap.add_argument("--data", choices=("all", "small"), help="cost-process (run by cost): which data set")
     ap.add_argument("--out-dir", type=Path, default=Path("benchmarks/results/user_case"))
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=4)
@@ -565,7 +606,12 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "refit":
         refit(args.dir, args.steps_csv, args.max_length, args.pad_multiple or 1, args.out_dir / "refit.csv")
     elif args.command == "cost":
-        cost(args.dir, args.small, args.out_dir, args.max_length, args.steps, args.preset, args.pairs)
+        cost(args.dir, args.small, args.out_dir, args.max_length, args.steps, args.preset, args.pairs, args.repeats)
+    elif args.command == "cost-process":
+        rows = cost_process(args.dir, None if args.data == "all" else args.small, args.small, args.max_length,
+                            args.steps, args.preset, args.pairs)
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        (args.out_dir / "cost.json").write_text(json.dumps(rows))
     elif args.command == "extrapolate":
         extrapolation(args.dir, args.out_dir, args.effective_batch, args.max_length, args.steps,
                       parse_configs(args.configs) if args.configs else EXTRAPOLATION_CONFIGS, args.pad_multiple)

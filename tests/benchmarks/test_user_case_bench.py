@@ -2,7 +2,9 @@
 own folder and file, and its ETA check reads the console's progress lines."""
 from __future__ import annotations
 
+import csv
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -61,20 +63,48 @@ def test_extrapolate_reports_the_planner_s_row_and_refit_reads_it_back_from_the_
 
     user_case.make("tiny-qwen2", 80, tmp_path / "q", prompt_words=20, reply_words=15)
     out = tmp_path / "r"
-    rows = user_case.extrapolate_rows(tmp_path / "q", 32, 128, 5, [(2, "full")], out)
-    (row,) = rows
+    rows = user_case.extrapolate_rows(tmp_path / "q", 32, 128, 5, [(2, "full"), (2, "full")], out)
+    row, rerun = rows  # a configuration given twice is named apart the second time
+    assert (row["config"], rerun["config"]) == ("mb2_full_ga16", "mb2_full_ga16_run2")
     assert row["status"] == "ok/ok" and row["extrapolated_step_ms"] > 0 and row["full_step_ms"] > 0
     low, high = (float(x) for x in row["interval_ms"].split("-"))
     assert low < row["extrapolated_step_ms"] < high and math.isfinite(row["extrapolation_error"])
     assert row["error"] == row["extrapolated_step_ms"] / row["full_step_ms"] - 1
     steps_csv = out / "extrapolation_steps" / "steps.csv"
-    (again,) = user_case.refit(tmp_path / "q", steps_csv, 128)
+    again, again_rerun = user_case.refit(tmp_path / "q", steps_csv, 128)
+    assert again_rerun["config"] == "mb2_full_ga16_run2"
     assert again["config"] == "mb2_full_ga16" and math.isclose(again["planner_ms"], row["extrapolated_step_ms"])
     assert math.isclose(again["extrapolation_error"], row["extrapolation_error"])
     # a sweep's steps: the measure trial <id> and the runoff that timed it in full, <id>-runoff
     text = steps_csv.read_text().replace("mb2_full_ga16-short", "t000_mb2_full_ga16_b0.1").replace(
         "mb2_full_ga16,", "t000_mb2_full_ga16_b0.1-runoff,")
     (tmp_path / "sweep_steps.csv").write_text(text)
-    (swept,) = user_case.refit(tmp_path / "q", tmp_path / "sweep_steps.csv", 128, out_csv=tmp_path / "refit.csv")
+    _, swept = user_case.refit(tmp_path / "q", tmp_path / "sweep_steps.csv", 128, out_csv=tmp_path / "refit.csv")
     assert swept["config"] == "t000_mb2_full_ga16_b0.1-runoff" and math.isclose(swept["planner_ms"], again["planner_ms"])
-    assert [r["config"] for r in csv.DictReader((tmp_path / "refit.csv").open())] == [swept["config"]]
+    assert [r["config"] for r in csv.DictReader((tmp_path / "refit.csv").open())] == [
+        "mb2_full_ga16_run2", swept["config"]]
+
+
+def test_cost_runs_each_data_set_in_a_process_of_its_own_in_alternating_order(tmp_path, monkeypatch):
+    # Each `cost-process` command is run here in-process (main(argv)) instead of a fresh python.
+    import subprocess
+
+    calls = []
+
+    def fake_run(cmd, check, cwd):
+        calls.append(cmd[cmd.index("--data") + 1])
+        assert cmd[1] == user_case.__file__ and cmd[2] == "cost-process"
+        return user_case.main(cmd[2:])
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    summary = user_case.cost(None, 8, tmp_path, 256, 3, preset="tiny-llama", pairs=48, repeats=2)
+    assert calls == ["all", "small", "small", "all"]
+    rows = list(csv.DictReader((tmp_path / "trial_cost.csv").open()))
+    assert [(r["repeat"], r["data"], r["trial"]) for r in rows] == [
+        ("0", "all", "first"), ("0", "all", "second"), ("0", "small", "first"), ("0", "small", "second"),
+        ("1", "small", "first"), ("1", "small", "second"), ("1", "all", "first"), ("1", "all", "second")]
+    assert {r["pairs"] for r in rows if r["data"] == "all"} == {"48"} and {r["status"] for r in rows} == {"ok"}
+    for s in summary:  # medians of the two runs of each, and their ratio
+        walls = {d: statistics.median(float(r["wall_s"]) for r in rows if r["data"] == d and r["trial"] == s["trial"])
+                 for d in ("all", "small")}
+        assert math.isclose(s["all_wall_s"], walls["all"]) and math.isclose(s["ratio"], walls["all"] / walls["small"])
