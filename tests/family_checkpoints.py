@@ -1,0 +1,81 @@
+"""Tiny checkpoint folders of the model families users bring, saved as a user saves them.
+
+``save_family_checkpoint(model_type, folder)`` writes ``config.json``, random weights and the
+byte-level tokenizer with ``save_pretrained``: what ``model: {name_or_path: folder}`` reads.
+``head_scale`` multiplies the output head so that a head transform (soft-capping, logit scales)
+moves log-probs by far more than rounding; ``dropout`` sets every dropout probability the
+family's config has.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: Sizes every family shares (a 2-layer model of hidden 64, 4 heads of 16, vocabulary 512).
+_COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=512, max_position_embeddings=512, tie_word_embeddings=False)
+
+#: model_type -> config keyword arguments over _COMMON (None: the family's own names instead).
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": dict(head_dim=16),
+    "mistral": dict(head_dim=16, sliding_window=None),
+    "gemma": dict(head_dim=16),
+    "gemma2": dict(head_dim=16, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                   query_pre_attn_scalar=16, sliding_window=32),
+    "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=32),
+    "phi3": {},
+    "olmo2": {},
+    "granite": dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5,
+                    attention_multiplier=0.25),
+    "cohere": dict(logit_scale=0.25, use_qk_norm=False),
+    "gpt_neox": dict(rotary_pct=0.25, use_parallel_residual=True),
+    "gpt2": None,
+    "stablelm": dict(partial_rotary_factor=0.25),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48),
+    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "smollm3": dict(no_rope_layer_interval=2),
+}
+
+_GPT2 = dict(n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=512, vocab_size=512, tie_word_embeddings=False)
+
+#: Config attribute names that hold a dropout probability, across families.
+DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+                "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "embed_dropout",
+                "resid_dropout")
+
+
+def family_config(model_type: str, dropout: float = 0.0) -> Any:
+    from transformers import AutoConfig
+
+    kw = dict(_GPT2) if FAMILIES[model_type] is None else {**_COMMON, **FAMILIES[model_type]}
+    # The byte-level tokenizer's special ids (256-258), inside every family's vocabulary.
+    cfg = AutoConfig.for_model(model_type, bos_token_id=256, eos_token_id=257, pad_token_id=258, **kw)
+    if dropout:
+        for key in DROPOUT_KEYS:
+            if hasattr(cfg, key):
+                setattr(cfg, key, dropout)
+    return cfg
+
+
+def save_family_checkpoint(model_type: str, folder: Path | str, *, head_scale: float = 1.0,
+                           dropout: float = 0.0, seed: int = 0) -> Path:
+    """A random-initialised ``model_type`` checkpoint folder with the byte-level tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    from dpo_sweep.train.tokenizer import byte_level_tokenizer
+
+    folder = Path(folder)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(family_config(model_type, dropout))
+    if head_scale != 1.0:
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(head_scale)
+    model.save_pretrained(folder)
+    byte_level_tokenizer().save_pretrained(folder)
+    return folder
