@@ -20,6 +20,7 @@ from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, 
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.space import SweepSpace
+from dpo_sweep.trl_fields import TrlFields
 
 @dataclass(frozen=True)
 class AnalysisOutcome:
@@ -126,13 +127,14 @@ def _analyse_results(out_dir: Path, memory_budget_gb: float | None, objectives: 
 def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
                 objectives: Mapping[str, Any] | None = None,
                 safety_margin: float = DEFAULT_SAFETY_MARGIN,
-                space: SpaceSettings | None = None) -> AnalysisOutcome:
+                space: SpaceSettings | None = None, trl: TrlFields | None = None) -> AnalysisOutcome:
     """Analyse DIR/results.csv and (re)write frontier.md, recommendation.json, report.html.
 
     ``memory_budget_gb`` None: the space's emulated card, else the GPU's memory from
     environment.json, if any. ``objectives`` None: the space's ``objectives:``, else memory
     min, throughput max, loss std min. ``space``: the sweep's settings when the caller has parsed its space already
-    (``dpo-sweep run``); None reads DIR/space.yaml.
+    (``dpo-sweep run``); None reads DIR/space.yaml. ``trl``: the TRL fields the winner is exported
+    to; None: the installed TRL's, else the list recorded with the package.
     """
     from dpo_sweep.report.data import build_report_data
     from dpo_sweep.report.data_shape import load_data_json
@@ -142,7 +144,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     files = ResultsDir(out_dir)
     analysed, rec, objs, env, space = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
     steps = results.load_steps(out_dir)
-    winner = winner_of(out_dir, analysed, rec, space)
+    winner = winner_of(out_dir, analysed, rec, space, trl)
     recommended_path = winner_mod.write_winner(out_dir, winner)
 
     table = tables.frontier_markdown(analysed)
@@ -151,6 +153,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     frontier_path.write_text(_frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else ""),
                              encoding="utf-8")
     rec_json = rec.to_json_dict()
+    rec_json["trl"] = winner.trl.to_json() if winner.trl is not None else None
     rec_path = files.recommendation
     rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     report_path = write_report(files.report,
@@ -161,10 +164,10 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
 
 
 def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
-              space: SpaceSettings) -> winner_mod.Winner:
+              space: SpaceSettings, trl: TrlFields | None = None) -> winner_mod.Winner:
     """The recommended trial rebuilt from DIR/space.yaml (:mod:`dpo_sweep.analysis.winner`)."""
     rows = analysed[analysed["trial_id"].astype(str) == str(rec.trial_id)] if rec.trial_id is not None else analysed[:0]
-    return winner_mod.winner_of(out_dir, rows.iloc[0] if len(rows) else None, space.objectives)
+    return winner_mod.winner_of(out_dir, rows.iloc[0] if len(rows) else None, space.objectives, trl)
 
 
 def format_winner(winner: winner_mod.Winner, written: Path | None, out_dir: Path | None = None) -> str:
@@ -175,7 +178,7 @@ def format_winner(winner: winner_mod.Winner, written: Path | None, out_dir: Path
     where = (f"\n{ResultsDir.RECOMMENDED}: {written} (dpo-sweep validate / dpo-sweep trial it)" if written is not None
              else f"\n{ResultsDir.RECOMMENDED}: `dpo-sweep report {out_dir}` writes it")
     return (f"{where}\nas TRL DPOConfig arguments:\n"
-            + winner_mod.trl_text(winner.trl_arguments, winner.trl_gaps))
+            + winner.trl_code())
 
 
 def describe_objectives(objs: tuple[pareto.Objective, ...]) -> str:
