@@ -18,8 +18,8 @@ import pandas as pd
 import yaml
 
 from dpo_sweep import space as space_mod, trl_fields
-from dpo_sweep.analysis import trl_export as trl_export_mod
-from dpo_sweep.analysis.trl_export import TrlExport
+from dpo_sweep import trl_export as trl_export_mod
+from dpo_sweep.trl_export import TrlExport
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import SpaceError
 from dpo_sweep.results_dir import ResultsDir

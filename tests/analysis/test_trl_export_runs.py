@@ -14,7 +14,7 @@ trl = pytest.importorskip("trl")
 from test_winner import export_of, quick_space  # noqa: E402
 
 from dpo_sweep import trl_fields  # noqa: E402
-from dpo_sweep.analysis import trl_export  # noqa: E402
+from dpo_sweep import trl_export  # noqa: E402
 from family_checkpoints import family_config  # noqa: E402
 
 

@@ -9,7 +9,8 @@ import yaml
 from sweep_frames import trial, write_dir
 
 from dpo_sweep import space as space_mod, trl_fields
-from dpo_sweep.analysis import commands, trl_export, winner
+from dpo_sweep import trl_export
+from dpo_sweep.analysis import commands, winner
 from dpo_sweep.analysis.results import load_results
 from dpo_sweep.cli import main
 from dpo_sweep.records import read_csv_rows

@@ -67,7 +67,23 @@ def weight_dtype_name(trial: TrialConfig) -> str:
 def build(trial: TrialConfig, model: dict[str, Any], pad_multiple: int, trl: TrlFields) -> TrlExport:
     """The export of ``trial`` as it ran: ``model`` its model section with ``auto`` resolved,
     ``pad_multiple`` the row width multiple it padded to."""
-    t, notes = trial.train, []
+    wanted, notes = _wanted(trial, model, pad_multiple), []
+    config: dict[str, Any] = {}
+    for key, value in wanted.items():
+        name = trl.current_name(key)
+        if name is not None:
+            config[name] = value
+        else:
+            notes.append(_missing_field_note(key, value, trl))
+    notes.extend(g.text for g in gaps(trial, model, trl))
+    return TrlExport(config, peft_config(trial), model.get("name_or_path"), tuple(notes),
+                     tuple(_left_to_you(trial)), trl.version, "installed" if trl.installed else "recorded")
+
+
+def _wanted(trial: TrialConfig, model: dict[str, Any], pad_multiple: int) -> dict[str, Any]:
+    """The DPOConfig settings of ``trial`` under the names of the newest TRL they were written for;
+    :func:`build` renames deprecated ones and turns unknown ones into notes."""
+    t = trial.train
     bf16, fp16 = _AUTOCAST[t.precision]
     wanted: dict[str, Any] = {
         "per_device_train_batch_size": trial.micro_batch,
@@ -88,8 +104,6 @@ def build(trial: TrialConfig, model: dict[str, Any], pad_multiple: int, trl: Trl
         "pad_to_multiple_of": None if t.padding_free or pad_multiple <= 1 else pad_multiple,
         "seed": t.seed,
     }
-    if t.label_smoothing:
-        wanted["label_smoothing"] = t.label_smoothing
     if t.padding_free:
         wanted["padding_free"] = True
     if t.group_by_length:
@@ -108,17 +122,7 @@ def build(trial: TrialConfig, model: dict[str, Any], pad_multiple: int, trl: Trl
     if model.get("attn_implementation") not in (None, "auto"):
         init["attn_implementation"] = model["attn_implementation"]
     wanted["model_init_kwargs"] = init
-
-    config: dict[str, Any] = {}
-    for key, value in wanted.items():
-        name = trl.current_name(key)
-        if name is not None:
-            config[name] = value
-        else:
-            notes.append(_missing_field_note(key, value, trl))
-    notes.extend(_settings_without_field(trial, model, trl))
-    return TrlExport(config, peft_config(trial), model.get("name_or_path"), tuple(notes),
-                     tuple(_left_to_you(trial)), trl.version, "installed" if trl.installed else "recorded")
+    return wanted
 
 
 def peft_config(trial: TrialConfig) -> dict[str, Any] | None:
@@ -146,50 +150,88 @@ def _missing_field_note(key: str, value: Any, trl: TrlFields) -> str:
     return f"{key}={value!r}: TRL {trl.version}'s DPOConfig has no field {key}"
 
 
-def _settings_without_field(trial: TrialConfig, model: dict[str, Any], trl: TrlFields) -> list[str]:
-    """Settings of the winner that no DPOConfig field expresses, one sentence each."""
-    t, gaps = trial.train, []
+@dataclass(frozen=True)
+class Gap:
+    """A setting of a trial that TRL's DPOConfig does not express."""
+
+    setting: str
+    """The sweep's setting, e.g. ``checkpoint_level L2``."""
+    text: str
+    """The ``# not in TRL:`` sentence."""
+    refuses_trl: bool
+    """Whether a ``train.trainer: trl`` trial with it is refused: True where TRL would train something
+    else (a schedule, a clip, a selective checkpoint); False where only the native trainer's own
+    implementation differs (its lean autograd, its log-prob head, its truncation), which a trl
+    trial simply runs without."""
+
+
+def gaps(trial: TrialConfig, model: dict[str, Any], trl: TrlFields) -> list[Gap]:
+    """Settings of the winner that no DPOConfig field expresses."""
+    t, out = trial.train, []
     if t.adapter == "qlora":
-        gaps.append("adapter qlora: the frozen base was held in 4-bit NF4 by torchao; in TRL, model_init_kwargs "
-                    "quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', "
-                    "bnb_4bit_compute_dtype=torch.bfloat16) is the nearest (bitsandbytes, not measured here)")
+        out.append(Gap("adapter qlora", "adapter qlora: the frozen base was held in 4-bit NF4 by torchao; in TRL, "
+                       "model_init_kwargs quantization_config=BitsAndBytesConfig(load_in_4bit=True, "
+                       "bnb_4bit_quant_type='nf4', bnb_4bit_compute_dtype=torch.bfloat16) is the nearest "
+                       "(bitsandbytes, not measured here)", True))
     if t.optimizer_in_backward:
-        gaps.append("optimizer_in_backward: each parameter stepped in its gradient hook during backward; "
-                    "the Trainer steps the optimizer after backward (more gradient memory)")
+        out.append(Gap("optimizer_in_backward", "optimizer_in_backward: each parameter stepped in its gradient hook "
+                       "during backward; the Trainer steps the optimizer after backward (more gradient memory)", True))
     if trial.checkpoint_level not in TRL_CHECKPOINTING:
-        gaps.append(f"checkpoint_level {trial.checkpoint_level}: TRL checkpoints whole decoder layers or "
-                    "nothing; the selective levels L1-L3 need dpo_sweep.train.checkpointing applied to the model "
-                    "before DPOTrainer wraps it. Checkpointing on above is the nearest TRL setting (more "
-                    "recompute, less memory)")
+        out.append(Gap(f"checkpoint_level {trial.checkpoint_level}",
+                       f"checkpoint_level {trial.checkpoint_level}: TRL checkpoints whole decoder layers or "
+                       "nothing; the selective levels L1-L3 need dpo_sweep.train.checkpointing applied to the model "
+                       "before DPOTrainer wraps it. Checkpointing on above is the nearest TRL setting (more "
+                       "recompute, less memory)", True))
     if model.get("lean_ops"):
-        gaps.append("lean_ops: the memory-lean RMSNorm/SwiGLU autograd (dpo_sweep/train/lean.py) has no "
-                    "TRL switch; without it activation memory is higher than measured here")
+        out.append(Gap("lean_ops", "lean_ops: the memory-lean RMSNorm/SwiGLU autograd (dpo_sweep/train/lean.py) has "
+                       "no TRL switch; without it activation memory is higher than measured here", False))
     if trl.fused_lm_head:
-        gaps.append(f"logp_chunk_tokens {t.logp_chunk_tokens}: TRL {trl.version}'s DPOTrainer computes "
-                    "log-probs through its own fused LM head (vocabulary tiles, no DPOConfig field for their "
-                    "size); the head's memory differs from what was measured")
+        out.append(Gap("logp_chunk_tokens", f"logp_chunk_tokens {t.logp_chunk_tokens}: TRL {trl.version}'s "
+                       "DPOTrainer computes log-probs through its own fused LM head (vocabulary tiles, no DPOConfig "
+                       "field for their size); the head's memory differs from what was measured", False))
     elif t.logp_chunk_tokens:
-        gaps.append(f"logp_chunk_tokens {t.logp_chunk_tokens}: the chunked lm_head + log-softmax has no "
-                    f"DPOConfig field; TRL {trl.version} materialises the full-vocabulary logits (more memory)")
-    gaps.append("truncation: the sweep cuts a long prompt's start and keeps its end (then the responses' "
-                f"ends); TRL {trl.version} keeps a sequence's start and cuts its end (truncation_mode "
-                "keep_start), so pairs longer than max_length train on other tokens")
+        out.append(Gap("logp_chunk_tokens", f"logp_chunk_tokens {t.logp_chunk_tokens}: the chunked lm_head + "
+                       f"log-softmax has no DPOConfig field; TRL {trl.version} materialises the full-vocabulary "
+                       "logits (more memory)", False))
+    out.append(Gap("truncation", "truncation: the sweep cuts a long prompt's start and keeps its end (then the "
+                   f"responses' ends); TRL {trl.version} keeps a sequence's start and cuts its end (truncation_mode "
+                   "keep_start), so pairs longer than max_length train on other tokens", False))
+    if t.label_smoothing:
+        out.append(Gap(f"label_smoothing {t.label_smoothing:g}", f"label_smoothing {t.label_smoothing:g}: "
+                       "TRL's sigmoid loss ignores it (its label_smoothing serves the robust and exo_pair "
+                       "losses, other maths)", True))
     if t.beta_schedule != "constant":
-        gaps.append(f"beta_schedule {t.beta_schedule}: DPOConfig's beta is a constant")
+        out.append(Gap(f"beta_schedule {t.beta_schedule}", f"beta_schedule {t.beta_schedule}: DPOConfig's beta is "
+                       "a constant", True))
     if t.adaptive_clip:
-        gaps.append(f"adaptive_clip (window {t.adaptive_clip_window}): per-parameter P90 clipping needs a "
-                    "custom optimizer step; TRL clips the total norm only (max_grad_norm)")
+        out.append(Gap("adaptive_clip", f"adaptive_clip (window {t.adaptive_clip_window}): per-parameter P90 "
+                       "clipping needs a custom optimizer step; TRL clips the total norm only (max_grad_norm)", True))
     if t.ema_decay is not None:
-        gaps.append(f"ema_decay {t.ema_decay:g}: TRL keeps no moving average of the policy's weights")
+        out.append(Gap(f"ema_decay {t.ema_decay:g}", f"ema_decay {t.ema_decay:g}: TRL keeps no moving average of "
+                       "the policy's weights", True))
     if t.grad_acc_schedule != "constant":
-        gaps.append(f"grad_acc_schedule {t.grad_acc_schedule}: gradient_accumulation_steps is a constant in TRL")
+        out.append(Gap(f"grad_acc_schedule {t.grad_acc_schedule}", f"grad_acc_schedule {t.grad_acc_schedule}: "
+                       "gradient_accumulation_steps is a constant in TRL", True))
     if t.padding_side != "right":
-        gaps.append(f"padding_side {t.padding_side}: a tokenizer setting (tokenizer.padding_side), not DPOConfig's")
+        out.append(Gap(f"padding_side {t.padding_side}", f"padding_side {t.padding_side}: a tokenizer setting "
+                       "(tokenizer.padding_side), not DPOConfig's", True))
     workers = trial.resources.workers_per_trial
     if workers > 1:
-        gaps.append(f"{workers} workers ({trial.resources.parallelism}): a launcher setting, e.g. "
-                    f"`accelerate launch --num_processes {workers}`, not a DPOConfig field")
-    return gaps
+        out.append(Gap(f"workers_per_trial {workers}", f"{workers} workers ({trial.resources.parallelism}): a "
+                       f"launcher setting, e.g. `accelerate launch --num_processes {workers}`, not a DPOConfig "
+                       "field", True))
+    return out
+
+
+def refusals(trial: TrialConfig, trl: TrlFields) -> list[str]:
+    """Why ``trial`` cannot run as ``train.trainer: trl`` under ``trl``, one sentence each (empty:
+    it can): its settings that TRL would train differently, and fields the export needs that this
+    TRL lacks or ignores. liger-kernel is not among them: the trl trainer patches it in itself."""
+    model = trial.model.model_dump(mode="json")
+    wanted = _wanted(trial, model, 1)
+    missing = [_missing_field_note(k, v, trl) for k, v in wanted.items()
+               if k != "use_liger_kernel" and trl.current_name(k) is None]
+    return missing + [g.text for g in gaps(trial, model, trl) if g.refuses_trl]
 
 
 def _left_to_you(trial: TrialConfig) -> list[str]:
