@@ -34,7 +34,7 @@ from dpo_sweep.config import (
     refused_optimizer_in_backward,
 )
 from dpo_sweep.trial_facts import refused_attention, refused_cuda_lever
-from dpo_sweep import migrate
+from dpo_sweep import migrate, trl_export, trl_fields
 from dpo_sweep.errors import SpaceError
 
 #: Search dimensions with their own handling; any TrainSpec field may be swept as well.
@@ -283,6 +283,7 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
     workers = spec.resources.workers_per_trial
     model_parts = dict(zip((m.model_dump_json() for m in dims["model"]), _model_id_parts(dims["model"])))
     trials, renamed = [], {}
+    trl = _TrlCheck(source)
     for index, values in enumerate(points):
         p = dict(zip(names, values))
         if "effective_batch" in p:
@@ -318,13 +319,34 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
         trial_id = _trial_id(index, point, swept_values, model_part)
         if model_part:
             renamed[migrate.earlier_trial_id(trial_id, model_part)] = trial_id
-        trials.append(
-            TrialConfig(
-                space_name=spec.name, trial_id=trial_id, model=p["model"], data=spec.data, train=train,
-                resources=spec.resources, swept_train=tuple(train_over), **point,
-            )
-        )
+        trial = TrialConfig(space_name=spec.name, trial_id=trial_id, model=p["model"], data=spec.data, train=train,
+                            resources=spec.resources, swept_train=tuple(train_over), **point)
+        trl.check(trial)
+        trials.append(trial)
     return tuple(trials), renamed
+
+
+class _TrlCheck:
+    """Refuses ``train.trainer: trl`` trials that TRL cannot run as configured; reads TRL's fields
+    once, at the first such trial (importing TRL takes seconds)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.fields: trl_fields.TrlFields | None = None
+
+    def check(self, trial: TrialConfig) -> None:
+        if trial.train.trainer != "trl":
+            return
+        if self.fields is None:
+            missing = trl_fields.trainer_refusal()
+            if missing:
+                raise SpaceError(f"{self.source}: {missing}")
+            self.fields = trl_fields.from_installed()
+        refused = trl_export.refusals(trial, self.fields)
+        if refused:
+            raise SpaceError(f"{self.source}: train.trainer trl (trial {trial.trial_id}) cannot run "
+                             f"{len(refused)} of its settings in TRL {self.fields.version}: " + "; ".join(refused)
+                             + ". Change them, or sweep these settings with trainer: native only")
 
 
 def load_raw(path: str | Path) -> dict[str, Any]:

@@ -89,6 +89,21 @@ def trl_installed() -> bool:
     return importlib.util.find_spec("trl") is not None
 
 
+def trainer_refusal() -> str | None:
+    """Why ``train.trainer: trl`` cannot run here (TRL missing or older than :data:`MIN_VERSION`);
+    None when it can. Reads TRL's installed version without importing it."""
+    from importlib import metadata
+
+    from packaging.version import Version
+
+    if not trl_installed():
+        return f"train.trainer: trl needs TRL >= {MIN_VERSION}, which is not installed: {INSTALL_LINE}"
+    version = metadata.version("trl")
+    if Version(version) < Version(MIN_VERSION):
+        return f"train.trainer: trl needs TRL >= {MIN_VERSION}; TRL {version} is installed: {INSTALL_LINE}"
+    return None
+
+
 def _deprecated_by_help(help_text: str) -> tuple[bool, str]:
     """(deprecated, replacement) as a field's help text says it."""
     text = " ".join(help_text.split())
