@@ -6,6 +6,7 @@ frontier.md, recommendation.json and report.html (or just print, for ``recommend
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from dpo_sweep import migrate, space as space_mod
-from dpo_sweep.analysis import noise_floor, pareto, results, tables, winner as winner_mod
+from dpo_sweep.analysis import noise_floor, pareto, results, tables, trainer_switch, winner as winner_mod
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
@@ -153,7 +154,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     frontier_path.write_text(_frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else ""),
                              encoding="utf-8")
     rec_json = rec.to_json_dict()
-    rec_json["trl"] = winner.trl.to_json() if winner.trl is not None else None
+    rec_json["trl"] = winner.trl_json()
     rec_path = files.recommendation
     rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     report_path = write_report(files.report,
@@ -167,7 +168,12 @@ def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
               space: SpaceSettings, trl: TrlFields | None = None) -> winner_mod.Winner:
     """The recommended trial rebuilt from DIR/space.yaml (:mod:`dpo_sweep.analysis.winner`)."""
     rows = analysed[analysed["trial_id"].astype(str) == str(rec.trial_id)] if rec.trial_id is not None else analysed[:0]
-    return winner_mod.winner_of(out_dir, rows.iloc[0] if len(rows) else None, space.objectives, trl)
+    row = rows.iloc[0] if len(rows) else None
+    winner = winner_mod.winner_of(out_dir, row, space.objectives, trl)
+    if winner.trl is None:
+        return winner
+    moved = trainer_switch.switch(analysed, row)
+    return dataclasses.replace(winner, switch=trainer_switch.switch_text(row, moved), switch_data=moved)
 
 
 def format_winner(winner: winner_mod.Winner, written: Path | None, out_dir: Path | None = None) -> str:

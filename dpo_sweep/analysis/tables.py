@@ -44,7 +44,7 @@ TRIALS_HEADER: tuple[str, ...] = (
 )
 _NO_MEASUREMENT = {"oom": "OOM", "error": "error", "pruned": "pruned"}
 #: Contract columns that hold a train setting: a column of the tables when the trials differ in it.
-_SETTING_COLUMNS = ("loss_type", "precision", "reference")
+_SETTING_COLUMNS = ("loss_type", "precision", "reference", "trainer")
 #: Marks the step time of a row whose time was extrapolated from a shorter accumulation.
 EXTRAPOLATED_MARK = "\u2248"
 
@@ -89,11 +89,11 @@ def swept_train_columns(df: pd.DataFrame) -> list[str]:
 
 def varying_columns(df: pd.DataFrame) -> list[str]:
     """The set-up columns besides micro_batch, checkpoint_level, grad_acc and beta whose values
-    differ between the rows of ``df``: ``model``, the memory levers and the swept train columns.
+    differ between the rows of ``df``: ``model``, the memory levers, the trainer and the swept train columns.
     Wherever rows are told apart (frontier.md, the recommendation) these are named too: two
     models, or two learning rates, at one micro_batch / checkpoint / grad_acc / beta look
     identical otherwise."""
-    candidates = [c for c in ("model", "adapter", "optimizer") if c in df.columns] + swept_train_columns(df)
+    candidates = [c for c in ("model", "adapter", "optimizer", "trainer") if c in df.columns] + swept_train_columns(df)
     return [c for c in candidates if df[c].astype(str).nunique() > 1]
 
 

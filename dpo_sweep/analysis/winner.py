@@ -36,13 +36,25 @@ class Winner:
     """recommended.yaml's text ("" without a trial)."""
     trl: TrlExport | None = None
     """The winner in TRL's terms (recommendation.json's ``"trl"``); None without a trial."""
+    switch: str = ""
+    """The winner's trainer and what the other one costs or saves (analysis/trainer_switch.py)."""
+    switch_data: dict[str, Any] | None = None
+    """The same as data (recommendation.json's ``"trl"."switch"``)."""
     note: str = ""
     """Why a recommended trial has no ``trial`` (no space.yaml, an unreadable one, no matching
     trial); empty when nothing was recommended."""
 
     def trl_code(self) -> str:
-        """The TRL export as Python to paste ("" without a trial)."""
-        return trl_export_mod.text(self.trl) if self.trl is not None else ""
+        """The TRL export as Python to paste, after the trainer line ("" without a trial)."""
+        if self.trl is None:
+            return ""
+        return (f"# {self.switch}\n" if self.switch else "") + trl_export_mod.text(self.trl)
+
+    def trl_json(self) -> dict[str, Any] | None:
+        """recommendation.json's ``"trl"``: the export and the trainer switch (None without a trial)."""
+        if self.trl is None:
+            return None
+        return {**self.trl.to_json(), "switch": self.switch_data}
 
 
 def _row_value(row: pd.Series, column: str) -> Any:

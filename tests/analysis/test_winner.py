@@ -247,3 +247,30 @@ def test_a_lora_winner_with_a_low_bit_adamw_names_its_peft_config_and_optim(tmp_
     (tmp_path / "full").mkdir()
     _, full = export_of(tmp_path / "full", quick_space(tmp_path / "full"))
     assert "optim" not in full.dpo_config and full.peft_config is None
+
+
+def test_the_winner_says_what_the_other_trainer_measured(tmp_path):
+    import dataclasses
+    import json
+
+    raw = quick_space(tmp_path, search={"micro_batch": [2, 4], "checkpoint_level": ["none"], "grad_acc": [1],
+                                        "beta": [0.1], "trainer": ["native", "trl"]})
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "space.yaml").write_text(yaml.safe_dump(raw))
+    rows = []
+    for t in space_mod.parse(raw).trials:  # each trl twin: more memory, fewer tokens/s
+        native = t.train.trainer == "native"
+        row = trial(t.trial_id, mem=(2.0 if native else 2.5) * t.micro_batch, time_ms=(100.0 if native else 140.0),
+                    std=0.02, mb=t.micro_batch, level=t.checkpoint_level, ga=t.grad_acc, beta=t.beta,
+                    seed=t.train.seed)
+        row.extra.update({"attn_implementation": "sdpa", "liger_kernel": False})
+        rows.append(dataclasses.replace(row, trainer=t.train.trainer))
+    write_dir(out, rows)
+    outcome = commands.analyse_dir(out, memory_budget_gb=40.0)
+    switch = json.loads((out / "recommendation.json").read_text())["trl"]["switch"]
+    assert outcome.recommendation["config"]["trainer"] == "native"
+    assert (switch["trainer"], switch["source"], switch["status"]) == ("trl", "measured", "ok")
+    assert switch["peak_mem_gb"] == pytest.approx(5.0)  # the winner: native mb 2 (tied tokens/s, less memory)
+    assert "with the trl trainer" in outcome.winner_text and "(+1.00 GB)" in outcome.winner_text
+    assert "| trainer |" in (out / "frontier.md").read_text()

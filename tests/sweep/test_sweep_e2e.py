@@ -67,10 +67,11 @@ def _assert_console_budget(log: str, out, trials: int) -> None:
     # The winner as recommended.yaml and TRL DPOConfig arguments: its own block before the report's path.
     winner = next(i for i, line in enumerate(lines) if line.startswith("recommended.yaml: "))
     report = next(i for i, line in enumerate(lines) if line.startswith("report: "))
-    assert lines[winner + 1] == "as TRL DPOConfig arguments:" and lines[winner + 2].startswith("# TRL ")
-    assert lines[winner + 3].startswith("DPOConfig(")
+    assert lines[winner + 1] == "as TRL DPOConfig arguments:"
+    assert lines[winner + 2].startswith("# Measured with the native trainer; the sweep has no trl row")
+    assert lines[winner + 3].startswith("# TRL ") and lines[winner + 4].startswith("DPOConfig(")
     assert all(line.startswith(("          ", "# not in TRL: ", "# yours to set: ")) or not line
-               for line in lines[winner + 4:report])
+               for line in lines[winner + 5:report])
     assert len(lines) - end - (report - winner) <= 1 + 1 + 2 + trials + 1 + 4 + 1 + 1 + 1, tail
     ids = [r["trial_id"] for r in read_csv(out / "results.csv")]
     assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(f"{t}.log" for t in ids)

@@ -1,0 +1,77 @@
+"""What switching the winner's trainer costs or saves: the winner's configuration under the other
+trainer (``native`` <-> ``trl``), measured where the sweep has that row, else its predicted peak.
+
+recommendation.json's ``"trl"`` holds it as ``"switch"``; the console and the report print it as one
+line under the TRL export, so a native winner says what its TRL export will need, and a TRL winner
+what the native trainer would give.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from dpo_sweep.analysis.tables import fmt_sig, is_finite, swept_train_columns
+
+#: Columns that say which configuration a row is, besides the trainer.
+_SAME = ("model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta", "num_workers", "adapter",
+         "optimizer", "loss_type", "precision", "reference")
+
+
+def trainer_of(row: pd.Series) -> str:
+    """``native`` or ``trl`` (rows of before the column: native)."""
+    return str(row.get("trainer") or "native")
+
+
+def twin(analysed: pd.DataFrame, row: pd.Series) -> pd.Series | None:
+    """The row of ``row``'s configuration under the other trainer; None when the sweep has none."""
+    if "trainer" not in analysed:
+        return None
+    other = "trl" if trainer_of(row) == "native" else "native"
+    same = analysed["trainer"].fillna("").replace("", "native") == other
+    for column in (*_SAME, *(c for c in swept_train_columns(analysed) if c != "trainer")):
+        if column in analysed:
+            same &= analysed[column].astype(str) == str(row.get(column))
+    found = analysed[same]
+    return found.iloc[0] if len(found) else None
+
+
+def switch(analysed: pd.DataFrame, row: pd.Series, predicted_other_gb: float | None = None) -> dict[str, Any]:
+    """The winner's configuration under the other trainer: ``{"trainer", "trial_id", "status",
+    "peak_mem_gb", "tokens_per_s", "source"}`` with ``source`` ``measured`` (the sweep's row) or
+    ``predicted`` (``predicted_other_gb``, the memory model's; no throughput) or ``none``."""
+    other = "trl" if trainer_of(row) == "native" else "native"
+    found = twin(analysed, row)
+    if found is not None and str(found.get("status")) == "ok":
+        return {"trainer": other, "trial_id": str(found["trial_id"]), "status": "ok", "source": "measured",
+                "peak_mem_gb": float(found["peak_mem_gb"]), "tokens_per_s": float(found["tokens_per_s"])}
+    if found is not None:
+        return {"trainer": other, "trial_id": str(found["trial_id"]), "status": str(found.get("status")),
+                "source": "measured", "peak_mem_gb": _float(found.get("peak_mem_gb")), "tokens_per_s": None}
+    if predicted_other_gb is not None and math.isfinite(predicted_other_gb):
+        return {"trainer": other, "trial_id": None, "status": None, "source": "predicted",
+                "peak_mem_gb": predicted_other_gb, "tokens_per_s": None}
+    return {"trainer": other, "trial_id": None, "status": None, "source": "none", "peak_mem_gb": None,
+            "tokens_per_s": None}
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if is_finite(value) else None
+
+
+def switch_text(row: pd.Series, moved: dict[str, Any]) -> str:
+    """One sentence: the winner's trainer, and the same configuration under the other one."""
+    own, other = trainer_of(row), moved["trainer"]
+    head = f"Measured with the {own} trainer"
+    mem, rate = float(row["peak_mem_gb"]), float(row["tokens_per_s"])
+    if moved["source"] == "none":
+        return f"{head}; the sweep has no {other} row of this configuration (search: {{trainer: [native, trl]}} adds one)."
+    if moved["source"] == "predicted":
+        return (f"{head}; with the {other} trainer it is predicted to peak at {moved['peak_mem_gb']:.2f} GB "
+                f"({moved['peak_mem_gb'] - mem:+.2f} GB; predicted, not measured).")
+    if moved["status"] != "ok":
+        return f"{head}; with the {other} trainer ({moved['trial_id']}) it ended {moved['status']}."
+    return (f"{head}; with the {other} trainer ({moved['trial_id']}, measured) it peaks at "
+            f"{moved['peak_mem_gb']:.2f} GB ({moved['peak_mem_gb'] - mem:+.2f} GB) at {fmt_sig(moved['tokens_per_s'], 4)} "
+            f"tokens/s ({moved['tokens_per_s'] / rate:.2f}x).")
