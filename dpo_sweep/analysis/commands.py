@@ -172,7 +172,7 @@ def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
     winner = winner_mod.winner_of(out_dir, row, space.objectives, trl)
     if winner.trl is None:
         return winner
-    moved = trainer_switch.switch(analysed, row)
+    moved = trainer_switch.switch(analysed, row, trainer_switch.predicted_other_gb(winner.trial, row))
     return dataclasses.replace(winner, switch=trainer_switch.switch_text(row, moved), switch_data=moved)
 
 

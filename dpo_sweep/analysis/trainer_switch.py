@@ -12,7 +12,10 @@ from typing import Any
 
 import pandas as pd
 
+from dpo_sweep import trial_facts
 from dpo_sweep.analysis.tables import fmt_sig, is_finite, swept_train_columns
+from dpo_sweep.config import TrialConfig
+from dpo_sweep.trl_export import TRL_CHECKPOINTING
 
 #: Columns that say which configuration a row is, besides the trainer.
 _SAME = ("model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta", "num_workers", "adapter",
@@ -37,6 +40,32 @@ def twin(analysed: pd.DataFrame, row: pd.Series) -> pd.Series | None:
     return found.iloc[0] if len(found) else None
 
 
+def nearest_other(trial: TrialConfig) -> TrialConfig:
+    """``trial`` under the other trainer; into TRL, a selective checkpoint level becomes ``full``
+    (TRL checkpoints whole layers or nothing: the nearest setting, more recompute, less memory)."""
+    other = "trl" if trial.train.trainer == "native" else "native"
+    level = trial.checkpoint_level if other == "native" or trial.checkpoint_level in TRL_CHECKPOINTING else "full"
+    return trial.model_copy(update={"train": trial.train.model_copy(update={"trainer": other}),
+                                    "checkpoint_level": level})
+
+
+def predicted_other_gb(trial: TrialConfig, row: pd.Series) -> float | None:
+    """The other trainer's peak for ``trial``: its measured peak plus the memory model's difference
+    between the two (plan/memory.py; a difference, so what the model misses of both cancels). None
+    when the model's shape cannot be read here or the row has no measured peak."""
+    from dpo_sweep.plan.memory import predict_peak_gb
+
+    if not is_finite(row.get("peak_mem_gb")):
+        return None
+    device = trial_facts.planned_device(trial)
+    try:
+        own = predict_peak_gb(trial, device=device).total_gb
+        other = predict_peak_gb(nearest_other(trial), device=device).total_gb
+    except (OSError, ValueError, KeyError):
+        return None
+    return float(row["peak_mem_gb"]) + other - own
+
+
 def switch(analysed: pd.DataFrame, row: pd.Series, predicted_other_gb: float | None = None) -> dict[str, Any]:
     """The winner's configuration under the other trainer: ``{"trainer", "trial_id", "status",
     "peak_mem_gb", "tokens_per_s", "source"}`` with ``source`` ``measured`` (the sweep's row) or
@@ -51,9 +80,15 @@ def switch(analysed: pd.DataFrame, row: pd.Series, predicted_other_gb: float | N
                 "source": "measured", "peak_mem_gb": _float(found.get("peak_mem_gb")), "tokens_per_s": None}
     if predicted_other_gb is not None and math.isfinite(predicted_other_gb):
         return {"trainer": other, "trial_id": None, "status": None, "source": "predicted",
-                "peak_mem_gb": predicted_other_gb, "tokens_per_s": None}
+                "peak_mem_gb": predicted_other_gb, "tokens_per_s": None,
+                "checkpoint_level": nearest_level(str(row.get("checkpoint_level")), other)}
     return {"trainer": other, "trial_id": None, "status": None, "source": "none", "peak_mem_gb": None,
             "tokens_per_s": None}
+
+
+def nearest_level(level: str, trainer: str) -> str:
+    """The checkpoint level ``trainer`` runs for ``level`` (:func:`nearest_other`)."""
+    return "full" if trainer == "trl" and level not in TRL_CHECKPOINTING else level
 
 
 def _float(value: Any) -> float | None:
@@ -68,8 +103,11 @@ def switch_text(row: pd.Series, moved: dict[str, Any]) -> str:
     if moved["source"] == "none":
         return f"{head}; the sweep has no {other} row of this configuration (search: {{trainer: [native, trl]}} adds one)."
     if moved["source"] == "predicted":
-        return (f"{head}; with the {other} trainer it is predicted to peak at {moved['peak_mem_gb']:.2f} GB "
-                f"({moved['peak_mem_gb'] - mem:+.2f} GB; predicted, not measured).")
+        level = moved.get("checkpoint_level")
+        at = f" at checkpoint level {level}, its nearest," if level and level != str(row.get("checkpoint_level")) else ""
+        return (f"{head}; with the {other} trainer{at} it is predicted to peak at {moved['peak_mem_gb']:.2f} GB "
+                f"({moved['peak_mem_gb'] - mem:+.2f} GB; predicted by the memory model, not measured: "
+                "search: {trainer: [native, trl]} measures it).")
     if moved["status"] != "ok":
         return f"{head}; with the {other} trainer ({moved['trial_id']}) it ended {moved['status']}."
     return (f"{head}; with the {other} trainer ({moved['trial_id']}, measured) it peaks at "

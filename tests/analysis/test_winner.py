@@ -274,3 +274,24 @@ def test_the_winner_says_what_the_other_trainer_measured(tmp_path):
     assert switch["peak_mem_gb"] == pytest.approx(5.0)  # the winner: native mb 2 (tied tokens/s, less memory)
     assert "with the trl trainer" in outcome.winner_text and "(+1.00 GB)" in outcome.winner_text
     assert "| trainer |" in (out / "frontier.md").read_text()
+
+
+def test_without_a_trl_row_the_switch_is_predicted_at_the_nearest_trl_level(tmp_path):
+    import json
+
+    from dpo_sweep.analysis import trainer_switch
+    from dpo_sweep.plan.memory import predict_peak_gb
+
+    raw = quick_space(tmp_path)
+    out = results_for(tmp_path, raw, fastest=3)  # micro_batch 2, L2: TRL's nearest is full
+    outcome = commands.analyse_dir(out, memory_budget_gb=20.0)
+    switch = json.loads((out / "recommendation.json").read_text())["trl"]["switch"]
+    t = space_mod.parse(raw).trials[3]
+    row = load_results(out).set_index("trial_id").loc[t.trial_id]
+    other = trainer_switch.nearest_other(t)
+    assert (other.train.trainer, other.checkpoint_level) == ("trl", "full")
+    expected = row["peak_mem_gb"] + predict_peak_gb(other).total_gb - predict_peak_gb(t).total_gb
+    assert (switch["source"], switch["checkpoint_level"]) == ("predicted", "full")
+    assert switch["peak_mem_gb"] == pytest.approx(expected)
+    assert "predicted by the memory model, not measured" in outcome.winner_text
+    assert "at checkpoint level full, its nearest" in outcome.winner_text
