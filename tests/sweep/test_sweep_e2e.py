@@ -68,7 +68,7 @@ def _assert_console_budget(log: str, out, trials: int) -> None:
     winner = next(i for i, line in enumerate(lines) if line.startswith("recommended.yaml: "))
     report = next(i for i, line in enumerate(lines) if line.startswith("report: "))
     assert lines[winner + 1] == "as TRL DPOConfig arguments:"
-    assert lines[winner + 2].startswith("# Measured with the native trainer; the sweep has no trl row")
+    assert lines[winner + 2].startswith("# Measured with the native trainer; with the trl trainer it is predicted")
     assert lines[winner + 3].startswith("# TRL ") and lines[winner + 4].startswith("DPOConfig(")
     assert all(line.startswith(("          ", "# not in TRL: ", "# yours to set: ")) or not line
                for line in lines[winner + 5:report])
