@@ -151,8 +151,9 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     table = tables.frontier_markdown(analysed)
     frontier_path = files.frontier
     floor = noise_floor.noise_floor_markdown(noise_floor.noise_floor(analysed, steps))
-    frontier_path.write_text(_frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else ""),
-                             encoding="utf-8")
+    pairs = trainer_switch.pairs_markdown(analysed)
+    frontier_path.write_text(_frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else "")
+                             + (f"\n{pairs}" if pairs else ""), encoding="utf-8")
     rec_json = rec.to_json_dict()
     rec_json["trl"] = winner.trl_json()
     rec_path = files.recommendation

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from dpo_sweep import trial_facts
-from dpo_sweep.analysis.tables import fmt_sig, is_finite, swept_train_columns
+from dpo_sweep.analysis.tables import fmt_beta, fmt_float, fmt_int, fmt_sig, is_finite, swept_train_columns, to_markdown
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.trl_export import TRL_CHECKPOINTING
 
@@ -113,3 +113,36 @@ def switch_text(row: pd.Series, moved: dict[str, Any]) -> str:
     return (f"{head}; with the {other} trainer ({moved['trial_id']}, measured) it peaks at "
             f"{moved['peak_mem_gb']:.2f} GB ({moved['peak_mem_gb'] - mem:+.2f} GB) at {fmt_sig(moved['tokens_per_s'], 4)} "
             f"tokens/s ({moved['tokens_per_s'] / rate:.2f}x).")
+
+
+def pairs_markdown(analysed: pd.DataFrame) -> str:
+    """frontier.md's section of each configuration measured by both trainers, side by side:
+    peaks, tokens/s and what TRL costs against the native trainer; "" when no configuration has
+    both."""
+    if "trainer" not in analysed:
+        return ""
+    rows = []
+    natives = analysed[analysed["trainer"].fillna("").replace("", "native") == "native"]
+    for _, native in natives.iterrows():
+        found = twin(analysed, native)
+        if found is None:
+            continue
+        both_ok = str(native["status"]) == "ok" and str(found["status"]) == "ok"
+        rows.append([fmt_int(native["micro_batch"]), str(native["checkpoint_level"]), fmt_int(native["grad_acc"]),
+                     fmt_beta(native["beta"]), _cell(native, "peak_mem_gb"), _cell(found, "peak_mem_gb"),
+                     f"{float(found['peak_mem_gb']) - float(native['peak_mem_gb']):+.2f}" if both_ok else "-",
+                     _cell(native, "tokens_per_s"), _cell(found, "tokens_per_s"),
+                     f"{float(found['tokens_per_s']) / float(native['tokens_per_s']):.2f}x" if both_ok else "-"])
+    if not rows:
+        return ""
+    header = ("micro_batch", "checkpoint", "grad_acc", "beta", "native peak (GB)", "trl peak (GB)", "trl - native (GB)",
+              "native tokens/s", "trl tokens/s", "trl / native")
+    return ("## Native and TRL trainers\n\nEach configuration measured by both trainers (`train.trainer`), "
+            "side by side; OOM where a trainer ran out of memory.\n\n" + to_markdown(header, rows))
+
+
+def _cell(row: pd.Series, column: str) -> str:
+    status = str(row.get("status"))
+    if status != "ok":
+        return "OOM" if status == "oom" else status or "-"
+    return fmt_float(row[column], 2) if column == "peak_mem_gb" else fmt_sig(row[column], 4)

@@ -273,7 +273,11 @@ def test_the_winner_says_what_the_other_trainer_measured(tmp_path):
     assert (switch["trainer"], switch["source"], switch["status"]) == ("trl", "measured", "ok")
     assert switch["peak_mem_gb"] == pytest.approx(5.0)  # the winner: native mb 2 (tied tokens/s, less memory)
     assert "with the trl trainer" in outcome.winner_text and "(+1.00 GB)" in outcome.winner_text
-    assert "| trainer |" in (out / "frontier.md").read_text()
+    frontier = (out / "frontier.md").read_text()
+    assert "| trainer |" in frontier and "## Native and TRL trainers" in frontier
+    # each configuration once, its two trainers side by side: mb 2 (4 vs 5 GB), mb 4 (8 vs 10 GB)
+    assert "| 2 | none | 1 | 0.1 | 4.00 | 5.00 | +1.00 | 10,000 | 7,143 | 0.71x |" in frontier
+    assert "| 4 | none | 1 | 0.1 | 8.00 | 10.00 | +2.00 |" in frontier
 
 
 def test_without_a_trl_row_the_switch_is_predicted_at_the_nearest_trl_level(tmp_path):
