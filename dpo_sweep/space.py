@@ -323,16 +323,19 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
                             resources=spec.resources, swept_train=tuple(train_over), **point)
         trl.check(trial)
         trials.append(trial)
+    trl.raise_if_refused()
     return tuple(trials), renamed
 
 
 class _TrlCheck:
-    """Refuses ``train.trainer: trl`` trials that TRL cannot run as configured; reads TRL's fields
-    once, at the first such trial (importing TRL takes seconds)."""
+    """Refuses ``train.trainer: trl`` trials that TRL cannot run as configured, every reason of every
+    such trial in one message; reads TRL's fields once, at the first such trial (importing TRL
+    takes seconds)."""
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.fields: trl_fields.TrlFields | None = None
+        self.refused: dict[str, list[str]] = {}  # reason -> the trials it refuses
 
     def check(self, trial: TrialConfig) -> None:
         if trial.train.trainer != "trl":
@@ -342,11 +345,17 @@ class _TrlCheck:
             if missing:
                 raise SpaceError(f"{self.source}: {missing}")
             self.fields = trl_fields.from_installed()
-        refused = trl_export.refusals(trial, self.fields)
-        if refused:
-            raise SpaceError(f"{self.source}: train.trainer trl (trial {trial.trial_id}) cannot run "
-                             f"{len(refused)} of its settings in TRL {self.fields.version}: " + "; ".join(refused)
-                             + ". Change them, or sweep these settings with trainer: native only")
+        for reason in trl_export.refusals(trial, self.fields):
+            self.refused.setdefault(reason, []).append(trial.trial_id)
+
+    def raise_if_refused(self) -> None:
+        if not self.refused:
+            return
+        version = self.fields.version if self.fields is not None else "?"
+        reasons = "; ".join(f"{reason} (trial {', '.join(ids[:2])}{' and more' if len(ids) > 2 else ''})"
+                            for reason, ids in self.refused.items())
+        raise SpaceError(f"{self.source}: train.trainer trl cannot run {len(self.refused)} setting(s) in TRL "
+                         f"{version}: {reasons}. Change them, or sweep these settings with trainer: native only")
 
 
 def load_raw(path: str | Path) -> dict[str, Any]:

@@ -180,8 +180,8 @@ def gaps(trial: TrialConfig, model: dict[str, Any], trl: TrlFields) -> list[Gap]
         out.append(Gap(f"checkpoint_level {trial.checkpoint_level}",
                        f"checkpoint_level {trial.checkpoint_level}: TRL checkpoints whole decoder layers or "
                        "nothing; the selective levels L1-L3 need dpo_sweep.train.checkpointing applied to the model "
-                       "before DPOTrainer wraps it. Checkpointing on above is the nearest TRL setting (more "
-                       "recompute, less memory)", True))
+                       "before DPOTrainer wraps it; whole-layer checkpointing (level full) is the nearest TRL "
+                       "setting (more recompute, less memory)", True))
     if model.get("lean_ops"):
         out.append(Gap("lean_ops", "lean_ops: the memory-lean RMSNorm/SwiGLU autograd (dpo_sweep/train/lean.py) has "
                        "no TRL switch; without it activation memory is higher than measured here", False))
