@@ -139,10 +139,10 @@ def _missing_field_note(key: str, value: Any, trl: TrlFields) -> str:
     """Why a setting the winner ran with is not in the export."""
     if key == "use_liger_kernel":
         instead = trl.deprecated.get(key, "")
-        return ("liger_kernel: measured with liger-kernel's fused RMSNorm/RoPE/SwiGLU; TRL "
+        return ("liger_kernel true: liger-kernel's fused RMSNorm/RoPE/SwiGLU; TRL "
                 f"{trl.version} deprecates use_liger_kernel" + (f" and names {instead} instead (the Hub's "
                                                                 "kernels, not liger-kernel)" if instead else "")
-                + ": without liger-kernel, memory and speed differ from what was measured")
+                + ": without liger-kernel, memory and speed differ from rows measured with it")
     if key in trl.unavailable:
         return f"{key}={value!r}: TRL {trl.version} has the field but ignores it (its help: temporarily unavailable)"
     if key in trl.deprecated:
@@ -226,11 +226,11 @@ def gaps(trial: TrialConfig, model: dict[str, Any], trl: TrlFields) -> list[Gap]
 def refusals(trial: TrialConfig, trl: TrlFields) -> list[str]:
     """Why ``trial`` cannot run as ``train.trainer: trl`` under ``trl``, one sentence each (empty:
     it can): its settings that TRL would train differently, and fields the export needs that this
-    TRL lacks or ignores. liger-kernel is not among them: the trl trainer patches it in itself."""
+    TRL lacks or ignores (``liger_kernel: true`` where TRL deprecates ``use_liger_kernel``: a trl
+    trial runs as its export will, and the export writes no deprecated field; ``auto`` is off there)."""
     model = trial.model.model_dump(mode="json")
     wanted = _wanted(trial, model, 1)
-    missing = [_missing_field_note(k, v, trl) for k, v in wanted.items()
-               if k != "use_liger_kernel" and trl.current_name(k) is None]
+    missing = [_missing_field_note(k, v, trl) for k, v in wanted.items() if trl.current_name(k) is None]
     return missing + [g.text for g in gaps(trial, model, trl) if g.refuses_trl]
 
 

@@ -103,3 +103,15 @@ def test_trl_missing_is_refused_with_the_install_line(tmp_path, monkeypatch):
     with pytest.raises(SpaceError, match=r"pip install 'dpo-sweep\[trl\]'"):
         space_mod.load(space(tmp_path))
     space_mod.load(space(tmp_path, search={"trainer": ["native"]}))  # native trials need no TRL
+
+
+def test_liger_true_is_refused_where_trl_deprecates_use_liger_kernel():
+    from dpo_sweep import trl_export
+    from tests.testkit import make_cfg
+
+    recorded = trl_fields.from_recorded()
+    liger = make_cfg(trainer="trl", model={"preset": "tiny-llama", "liger_kernel": True})
+    assert any("deprecates use_liger_kernel" in r for r in trl_export.refusals(liger, recorded))
+    assert trl_export.refusals(make_cfg(trainer="trl"), recorded) == []  # auto: off in a trl trial
+    older = trl_fields.TrlFields("0.19.0", False, recorded.fields, {})
+    assert trl_export.refusals(liger, older) == []

@@ -329,7 +329,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     b = element_bytes(cfg.model, t.precision)
     trl = t.trainer == "trl"  # TRL's DPOTrainer: stock modules, its fused head (plan/trl_memory.py)
     lean, attn = cfg.model.lean_ops and not trl, trial_facts.planned_attention(cfg.model.attn_implementation)
-    liger = trial_facts.planned_liger(cfg.model.liger_kernel, s.arch, device)
+    liger = trial_facts.planned_liger(cfg.model.liger_kernel, s.arch, device) and not trl  # trl_trainer.py: off
     world = cfg.resources.workers_per_trial
     shard = world if (world > 1 and cfg.resources.parallelism == "fsdp") else 1  # FSDP: a rough 1/world
     tokens, seq_len = worst_micro_batch(cfg, lengths, device)

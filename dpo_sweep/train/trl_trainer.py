@@ -269,9 +269,11 @@ def train(cfg: TrialConfig, device: torch.device, clock: TrialClock, on_step: Ca
     sampler = make_memory_sampler(device)
     steps = _Steps(device)
     with sampler, tempfile.TemporaryDirectory(prefix="dpo-sweep-trl-") as out_dir:
-        # lean_ops is the native trainer's; liger-kernel's SwiGLU then patches the MLP too, as TRL's would
-        built = build_model(cfg.model.model_copy(update={"lean_ops": False}), cfg.train.precision, device,
-                            seed=cfg.train.seed)
+        # lean_ops is the native trainer's; liger-kernel only where the TRL export can say so
+        # (use_liger_kernel not deprecated): a trl row is what its export reproduces
+        liger = cfg.model.liger_kernel if fields.knows("use_liger_kernel") else False
+        built = build_model(cfg.model.model_copy(update={"lean_ops": False, "liger_kernel": liger}),
+                            cfg.train.precision, device, seed=cfg.train.seed)
         peft = trl_export.peft_config(cfg)
         live_copy = cfg.train.reference == "live" and peft is None
         ref_model = freeze_reference(copy.deepcopy(built.model)) if live_copy else None

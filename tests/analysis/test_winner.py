@@ -195,7 +195,7 @@ def test_field_names_follow_the_trl_version(tmp_path):
     assert old_export.dpo_config["use_liger_kernel"] is True
     _, new_export = export_of(tmp_path / "n", raw_liger, trl=new, row_update=row_liger)
     assert "use_liger_kernel" not in new_export.dpo_config
-    assert any(n.startswith("liger_kernel:") and "deprecates use_liger_kernel" in n for n in new_export.not_in_trl)
+    assert any(n.startswith("liger_kernel true:") and "deprecates use_liger_kernel" in n for n in new_export.not_in_trl)
 
 
 def test_recommendation_json_holds_the_trl_export(tmp_path):
