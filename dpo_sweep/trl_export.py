@@ -182,14 +182,15 @@ def gaps(trial: TrialConfig, model: dict[str, Any], trl: TrlFields) -> list[Gap]
                        "nothing; the selective levels L1-L3 need dpo_sweep.train.checkpointing applied to the model "
                        "before DPOTrainer wraps it; whole-layer checkpointing (level full) is the nearest TRL "
                        "setting (more recompute, less memory)", True))
-    if model.get("lean_ops"):
+    native = t.trainer == "native"  # a trl row was measured with TRL's own modules and head
+    if model.get("lean_ops") and native:
         out.append(Gap("lean_ops", "lean_ops: the memory-lean RMSNorm/SwiGLU autograd (dpo_sweep/train/lean.py) has "
                        "no TRL switch; without it activation memory is higher than measured here", False))
-    if trl.fused_lm_head:
+    if trl.fused_lm_head and native:
         out.append(Gap("logp_chunk_tokens", f"logp_chunk_tokens {t.logp_chunk_tokens}: TRL {trl.version}'s "
                        "DPOTrainer computes log-probs through its own fused LM head (vocabulary tiles, no DPOConfig "
                        "field for their size); the head's memory differs from what was measured", False))
-    elif t.logp_chunk_tokens:
+    elif t.logp_chunk_tokens and native:
         out.append(Gap("logp_chunk_tokens", f"logp_chunk_tokens {t.logp_chunk_tokens}: the chunked lm_head + "
                        f"log-softmax has no DPOConfig field; TRL {trl.version} materialises the full-vocabulary "
                        "logits (more memory)", False))

@@ -299,3 +299,15 @@ def test_without_a_trl_row_the_switch_is_predicted_at_the_nearest_trl_level(tmp_
     assert switch["peak_mem_gb"] == pytest.approx(expected)
     assert "predicted by the memory model, not measured" in outcome.winner_text
     assert "at checkpoint level full, its nearest" in outcome.winner_text
+
+
+def test_a_trl_winner_has_no_notes_of_the_native_trainers_own_modules(tmp_path):
+    raw = quick_space(tmp_path, search={"micro_batch": [2], "checkpoint_level": ["none"], "grad_acc": [1],
+                                        "beta": [0.1], "trainer": ["trl"]})
+    _, export = export_of(tmp_path, raw)
+    named = " ".join(export.not_in_trl)
+    assert "lean_ops" not in named and "logp_chunk_tokens" not in named  # measured with TRL's own
+    assert "truncation" in named  # the trl trial trained the sweep's truncated pairs
+    (tmp_path / "n").mkdir()
+    _, native = export_of(tmp_path / "n", quick_space(tmp_path / "n"))
+    assert "lean_ops" in " ".join(native.not_in_trl)
