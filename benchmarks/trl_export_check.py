@@ -3,6 +3,16 @@
 
     python3 benchmarks/trl_export_check.py RESULTS_DIR [--steps 4] [--out-dir DIR]
     python3 benchmarks/trl_export_check.py --smoke [--out-dir DIR]     # CPU, tiny, seconds
+    python3 benchmarks/trl_export_check.py --write-space CASE_DIR [--budget-gb 48] > trl.yaml
+
+The proof on a GPU, a user's case from ``benchmarks/user_case.py`` (a checkpoint folder and
+long-tailed chat pairs):
+
+    python3 benchmarks/user_case.py make --arch qwen2-3b --pairs 1500 --dir /tmp/case
+    python3 benchmarks/trl_export_check.py --write-space /tmp/case --budget-gb 48 > /tmp/case/trl.yaml
+    dpo-sweep run /tmp/case/trl.yaml --output benchmarks/results/trl_export_check/h200-case
+    python3 benchmarks/trl_export_check.py benchmarks/results/trl_export_check/h200-case \
+        --out-dir benchmarks/results/trl_export_check/h200-case
 
 RESULTS_DIR is a finished sweep (``dpo-sweep run``) whose space swept ``trainer: [native, trl]``:
 its ``recommendation.json`` holds the winner's ``"trl"`` export and, under ``"switch"``, the sweep's
@@ -15,6 +25,9 @@ as the sweep renders them), which TRL tokenizes, ends with EOS and truncates its
 ``steps x effective batch`` longest pairs, so that every step meets the long pairs the sweep's
 worst-case step measured. The memory sampler (``dpo_sweep.telemetry``: NVML on a GPU, RSS on the
 CPU) records the peak over the steps.
+
+Also ``OUT/trl_predictions.csv``: every ok TRL row of the sweep, its measured peak against the
+memory model's prediction (``predicted_peak_gb``: plan/trl_memory.py), ratio and within 5%.
 
 Compared with the sweep's TRL row of the winner's configuration (the winner itself when it is a
 TRL row, else ``switch``): ``OUT/trl_export_check.csv`` gets one row - ``export_peak_gb``,
@@ -41,8 +54,57 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 CSV_NAME = "trl_export_check.csv"
+PREDICTIONS_NAME = "trl_predictions.csv"
 COLUMNS = ("results_dir", "winner", "winner_trainer", "sweep_trl_trial", "sweep_source", "sweep_trl_peak_gb",
            "export_peak_gb", "ratio", "within_5pct", "export_step_ms", "steps", "pairs", "device", "trl_version")
+
+
+PREDICTION_COLUMNS = ("trial_id", "micro_batch", "checkpoint_level", "adapter", "peak_mem_gb", "predicted_peak_gb",
+                      "ratio", "within_5pct")
+
+
+def proof_space(case: Path, budget_gb: float, max_length: int = 2048) -> str:
+    """The GPU proof's space on a user's case: both trainers x levels none / full x micro_batch
+    1, 2, 4 x adapter full / lora, bf16 weights, under an emulated card of ``budget_gb``."""
+    return f"""# The TRL proof (benchmarks/trl_export_check.py): native and TRL rows of one user's case.
+# dpo-sweep run THIS --output benchmarks/results/trl_export_check/h200-case
+name: trl-proof-{case.name}
+model: {{name_or_path: {case / 'ckpt'}, dtype: bfloat16, liger_kernel: false}}
+data: {{path: {case / 'pairs.jsonl'}}}
+train: {{steps: 4, warmup_steps: 1, max_length: {max_length}, precision: bf16, lora_r: 16}}
+resources: {{workers_per_trial: 1, use_gpu: auto, gpu_memory_gb: {budget_gb:g}}}
+search:
+  micro_batch: [1, 2, 4]
+  checkpoint_level: [none, full]
+  grad_acc: [2]
+  beta: [0.1]
+  adapter: [full, lora]
+  trainer: [native, trl]
+"""
+
+
+def prediction_rows(results: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Every ok TRL row: measured peak against the planner's prediction."""
+    rows = []
+    for r in results:
+        if (r.get("trainer") or "native") != "trl" or r.get("status") != "ok" or not r.get("predicted_peak_gb"):
+            continue
+        peak, predicted = float(r["peak_mem_gb"]), float(r["predicted_peak_gb"])
+        ratio = predicted / peak if peak > 0 else math.nan
+        rows.append({"trial_id": r["trial_id"], "micro_batch": r["micro_batch"],
+                     "checkpoint_level": r["checkpoint_level"], "adapter": r.get("adapter") or "full",
+                     "peak_mem_gb": peak, "predicted_peak_gb": predicted, "ratio": ratio,
+                     "within_5pct": bool(math.isfinite(ratio) and abs(ratio - 1) <= 0.05)})
+    return rows
+
+
+def _write(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]], append: bool) -> None:
+    new = not (append and path.exists())
+    with path.open("a" if append else "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        if new:
+            writer.writeheader()
+        writer.writerows({k: r[k] for k in columns} for r in rows)
 
 
 def sweep_trl_row(recommendation: dict[str, Any], results: list[dict[str, str]]) -> tuple[str, str, float]:
@@ -129,7 +191,8 @@ def check(results_dir: Path, steps: int, out_dir: Path) -> dict[str, Any]:
     space = yaml.safe_load(files.space.read_text())
     batch = export["dpo_config"]["per_device_train_batch_size"] * export["dpo_config"]["gradient_accumulation_steps"]
     pairs = text_pairs(space, load_tokenizer(ModelSpec(**space["model"])), steps * batch)
-    trial, source, sweep_peak = sweep_trl_row(recommendation, read_csv_rows(files.results))
+    results = read_csv_rows(files.results)
+    trial, source, sweep_peak = sweep_trl_row(recommendation, results)
     with tempfile.TemporaryDirectory(prefix="trl-export-check-") as tmp:
         measured = run_export(export, pairs, steps, Path(tmp))
     ratio = measured["export_peak_gb"] / sweep_peak if sweep_peak and math.isfinite(sweep_peak) else math.nan
@@ -139,13 +202,8 @@ def check(results_dir: Path, steps: int, out_dir: Path) -> dict[str, Any]:
            "within_5pct": bool(math.isfinite(ratio) and abs(ratio - 1) <= 0.05), "steps": steps,
            "pairs": len(pairs), "trl_version": trl.__version__}
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / CSV_NAME
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        if new:
-            writer.writeheader()
-        writer.writerow({k: row[k] for k in COLUMNS})
+    _write(out_dir / CSV_NAME, COLUMNS, [row], append=True)
+    _write(out_dir / PREDICTIONS_NAME, PREDICTION_COLUMNS, prediction_rows(results), append=False)
     return row
 
 
@@ -208,7 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps of the export's run")
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results" / "trl_export_check" / "new")
     parser.add_argument("--smoke", action="store_true", help="CPU: build a tiny sweep result and check it")
+    parser.add_argument("--write-space", type=Path, metavar="CASE_DIR",
+                        help="print the GPU proof's space for a user_case.py case folder, run nothing")
+    parser.add_argument("--budget-gb", type=float, default=48.0, help="the emulated card of --write-space")
     args = parser.parse_args(argv)
+    if args.write_space is not None:
+        print(proof_space(args.write_space, args.budget_gb), end="")
+        return 0
     if args.smoke:
         with tempfile.TemporaryDirectory(prefix="trl-export-smoke-") as tmp:
             row = check(smoke_results(Path(tmp)), min(args.steps, 2), args.out_dir)

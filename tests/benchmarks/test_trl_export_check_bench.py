@@ -34,3 +34,27 @@ def test_smoke_pastes_the_export_and_writes_its_row(tmp_path):
     assert row["sweep_source"] == "measured" and row["device"] == "cpu" and row["steps"] == "2"
     assert float(row["export_peak_gb"]) > 0 and float(row["sweep_trl_peak_gb"]) > 0
     assert math.isclose(float(row["ratio"]), float(row["export_peak_gb"]) / float(row["sweep_trl_peak_gb"]))
+
+
+def test_the_proof_space_validates_as_both_trainers_of_each_configuration(tmp_path, monkeypatch):
+    import yaml
+
+    from dpo_sweep import space as space_mod, trl_fields
+
+    monkeypatch.setattr(trl_fields, "trainer_refusal", lambda: None)  # validated as where TRL is installed
+    monkeypatch.setattr(trl_fields, "from_installed", trl_fields.from_recorded)
+    case = tmp_path / "case"
+    (case / "ckpt").mkdir(parents=True)
+    raw = yaml.safe_load(trl_export_check.proof_space(case, 48.0))
+    assert raw["resources"]["gpu_memory_gb"] == 48 and raw["search"]["trainer"] == ["native", "trl"]
+    trials = space_mod.parse(raw).trials
+    assert len(trials) == 24 and {t.train.trainer for t in trials} == {"native", "trl"}
+
+
+def test_prediction_rows_are_the_ok_trl_rows():
+    rows = trl_export_check.prediction_rows([
+        {"trial_id": "a", "trainer": "trl", "status": "ok", "peak_mem_gb": "20", "predicted_peak_gb": "20.5",
+         "micro_batch": "2", "checkpoint_level": "none", "adapter": "lora"},
+        {"trial_id": "b", "trainer": "trl", "status": "oom", "peak_mem_gb": "48", "predicted_peak_gb": "50"},
+        {"trial_id": "c", "trainer": "native", "status": "ok", "peak_mem_gb": "18", "predicted_peak_gb": "18"}])
+    assert [(r["trial_id"], r["ratio"], r["within_5pct"]) for r in rows] == [("a", 1.025, True)]
