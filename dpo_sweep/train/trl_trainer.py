@@ -283,6 +283,10 @@ def train(cfg: TrialConfig, device: torch.device, clock: TrialClock, on_step: Ca
             eval_dataset=Dataset.from_list(held) if cfg.train.evaluate else None,
             processing_class=load_tokenizer(cfg.model), peft_config=LoraConfig(**peft) if peft else None)
         clock.mark("model")
+        say(f"[{cfg.trial_id}] model {cfg.model.label()}: TRL {fields.version} DPOTrainer, {cfg.train.precision}, "
+            f"attention {built.attn_implementation}, checkpoint {cfg.checkpoint_level}, reference "
+            f"{cfg.train.reference}, adapter {cfg.train.adapter}, device {device.type} "
+            f"[{time.perf_counter() - since:.1f} s]")
         timer = StepTimer(device, cfg.train.warmup_steps)
         trainer.remove_callback(PrinterCallback)  # its dict per log: the step line below says it once
         trainer.add_callback(_callback(cfg, plans, timer, sampler, clock, on_step, say, steps))
