@@ -103,6 +103,9 @@ def _wanted(trial: TrialConfig, model: dict[str, Any], pad_multiple: int) -> dic
         "precompute_ref_log_probs": t.reference == "precomputed",
         "pad_to_multiple_of": None if t.padding_free or pad_multiple <= 1 else pad_multiple,
         "seed": t.seed,
+        # the sweep trains the policy with the model's own dropout (0 in most checkpoints); TRL's
+        # default turns it off, which changes what a model with dropout saves and computes
+        "disable_dropout": False,
     }
     if t.padding_free:
         wanted["padding_free"] = True

@@ -113,8 +113,6 @@ def dpo_config_kwargs(cfg: TrialConfig, device: torch.device, multiple: int, out
         logging_nan_inf_filter=False,  # a non-finite loss is the trial's verdict, not a value to smooth over
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, use_cpu=device.type == "cpu",
         per_device_eval_batch_size=cfg.micro_batch, precompute_ref_batch_size=cfg.micro_batch,
-        # the native trial runs every step with dropout as the model is configured
-        disable_dropout=False,
     )
     return kwargs
 
