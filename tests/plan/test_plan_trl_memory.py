@@ -40,3 +40,12 @@ def test_lean_ops_does_not_change_a_trl_prediction():
     stock = predict_peak_gb(make_cfg(trainer="trl", micro_batch=2, model={"preset": "tiny-llama", "lean_ops": False}),
                             device="cpu")
     assert lean == stock
+
+
+def test_the_two_trainers_never_share_a_measurement_or_an_oom():
+    from dpo_sweep.plan.rules import dominates_in_memory, measurement_key, memory_family
+
+    native, trl = make_cfg(micro_batch=4), make_cfg(micro_batch=4, trainer="trl")
+    assert measurement_key(native) != measurement_key(trl) and memory_family(native) != memory_family(trl)
+    assert not dominates_in_memory(make_cfg(micro_batch=8, trainer="trl"), native)  # an OOM prunes its own trainer's
+    assert dominates_in_memory(make_cfg(micro_batch=8, trainer="trl"), trl)
