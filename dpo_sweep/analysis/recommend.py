@@ -282,7 +282,9 @@ def recommend(
     frontier = analysed[analysed["on_frontier"]]
     fits = _fits(frontier, usable)
     stable = _stable(fits, limit)
-    left_out = fits[~fits["trial_id"].isin(stable["trial_id"])]
+    # Diverging rows are never on the frontier (pareto.py); each one that fits is named with its cause.
+    diverging = _fits(ok[ok["stability"].astype(object) == "diverging"], usable) if "stability" in ok else ok[:0]
+    left_out = pd.concat([fits[~fits["trial_id"].isin(stable["trial_id"])], diverging]).drop_duplicates("trial_id")
     pool_name, off_frontier = "frontier configuration", False
     qualifying = _stable(_fits(ok[ok["eligible"]], usable), limit)
     siblings = qualifying[~qualifying["trial_id"].isin(stable["trial_id"]) & sharing_measurement(qualifying, stable)]

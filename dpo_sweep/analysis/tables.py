@@ -93,8 +93,18 @@ def varying_columns(df: pd.DataFrame) -> list[str]:
     Wherever rows are told apart (frontier.md, the recommendation) these are named too: two
     models, or two learning rates, at one micro_batch / checkpoint / grad_acc / beta look
     identical otherwise."""
-    candidates = [c for c in ("model", "adapter", "optimizer") if c in df.columns] + swept_train_columns(df)
+    candidates = ([c for c in ("model", "adapter", "optimizer") if c in df.columns] + train_setting_columns(df)
+                  + swept_train_columns(df))
     return [c for c in candidates if df[c].astype(str).nunique() > 1]
+
+
+def train_setting_columns(df: pd.DataFrame) -> list[str]:
+    """results.csv's fixed columns that hold a train field under its own name (``trainer``,
+    ``attn_implementation``, ...), besides the levers and :data:`_SETTING_COLUMNS`: a sweep over
+    such a field shows it wherever the swept fields show, with no list to keep up to date."""
+    fields = set(TrainSpec.model_fields)
+    return [c for c in df.columns if c in RESULTS_COLUMNS and c not in ("adapter", "optimizer", *_SETTING_COLUMNS)
+            and (SWEPT_TRAIN_COLUMN.get(c) == c or (c in fields and c not in SWEPT_TRAIN_COLUMN))]
 
 
 def named_settings(rec: Any) -> list[str]:
@@ -110,7 +120,7 @@ def swept_columns(df: pd.DataFrame, levers: bool = False) -> list[str]:
     columns named after a train field that the fixed schema lacks), after the setting columns
     (loss_type, precision, reference) in which the trials differ; with ``levers``, the adapter and
     optimizer too when they differ (the frontier's table; the all-trials table has them always)."""
-    settings = ("model", *(("adapter", "optimizer") if levers else ()), *_SETTING_COLUMNS)
+    settings = ("model", *(("adapter", "optimizer") if levers else ()), *_SETTING_COLUMNS, *train_setting_columns(df))
     varying = [c for c in settings if c in df and df[c].dropna().astype(str).nunique() > 1]
     return varying + swept_train_fields(df.columns)
 

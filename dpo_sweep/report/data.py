@@ -18,7 +18,7 @@ from dpo_sweep.analysis.winner import Winner, trl_text
 from dpo_sweep.records import STATUSES
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
-from dpo_sweep.report import curves, figures
+from dpo_sweep.report import curves, figures, scatter
 from dpo_sweep.report.data_shape import data_shape_section
 
 
@@ -227,6 +227,28 @@ def _figure(dom_id: str, caption: str, spec: dict[str, Any]) -> Figure:
     return Figure(dom_id, caption, {**spec, "config": dict(figures.PLOT_CONFIG)})
 
 
+def scatter_caption(analysed: pd.DataFrame) -> str:
+    """What the scatter's channels encode, for this sweep's swept dimensions."""
+    enc = scatter.encoding(analysed)
+    shape = "checkpoint level" if enc.symbol == "checkpoint_level" else enc.symbol
+    parts = ["Each point is a trial; the ringed points joined by the dotted line are the Pareto frontier "
+             "(ringed in every panel they fall in). Throughput, not step time: a step of a larger effective "
+             "batch does more work. Bars: the throughput over the p10-p90 step times; trials whose bars "
+             "overlap are tied, and ties go to less memory.",
+             "Colour: loss std (blue: none measured; a diverging trial in dark red: its loss std is no stability "
+             f"figure). Shape: {shape}."]
+    if enc.size:
+        parts.append("Size: micro_batch.")
+    if enc.facets:
+        parts.append("One panel per " + " x ".join(enc.facets) + ".")
+    if enc.hover_only:
+        parts.append("In the hover and the panels below: " + ", ".join(enc.hover_only) + ".")
+    parts.append("The green ring with a dot and the arrow: the recommended trial. OOM and pruned trials have no "
+                 "throughput: they sit in the strip under each panel, OOM at its measured peak (else the budget), "
+                 "pruned at its predicted peak.")
+    return " ".join(parts)
+
+
 def _headline(rec: Recommendation) -> str:
     if rec.trial_id is None:
         return "No configuration fits"
@@ -275,7 +297,8 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         notes.append(f"{len(unplotted)} trial(s) without a memory and throughput measurement are not in "
                      "the scatter plot; they are listed in the tables: "
                      + ", ".join(f"{t} ({s})" for t, s in zip(unplotted["trial_id"], unplotted["status"])))
-    ineligible_ok = analysed[(analysed["status"] == "ok") & ~analysed["eligible"]]
+    diverging = analysed["stability"].astype(object) == "diverging" if "stability" in analysed else False
+    ineligible_ok = analysed[(analysed["status"] == "ok") & ~analysed["eligible"] & ~diverging]
     if len(ineligible_ok):
         notes.append("Completed but missing an objective metric (NaN), so not compared for the frontier: "
                      + ", ".join(ineligible_ok["trial_id"]))
@@ -284,14 +307,8 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     notes += [noise_floor.noise_floor_sentence(g) for g in noise_floor.noise_floor(analysed, steps)]
     names = [o.name for o in objectives]
     figs = [
-        _figure("plot-memory-time", "Each point is a trial; the ringed points joined by the dotted line are "
-               "the Pareto frontier. Throughput, not step time: a step of a larger effective batch does "
-               "more work. Bars: the throughput over the p10-p90 step times; trials whose bars overlap "
-               "are tied, and ties go to less memory. Colour: loss std. Shape: checkpoint level. Star: the "
-               "recommended trial; a cross: judged diverging, never recommended. OOM and pruned trials have "
-               "no throughput: they sit at the bottom, OOM at its measured peak (else the budget), pruned "
-               "hollow at its predicted peak.",
-               figures.memory_time_scatter(analysed, rec.memory_budget_gb, rec.usable_memory_gb, names, rec.trial_id)),
+        _figure("plot-memory-time", scatter_caption(analysed),
+               scatter.memory_time_scatter(analysed, rec.memory_budget_gb, rec.usable_memory_gb, names, rec.trial_id)),
         _figure("plot-dimensions", "Memory and throughput against each swept dimension that varies (the swept train fields too).",
                figures.dimension_panels(analysed, rec.memory_budget_gb)),
     ] if completed else []
