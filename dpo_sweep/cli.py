@@ -60,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("recommend", help="print the recommended configuration for a memory budget")
     rec.add_argument("dir")
     rec.add_argument("--memory-budget-gb", type=float, required=True, help="GB (1e9 bytes) per GPU")
+    rec.add_argument("--write", action="store_true",
+                     help=f"write DIR/{ResultsDir.RECOMMENDED} for this budget (replacing the report's)")
     _safety_margin_flag(rec)
 
     t = sub.add_parser("trial", help="run one configuration in this process, without Ray")

@@ -78,6 +78,12 @@ class Recommendation:
     between the sweep's rows (``model``, swept train fields): ``config`` holds them too, and every
     line that names a configuration names them."""
 
+    sweep_complete: bool | None = None
+    """False when the sweep did not finish (configurations without a row, rows whose stability
+    is pending: ``still_to_run``); None when the folder cannot tell (analysis/completeness.py)."""
+    still_to_run: list[dict[str, Any]] = field(default_factory=list)
+    """``{"trial_id", "missing": "measurement" | "stability"}`` per configuration still to run."""
+
     def to_json_dict(self) -> dict[str, Any]:
         return _json_safe(asdict(self))
 

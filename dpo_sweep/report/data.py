@@ -18,7 +18,8 @@ from dpo_sweep.analysis.winner import Winner, trl_text
 from dpo_sweep.records import STATUSES
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
-from dpo_sweep.report import curves, figures, scatter
+from dpo_sweep.analysis.completeness import Completeness
+from dpo_sweep.report import curves, figures, headline, scatter
 from dpo_sweep.report.data_shape import data_shape_section
 
 
@@ -102,6 +103,10 @@ class ReportData:
     """The commands that check and run recommended.yaml (empty without one)."""
     trl_code: str = ""
     """The winner as TRL DPOConfig arguments, with what TRL cannot express ("" without a winner)."""
+    bullets: list[str] = field(default_factory=list)
+    """The headline card: room to spare, why it won, the runner-up's cost, what to watch."""
+    banners: list[headline.Banner] = field(default_factory=list)
+    """Warnings above everything: an unfinished sweep, extrapolated figures, pending stability, noise."""
 
 
 def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -276,7 +281,7 @@ def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Obje
          "-" if rec.loss_std_limit is None else f"<= {tables.fmt_sig(rec.loss_std_limit)}"),
         ("memory model", tables.prediction_error(analysed, environment) or "no prediction with a measured peak"),
         ("per-step data", ResultsDir.STEPS if steps is not None else f"absent ({ResultsDir.RESULTS} only)"),
-        ("units", "GB = 1e9 bytes; step time is the median optimizer step in ms (warm-up excluded); "
+        ("units", "step time is the median optimizer step in ms (warm-up excluded); "
                   "tokens/s the median of the measured steps' throughputs"),
     ]
 
@@ -285,9 +290,9 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
                       steps: pd.DataFrame | None = None,
                       environment: dict[str, Any] | None = None,
                       datasets: list[dict[str, Any]] | None = None,
-                      winner: Winner | None = None) -> ReportData:
+                      winner: Winner | None = None, state: Completeness | None = None) -> ReportData:
     """Assemble the report from the analysed frame (pareto.analyse_frontier) and a recommendation."""
-    notes = ["GB = 1e9 bytes (not GiB) everywhere in this report."]
+    notes: list[str] = []  # the page's first line states the units, once
     # With nothing completed the scatter and the panels would be empty axes (or OOM marks on
     # made-up step times): the report says what failed instead.
     completed = bool((analysed["status"] == "ok").any())
@@ -350,6 +355,8 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         use_commands=((f"dpo-sweep validate {ResultsDir.RECOMMENDED}", f"dpo-sweep trial {ResultsDir.RECOMMENDED}")
                       if winner and winner.trial else ()),
         trl_code=trl_text(winner.trl_arguments, winner.trl_gaps) if winner and winner.trial else "",
+        bullets=headline.headline_bullets(analysed, rec),
+        banners=headline.banners(analysed, rec, state or Completeness(None)),
     )
 
 

@@ -92,7 +92,7 @@ def _hover(row: pd.Series, swept: list[str] = ()) -> str:
     if num(row["peak_mem_gb"]) is not None:
         shared = f" (measured by {mem_by})" if mem_by and mem_by != row["trial_id"] else ""
         parts.append(f"peak memory: {num(row['peak_mem_gb'])} GB{esc(shared)}")
-    elif num(row.get("predicted_peak_gb")) is not None:
+    elif num(row.get("predicted_peak_gb")) is not None and num(row.get("predicted_peak_gb")) >= 0:
         parts.append(f"predicted peak: {num(row['predicted_peak_gb'])} GB (the memory model; not measured)")
     if num(row["step_time_ms"]) is not None:
         parts.append(f"step time: {num(row['step_time_ms'])} ms" + (f" ({esc(time_from)})" if time_from else ""))

@@ -119,3 +119,30 @@ def test_a_collapsed_run_is_off_the_frontier_and_off_the_colour_scale(tmp_path):
     assert 1e-7 not in coloured
     assert rec.trial_id == "stable"
     assert dict(data.summary)["on the frontier"] == "1"
+
+
+def test_curves_one_legend_entry_per_visible_line_whole_steps_and_an_unflattened_log_ratio(tmp_path):
+    import pandas as pd
+
+    from dpo_sweep.report.curves import step_curves, step_dtick
+
+    rows = [trial(t, 10.0, 100.0, 0.02, seed=0) for t in ("a", "b", "c")]
+    analysed = analyse_frontier(load_results(write_dir(tmp_path / "r", rows)), OBJS)
+    steps = pd.DataFrame([{"trial_id": t, "step": s, "logratio_std": 0.01 * s + (0.5 if t == "c" else 0.0)}
+                          for t in ("a", "b", "c") for s in range(1, 7)])
+    spec = step_curves(steps, analysed, "logratio_std", "t", "y", (1.5, "rollback threshold 1.5"))
+    assert [t["name"] for t in spec["data"]] == ["a mb1 none ga1 \u03b20.1 seed 0 and 1 more (the same curve)",
+                                                 "c mb1 none ga1 \u03b20.1 seed 0"]
+    assert spec["layout"]["xaxis"]["dtick"] == 1 and spec["layout"]["xaxis"]["tickformat"] == "d"
+    assert "shapes" in spec["layout"]  # 1.5 is within 3x of c's 0.56: drawn
+    low = steps.assign(logratio_std=steps["logratio_std"] / 10)
+    flat = step_curves(low, analysed, "logratio_std", "t", "y", (1.5, "rollback threshold 1.5"))
+    assert "shapes" not in flat["layout"] and "above every value" in flat["layout"]["annotations"][0]["text"]
+    assert [step_dtick(n) for n in (6, 10, 11, 40, 500)] == [1, 1, 2, 5, 50]
+
+
+def test_no_negative_predicted_peak_and_no_minus_zero():
+    from dpo_sweep.analysis.tables import _predicted, signed_pct
+
+    assert _predicted(-0.17) == "-" and _predicted(12.345) == "12.35"
+    assert [signed_pct(v) for v in (-0.04, 0.04, -1.26, 2.0)] == ["0.0%", "0.0%", "-1.3%", "+2.0%"]
