@@ -69,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="pick a value, e.g. --set micro_batch=4 --set checkpoint_level=L2 "
                    "--set train.steps=3 (repeatable)")
-    t.add_argument("--output", help="results directory (default: reports/<space name>-trial/)")
+    t.add_argument("--output", help="results directory (default: reports/<space name>-trial/; beside a space "
+                   "file that lies in a sweep's results folder: <that folder>/<space name>-trial/)")
     return p
 
 
