@@ -1,4 +1,4 @@
-"""Command line: ``dpo-sweep run | validate | report | recommend | trial``.
+"""Command line: ``dpo-sweep run | validate | report | recommend | compare | trial``.
 
 Exit codes: 0 done (OOM or diverged trials are results), 1 infrastructure failure (or ``run``'s
 first trials all failing the same way before a step), 2 invalid input (the message names the
@@ -64,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
                      help=f"write DIR/{ResultsDir.RECOMMENDED} for this budget (replacing the report's)")
     _safety_margin_flag(rec)
 
+    cmp = sub.add_parser("compare", help="two sweeps side by side: the same configurations' memory and "
+                         "tokens/s, and what changed between the runs")
+    cmp.add_argument("first", metavar="DIR1")
+    cmp.add_argument("second", metavar="DIR2")
+
     t = sub.add_parser("trial", help="run one configuration in this process, without Ray")
     t.add_argument("space")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -115,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             from dpo_sweep.sweep.command import cmd_run
 
             return cmd_run(args)
+        if args.command == "compare":
+            from dpo_sweep.analysis.compare import cmd_compare
+
+            return cmd_compare(args)
         if args.command in ("report", "recommend"):
             from dpo_sweep.analysis import commands
 

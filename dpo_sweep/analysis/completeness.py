@@ -57,12 +57,12 @@ def _config_key(cfg: TrialConfig) -> tuple[tuple[str, str], ...]:
 
 
 #: What an empty lever cell means (rows written before the levers, hand-made rows).
-_LEVER_DEFAULTS = {"adapter": "full", "optimizer": "adamw"}
+LEVER_DEFAULTS = {"adapter": "full", "optimizer": "adamw"}
 
 
 def _row_key(row: pd.Series, columns: list[str]) -> tuple[tuple[str, str], ...]:
     values = {c: fmt_setting(row.get(c)) for c in columns}
-    values.update({c: d for c, d in _LEVER_DEFAULTS.items() if values.get(c) == "-"})
+    values.update({c: d for c, d in LEVER_DEFAULTS.items() if values.get(c) == "-"})
     return tuple(sorted(values.items()))
 
 
