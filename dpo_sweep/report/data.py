@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from dpo_sweep.analysis import noise_floor, tables
+from dpo_sweep.analysis import effects, noise_floor, tables
 from dpo_sweep.analysis.pareto import Objective
 from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.analysis.winner import Winner, trl_text
@@ -19,7 +19,7 @@ from dpo_sweep.records import STATUSES
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
 from dpo_sweep.analysis.completeness import Completeness
-from dpo_sweep.report import curves, figures, headline, scatter
+from dpo_sweep.report import curves, figures, headline, parallel, scatter
 from dpo_sweep.report.data_shape import data_shape_section
 
 
@@ -66,6 +66,8 @@ class Table:
     """(column, value) for the columns left out because every row has the same value."""
     empty: list[str] = field(default_factory=list)
     """The columns left out because no row has a value (``-`` in every row)."""
+    row_ids: list[str] = field(default_factory=list)
+    """Each row's full trial id (the page's filters show and hide rows by it); [] when rows are no trials."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,12 @@ class ReportData:
     """The winner as TRL DPOConfig arguments, with what TRL cannot express ("" without a winner)."""
     bullets: list[str] = field(default_factory=list)
     """The headline card: room to spare, why it won, the runner-up's cost, what to watch."""
+    filter_data: dict[str, Any] = field(default_factory=dict)
+    """The parallel coordinates' axes and each trial's values, for the page's status and value filters."""
+    effect_table: Table | None = None
+    """Per dimension and value: the median change in peak GB and tokens/s with the rest held."""
+    effect_note: str = ""
+    """The dimensions the effect table leaves out (never varied with the rest held)."""
     banners: list[headline.Banner] = field(default_factory=list)
     """Warnings above everything: an unfinished sweep, extrapolated figures, pending stability, noise."""
 
@@ -171,7 +179,7 @@ def _trial_table(analysed: pd.DataFrame, short_ids: dict[str, str], row_classes:
     header, rows, shared = _drop_shared_columns(
         [h for i, h in enumerate(full_header) if i not in dropped], rows)
     own = {c: "each trial's own" for c in _OWN_WHEN_EMPTY}  # "-" in these columns: the row's own measurement
-    return Table(header, rows, row_classes, row_notes=notes,
+    return Table(header, rows, row_classes, row_notes=notes, row_ids=list(tables.memory_order(analysed)["trial_id"].astype(str)),
                  shared=[(c, own.get(c, v) if v == "-" else v) for c, v in shared if v != "-" or c in own],
                  empty=[c for c, v in shared if v == "-" and c not in own])
 
@@ -317,6 +325,13 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         _figure("plot-dimensions", "Memory and throughput against each swept dimension that varies (the swept train fields too).",
                figures.dimension_panels(analysed, rec.memory_budget_gb)),
     ] if completed else []
+    filter_data: dict[str, Any] = {}
+    if completed:
+        spec, filter_data = parallel.parallel_coordinates(analysed)
+        figs.append(_figure("plot-parallel", "One line per trial across every swept dimension and the three objectives, "
+                            "each axis scaled on its own (categories in order, numbers from their minimum to their "
+                            "maximum; a gap: no value). The filters above show only the trials that pass, here and "
+                            "in the All trials table.", spec))
     if steps is not None and len(steps):
         figs += [_figure(dom_id, caption, curves.step_curves(steps, analysed, column, title, y_title, threshold))
                  for dom_id, column, title, y_title, caption, threshold in _STEP_PLOTS
@@ -355,6 +370,9 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         use_commands=((f"dpo-sweep validate {ResultsDir.RECOMMENDED}", f"dpo-sweep trial {ResultsDir.RECOMMENDED}")
                       if winner and winner.trial else ()),
         trl_code=trl_text(winner.trl_arguments, winner.trl_gaps) if winner and winner.trial else "",
+        filter_data=filter_data,
+        effect_table=_effect_table(analysed) if completed else None,
+        effect_note=_effect_note(analysed) if completed else "",
         bullets=headline.headline_bullets(analysed, rec),
         banners=headline.banners(analysed, rec, state or Completeness(None)),
     )
@@ -368,3 +386,13 @@ def _use_it(winner: Winner | None) -> list[str]:
     return [f"{ResultsDir.RECOMMENDED}, next to this report, is the winner with every setting pinned; in this "
             "folder the first command checks it, the second runs it once:",
             "The same configuration as TRL DPOConfig arguments (lines starting # name what TRL cannot express):"]
+
+
+def _effect_table(analysed: pd.DataFrame) -> Table | None:
+    rows = effects.effect_rows(effects.effects(analysed))
+    return Table(effects.EFFECT_HEADER, [[Cell(c) for c in row] for row in rows]) if rows else None
+
+
+def _effect_note(analysed: pd.DataFrame) -> str:
+    left = effects.unpaired(effects.effects(analysed))
+    return ("Not in the table (no two trials differ in it alone): " + ", ".join(left) + ".") if left else ""

@@ -94,18 +94,18 @@ def test_dimension_panels_cover_the_swept_dimensions_that_vary(tmp_path):
 def test_step_curves_only_with_steps_csv(tmp_path):
     trials = [trial("a", 10.0, 100.0, 0.02), trial("b", 12.0, 90.0, 0.03)]
     _, without = build(tmp_path, trials)
-    assert [f.dom_id for f in without.figures] == ["plot-memory-time", "plot-dimensions"]
+    assert [f.dom_id for f in without.figures] == ["plot-memory-time", "plot-dimensions", "plot-parallel"]
     assert any("steps.csv is absent" in n for n in without.notes)
     (tmp_path / "s").mkdir()
     write_steps(tmp_path / "s", steps_for("a", 5, 10.0) + steps_for("b", 500, 12.0))
     _, with_steps = build(tmp_path, trials, steps=load_steps(tmp_path / "s"))
-    loss = with_steps.figures[2]
+    loss = with_steps.figures[3]
     assert loss.dom_id == "plot-loss" and len(loss.spec["data"]) == 2
     assert len(loss.spec["data"][0]["x"]) == 5
     assert len(loss.spec["data"][1]["x"]) <= 200 and loss.spec["data"][1]["x"][-1] == 499  # thinned
     by_id = {f.dom_id: f for f in with_steps.figures}
     assert by_id["plot-memory-steps"].spec["data"][0]["y"] == [10.0] * 5
-    assert [f.dom_id for f in with_steps.figures[2:]] == ["plot-loss", "plot-grad-norm", "plot-logratio-std",
+    assert [f.dom_id for f in with_steps.figures[3:]] == ["plot-loss", "plot-grad-norm", "plot-logratio-std",
                                                           "plot-reward-accuracy", "plot-step-time",
                                                           "plot-memory-steps"]
     threshold = by_id["plot-logratio-std"].spec["layout"]["shapes"][0]
