@@ -244,8 +244,8 @@ def scatter_caption(analysed: pd.DataFrame) -> str:
     """What the scatter's channels encode, for this sweep's swept dimensions."""
     enc = scatter.encoding(analysed)
     shape = "checkpoint level" if enc.symbol == "checkpoint_level" else enc.symbol
-    parts = ["Each point is a trial; the ringed points joined by the dotted line are the Pareto frontier "
-             "(ringed in every panel they fall in). Throughput, not step time: a step of a larger effective "
+    parts = ["Each point is a trial; the ringed points joined by the dotted line are the Pareto frontier"
+             + (" (ringed in every panel they fall in)." if enc.facets else ".") + " Throughput, not step time: a step of a larger effective "
              "batch does more work. Bars: the throughput over the p10-p90 step times; trials whose bars "
              "overlap are tied, and ties go to less memory.",
              "Colour: loss std (blue: none measured; a diverging trial in dark red: its loss std is no stability "
@@ -256,9 +256,10 @@ def scatter_caption(analysed: pd.DataFrame) -> str:
         parts.append("One panel per " + " x ".join(enc.facets) + ".")
     if enc.hover_only:
         parts.append("In the hover and the panels below: " + ", ".join(enc.hover_only) + ".")
-    parts.append("The green ring with a dot and the arrow: the recommended trial. OOM and pruned trials have no "
-                 "throughput: they sit in the strip under each panel, OOM at its measured peak (else the budget), "
-                 "pruned at its predicted peak.")
+    parts.append("The green ring with a dot and the arrow: the recommended trial.")
+    if analysed["status"].isin(["oom", "pruned"]).any():
+        parts.append("OOM and pruned trials have no throughput: they sit in the strip under each panel, OOM at its "
+                     "measured peak (else the budget), pruned at its predicted peak.")
     return " ".join(parts)
 
 
