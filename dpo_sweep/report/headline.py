@@ -110,7 +110,7 @@ def banners(analysed: pd.DataFrame, rec: Recommendation, state: Completeness) ->
     missing, waiting = state.counts()
     if missing:
         out.append(Banner("incomplete", f"This sweep did not finish: {missing} configuration(s) of {ResultsDir.SPACE} "
-                          f"have no row (recommendation.json's still_to_run lists them). The recommendation is "
+                          f"have no row ({ResultsDir.RECOMMENDATION}'s still_to_run lists them). The recommendation is "
                           "among what was measured; `dpo-sweep run SPACE --output DIR --resume` continues it."))
     if waiting:
         lead = f"Stability pending for {waiting} row(s)" if missing else (

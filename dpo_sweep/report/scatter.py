@@ -248,24 +248,14 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
         bad = _facet_of(ok[diverging], enc.facets, key)
         if len(bad):
             name = "stability: diverging (its loss std is no stability figure; never on the frontier)"
-            traces.append({
-                "type": "scatter", "mode": "markers", "name": name, "legendgroup": "diverging",
-                "showlegend": legend_once(name), **axes,
-                "x": nums(bad["peak_mem_gb"]), "y": nums(bad["tokens_per_s"]),
-                "text": [_hover(r, swept) for _, r in bad.iterrows()], "hoverinfo": "text",
-                "marker": {"symbol": [f"{symbols.get(tables.fmt_setting(v), 'circle')}-open" for v in bad[enc.symbol]],
-                           "size": 13, "color": DIVERGING_COLOUR, "line": {"width": 2.5, "color": DIVERGING_COLOUR}},
-            })
+            traces.append(_points(bad, name, "diverging", legend_once(name), axes, swept, {
+                "symbol": [f"{symbols.get(tables.fmt_setting(v), 'circle')}-open" for v in bad[enc.symbol]],
+                "size": 13, "color": DIVERGING_COLOUR, "line": {"width": 2.5, "color": DIVERGING_COLOUR}}))
         failed = _facet_of(measured[measured["status"] != "ok"], enc.facets, key)
         if len(failed):
             name = "diverged / error (measured before it stopped)"
-            traces.append({
-                "type": "scatter", "mode": "markers", "name": name, "legendgroup": "failed",
-                "showlegend": legend_once(name), **axes,
-                "x": nums(failed["peak_mem_gb"]), "y": nums(failed["tokens_per_s"]),
-                "text": [_hover(r, swept) for _, r in failed.iterrows()], "hoverinfo": "text",
-                "marker": {"symbol": "circle-open", "size": 11, "color": "#7f7f7f", "line": {"width": 2}},
-            })
+            traces.append(_points(failed, name, "failed", legend_once(name), axes, swept,
+                                  {"symbol": "circle-open", "size": 11, "color": "#7f7f7f", "line": {"width": 2}}))
         win = part[part["trial_id"].astype(str) == str(recommended)] if recommended is not None else part[:0]
         if len(win):
             traces.append({
@@ -304,6 +294,14 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
                            {v: px for v, px in sizes.items() if v in sized})
     _budget_lines(layout, traces, budget_gb, usable_gb, n)
     return {"data": traces, "layout": layout}
+
+
+def _points(rows: pd.DataFrame, name: str, group: str, legend: bool, axes: dict[str, str], swept: list[str],
+            marker: dict[str, Any]) -> dict[str, Any]:
+    """A marker trace of ``rows`` at their peak and throughput, each with its hover text."""
+    return {"type": "scatter", "mode": "markers", "name": name, "legendgroup": group, "showlegend": legend, **axes,
+            "x": nums(rows["peak_mem_gb"]), "y": nums(rows["tokens_per_s"]),
+            "text": [_hover(r, swept) for _, r in rows.iterrows()], "hoverinfo": "text", "marker": marker}
 
 
 def _y_range(ok: pd.DataFrame) -> list[float | None] | None:

@@ -138,7 +138,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "reports" / "examples"
 # A click on a column's title sorts its rows: the text of that column's cells, top to bottom.
 SORT_JS = """
 (function (title) {
-  var table = document.querySelectorAll('table.sortable')[1];
+  var table = document.querySelector('#trials-table table.sortable');
   var heads = Array.from(table.querySelectorAll('thead th'));
   var i = heads.findIndex(function (h) { return h.textContent.replace(/\\s+/g, ' ').trim() === title; });
   heads[i].click();
