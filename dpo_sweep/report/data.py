@@ -328,7 +328,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     ] if completed else []
     filter_data: dict[str, Any] = {}
     if completed:
-        spec, filter_data = parallel.parallel_coordinates(analysed)
+        spec, filter_data = parallel.parallel_coordinates(analysed, rec.trial_id)
         figs.append(_figure("plot-parallel", "One line per trial across every swept dimension and the three objectives, "
                             "each axis scaled on its own (categories in order, numbers from their minimum to their "
                             "maximum; a gap: no value). The filters above show only the trials that pass, here and "

@@ -22,7 +22,7 @@ OBJECTIVE_AXES = (("peak_mem_gb", "peak GB"), ("tokens_per_s", "tokens/s"), ("lo
 GROUP_STYLE = {  # status group -> (legend name, colour)
     "frontier": ("ok, on frontier", "#d62728"), "ok": ("ok", "#1f77b4"),
     "diverging": ("ok, stability diverging", "#8a1c1c"), "oom": ("OOM", "#000000"),
-    "other": ("diverged / pruned / error", "#9467bd"),
+    "other": ("diverged / pruned / error", "#9467bd"), "recommended": ("recommended", "#2ca02c"),
 }
 
 
@@ -57,21 +57,29 @@ def _position(axis: dict[str, Any], value: Any) -> float | None:
     return 0.5 if high == low else (float(value) - low) / (high - low)
 
 
-def parallel_coordinates(analysed: pd.DataFrame) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(plotly spec, filter data): one trace per trial in results order, the filter data's trials
-    in the same order."""
+#: Drawing order: the failed lines first, the frontier's and the recommended one's on top.
+_DRAW_ORDER = {"other": 0, "oom": 1, "diverging": 2, "ok": 3, "frontier": 4, "recommended": 5}
+
+
+def parallel_coordinates(analysed: pd.DataFrame, recommended: str | None = None
+                         ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(plotly spec, filter data): one trace per trial, the filter data's trials in the same order;
+    the recommended trial's line green and thick."""
     ax = axes(analysed)
     swept = tables.swept_columns(analysed, levers=True)
+    groups = ["recommended" if str(r["trial_id"]) == str(recommended)
+              else (_status_group(r) if r["status"] != "pruned" else "other") for _, r in analysed.iterrows()]
+    order = sorted(range(len(analysed)), key=lambda i: _DRAW_ORDER[groups[i]])
     traces, trials, legend = [], [], set()
-    for _, row in analysed.iterrows():
-        group = _status_group(row) if row["status"] != "pruned" else "other"
+    for i in order:
+        row, group = analysed.iloc[i], groups[i]
         name, colour = GROUP_STYLE[group]
         traces.append({
             "type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": group,
             "showlegend": group not in legend, "x": list(range(len(ax))),
             "y": [num(_position(a, row[a["column"]])) for a in ax],
             "text": _hover(row, swept), "hoverinfo": "text",
-            "line": {"color": colour, "width": 2 if group == "frontier" else 1.2},
+            "line": {"color": colour, "width": {"frontier": 2, "recommended": 4}.get(group, 1.2)},
             "marker": {"size": 5, "color": colour}, "opacity": 0.75,
         })
         legend.add(group)

@@ -146,3 +146,17 @@ def test_no_negative_predicted_peak_and_no_minus_zero():
 
     assert _predicted(-0.17) == "-" and _predicted(12.345) == "12.35"
     assert [signed_pct(v) for v in (-0.04, 0.04, -1.26, 2.0)] == ["0.0%", "0.0%", "-1.3%", "+2.0%"]
+
+
+def test_parallel_coordinates_one_line_per_trial_over_the_swept_dimensions_and_objectives(tmp_path):
+    analysed, rec, data = build(tmp_path, levers_sweep())
+    fig = next(f for f in data.figures if f.dom_id == "plot-parallel")
+    names = [a["name"] for a in data.filter_data["axes"]]
+    assert names == ["micro_batch", "checkpoint", "adapter", "optimizer", "peak GB", "tokens/s", "loss std"]
+    assert len(fig.spec["data"]) == len(data.filter_data["trials"]) == len(analysed)
+    assert all(t["type"] == "scatter" for t in fig.spec["data"])  # SVG: no WebGL parcoords
+    last = fig.spec["data"][-1]  # drawn on top
+    assert last["name"] == "recommended" and last["line"]["color"] == "#2ca02c"
+    assert data.filter_data["trials"][-1]["id"] == rec.trial_id
+    oom = next(t for t in data.filter_data["trials"] if t["id"] == "oom")
+    assert oom["group"] == "oom" and oom["values"][names.index("tokens/s")] is None  # a gap, not a value
