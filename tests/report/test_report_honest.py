@@ -160,3 +160,21 @@ def test_parallel_coordinates_one_line_per_trial_over_the_swept_dimensions_and_o
     assert data.filter_data["trials"][-1]["id"] == rec.trial_id
     oom = next(t for t in data.filter_data["trials"] if t["id"] == "oom")
     assert oom["group"] == "oom" and oom["values"][names.index("tokens/s")] is None  # a gap, not a value
+
+
+def test_a_swept_train_field_with_a_fixed_column_of_its_own_shows_like_any_other(tmp_path, monkeypatch):
+    # A train field that results.csv carries in a fixed column of its own (the trainer, native | trl):
+    # no list names it; being a train field and a results column is enough.
+    from dpo_sweep.analysis import tables
+
+    class Spec:
+        model_fields = {**tables.TrainSpec.model_fields, "trainer": None}
+
+    monkeypatch.setattr(tables, "TrainSpec", Spec)
+    monkeypatch.setattr(tables, "RESULTS_COLUMNS", [*tables.RESULTS_COLUMNS, "trainer"])
+    rows = [replace(trial(f"{t}{mb}", 10.0 + mb + (2 if t == "trl" else 0), 100.0, 0.02, mb=mb, seed=0),
+                    extra={"seed": 0, "trainer": t}) for t in ("native", "trl") for mb in (1, 2)]
+    analysed, _, data = build(tmp_path, rows)
+    assert scatter.encoding(analysed).symbol == "trainer"  # the level does not vary: the shape is free
+    assert "trainer" in [c for c, _ in panel_dimensions(analysed)]
+    assert "trainer" in data.frontier_table.header and "trainer" in [a["name"] for a in data.filter_data["axes"]]
