@@ -131,6 +131,7 @@ def banners(analysed: pd.DataFrame, rec: Recommendation, state: Completeness) ->
             low, high = float(win["throughput_low"]), float(win["throughput_high"])
             out.append(Banner("noisy", f"This machine's step times are too noisy to separate the top {len(tied)} "
                               f"configurations: their p10-p90 throughput intervals overlap (the winner's spans "
-                              f"{amount(low)}-{amount(high)} tokens/s). The choice among them went to less memory; "
-                              "time them again on a quieter machine (or with more steps) to rank them."))
+                              f"{amount(low)}-{amount(high)} tokens/s). The tie-break chose among them (less memory, then the "
+                              "stability verdict, then the space's order); time them again on a quieter machine (or "
+                              "with more steps) to rank them."))
     return out
