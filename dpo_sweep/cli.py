@@ -44,6 +44,25 @@ def _cards(text: str):
 _BUDGET_HELP = "GB (1e9 bytes) per GPU, or a card name for its memory (e.g. H100, A100-40GB, L4)"
 
 
+def _epochs(text: str) -> float:
+    """``--epochs``: a positive, finite number of passes over the data."""
+    try:
+        epochs = float(text)
+    except ValueError:
+        epochs = float("nan")
+    if not 0 < epochs < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of passes over the data, e.g. 1 or 3")
+    return epochs
+
+
+def _forecast_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--epochs", type=_epochs, default=None,
+                        help="passes over the data for the run forecast in recommendation.json (default 1)")
+    parser.add_argument("--gpu", type=_cards, metavar="NAME[,NAME...]",
+                        help="also estimate the run on these cards (scaled from the measured card; labelled "
+                        "estimates, never measurements)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dpo-sweep",
@@ -67,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--full-grid", action="store_true",
                    help="run every configuration in full: no pruning, shared measurements or short accumulation")
     _safety_margin_flag(r)
+    _forecast_flags(r)
 
     v = sub.add_parser("validate", help="check a space file and print its trials; runs nothing")
     v.add_argument("space")
@@ -83,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
                      help=(f"budget for the recommendation: {_BUDGET_HELP} (default: the card size of "
                            f"{ResultsDir.SPACE} or {ResultsDir.ENVIRONMENT})"))
     _safety_margin_flag(rep)
+    _forecast_flags(rep)
 
     rec = sub.add_parser("recommend", help="print the recommended configuration for a memory budget")
     rec.add_argument("dir")

@@ -210,7 +210,8 @@ def check_data(trials: Iterable[TrialConfig], models: CheckedModels,
             summaries[key] = DataSummary(ds.source, cfg.model.label(), cfg.train.max_length, len(ds),
                                          ds.truncated, ds.dropped, _max_token_id(ds), key, lengths,
                                          data_shape(ds, lengths, model=cfg.model.label(),
-                                                    max_length=cfg.train.max_length),
+                                                    max_length=cfg.train.max_length,
+                                                    max_pairs=cfg.data.max_pairs),
                                          layout=ds.layout, identical=ds.identical)
         check_fill(cfg, summaries[key])
         check_vocab(cfg, summaries[key], models.vocab_sizes[cfg.model.label()])
