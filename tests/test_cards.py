@@ -70,3 +70,17 @@ def test_an_unknown_card_on_the_command_line_exits_2_listing_the_known_ones(argv
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "V100" in err and "known cards: T4, L4, A10" in err
+
+
+def test_the_planner_docs_table_is_the_catalog():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                          for line in text.splitlines() if line.startswith("| "))}
+    for c in cards.CARDS:
+        assert c.name in rows, c.name
+        cells = rows[c.name]
+        assert cells[1] == f"{c.memory_gb:.2f}" and cells[2] == c.marketed
+        assert float(cells[3].split()[0].replace(",", "")) == c.bf16_tflops
+        assert float(cells[4].replace(",", "")) == c.bandwidth_gb_s

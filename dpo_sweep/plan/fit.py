@@ -186,6 +186,11 @@ def fit_text(card: Card, trials: Sequence[TrialConfig], fits: Sequence[Fit], saf
         rows.append([t.trial_id, str(t.micro_batch), t.checkpoint_level, str(t.grad_acc), t.train.adapter,
                      t.train.optimizer, _gb(f.peak_gb), verdict, _gb(f.spare_gb), lever])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = [head, "  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines = [head]
+    if not card.bf16 and any(t.train.precision.startswith("bf16") for t in trials):
+        lines.append(f"note: the {card.name} has no bf16 tensor cores: bf16 matmuls run far below its "
+                     f"{card.bf16_tflops:g} TFLOP/s fp16 rate there; these peaks hold, the speed does not "
+                     "(train.precision: fp16 suits it)")
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(lines)

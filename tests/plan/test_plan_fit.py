@@ -94,3 +94,10 @@ def test_qlora_and_low_bit_adamw_are_predicted_without_cuda_or_torchao(monkeypat
 def test_a_bad_safety_margin_exits_2(capsys):
     assert main(["validate", "search_spaces/quickstart.yaml", "--gpu", "L4", "--safety-margin", "1.5"]) == 2
     assert "--safety-margin is 1.5" in capsys.readouterr().err
+
+
+def test_a_card_without_bf16_says_so_for_a_bf16_space():
+    trials = space_mod.load(LEVERS).trials[:2]  # precision: bf16
+    text = fit.fit_text(T4, trials, PLANNER.table(trials, T4), 0.05)
+    assert "note: the T4 has no bf16 tensor cores" in text
+    assert "no bf16 tensor cores" not in fit.fit_text(H100, trials, PLANNER.table(trials, H100), 0.05)
