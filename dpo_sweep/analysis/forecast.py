@@ -25,7 +25,7 @@ no winner; no throughput), the forecast is None with the reason.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
@@ -43,8 +43,9 @@ class CardEstimate:
     fits: bool
     usable_gb: float
     step_time_ms_estimate: float | None = None
-    hours_estimate: float | None = None
-    hours_range: tuple[float, float] | None = None  # bf16-rate-scaled and bandwidth-scaled, low to high
+    step_time_ms_range: tuple[float, float] | None = None  # bf16-rate-scaled and bandwidth-scaled, low to high
+    hours_estimate: float | None = None                    # None without a forecast (no token count)
+    hours_range: tuple[float, float] | None = None
     gpu_hours_estimate: float | None = None
     scaled_by: str = ""
     bf16_ratio: float | None = None                 # measured card's rate / this card's
@@ -73,7 +74,6 @@ class Forecast:
     measured_on: str
     step_time_source: str
     basis: str
-    other_cards: tuple[CardEstimate, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,8 +121,7 @@ def _hours(tokens_total: float, tokens_per_s: float) -> float:
 
 
 def forecast(row: pd.Series | None, datasets: Sequence[Mapping[str, Any]], epochs: float = 1.0,
-             environment: Mapping[str, Any] | None = None, other_cards: Sequence[Card] = (),
-             safety_margin: float = budget.DEFAULT_SAFETY_MARGIN) -> tuple[Forecast | None, str]:
+             environment: Mapping[str, Any] | None = None) -> tuple[Forecast | None, str]:
     """(the forecast, "") for the recommended row ``row``, or (None, why not)."""
     if not (epochs > 0 and math.isfinite(epochs)):
         raise ValueError(f"epochs must be a positive number, got {epochs}")
@@ -157,13 +156,18 @@ def forecast(row: pd.Series | None, datasets: Sequence[Mapping[str, Any]], epoch
         tokens_per_s=tps, tokens_per_s_interval=(low, high), hours=hours, hours_interval=hours_interval,
         gpu_hours=hours * workers, gpu_hours_interval=(hours_interval[0] * workers, hours_interval[1] * workers),
         num_workers=workers, measured_on=measured_on, step_time_source=source, basis=basis)
-    if other_cards:
-        fc = _with_estimates(fc, row, cards.of_device(device), device, other_cards, safety_margin)
     return fc, ""
 
 
-def _with_estimates(fc: Forecast, row: pd.Series, measured: Card | None, device: str | None,
-                    others: Sequence[Card], safety_margin: float) -> Forecast:
+def card_estimates(row: pd.Series | None, fc: Forecast | None, environment: Mapping[str, Any] | None,
+                   others: Sequence[Card], safety_margin: float = budget.DEFAULT_SAFETY_MARGIN
+                   ) -> tuple[CardEstimate, ...]:
+    """The recommended row on each of ``others`` (module doc): its step time scaled, and the
+    run's hours too where ``fc`` is (a folder without token counts still gets the step time)."""
+    if row is None or not others:
+        return ()
+    device = gpu_name(environment)
+    measured = cards.of_device(device)
     step_ms, peak = _number(row, "step_time_ms"), _number(row, "peak_mem_gb")
     estimates = []
     for other in others:
@@ -181,45 +185,53 @@ def _with_estimates(fc: Forecast, row: pd.Series, measured: Card | None, device:
             continue
         compute = measured.bf16_tflops / other.bf16_tflops  # > 1: the other card is slower
         bandwidth = measured.bandwidth_gb_s / other.bandwidth_gb_s
-        hours = fc.hours * compute
-        lo, hi = sorted((fc.hours * compute, fc.hours * bandwidth))
+        lo, hi = sorted((compute, bandwidth))
+        hours = None if fc is None else fc.hours * compute
         estimates.append(CardEstimate(
-            other.name, True, usable, step_time_ms_estimate=step_ms * compute, hours_estimate=hours,
-            hours_range=(lo, hi), gpu_hours_estimate=hours * fc.num_workers,
+            other.name, True, usable, step_time_ms_estimate=step_ms * compute,
+            step_time_ms_range=(step_ms * lo, step_ms * hi), hours_estimate=hours,
+            hours_range=None if fc is None else (fc.hours * lo, fc.hours * hi),
+            gpu_hours_estimate=None if fc is None else hours * fc.num_workers,
             scaled_by=f"peak dense bf16 rate ({measured.name} {measured.bf16_tflops:g} / {other.name} "
                       f"{other.bf16_tflops:g} TFLOP/s)",
             bf16_ratio=compute, bandwidth_ratio=bandwidth,
-            expected_error=(f"the range {lo:.2f}-{hi:.2f} h: scaled by bf16 rate and by memory bandwidth "
-                            f"({measured.bandwidth_gb_s:g} / {other.bandwidth_gb_s:g} GB/s); achieved MFU "
-                            "differs between cards, so the truth can fall outside it"),
+            expected_error=(f"x{lo:.2f} to x{hi:.2f} of the measured time: scaled by bf16 rate and by memory "
+                            f"bandwidth ({measured.bandwidth_gb_s:g} / {other.bandwidth_gb_s:g} GB/s); achieved "
+                            "MFU differs between cards, so the truth can fall outside it"),
             note="" if other.bf16 else f"{other.name} has no bf16 tensor cores: its fp16 rate is used"))
-    return Forecast(**{**asdict(fc), "other_cards": tuple(estimates)})
+    return tuple(estimates)
 
 
-def json_entry(fc: Forecast | None, reason: str) -> dict[str, Any]:
-    """recommendation.json's keys: ``forecast`` (None when there is none) and ``forecast_reason``."""
-    return {"forecast": fc.to_json() if fc is not None else None, "forecast_reason": reason}
+def json_entry(fc: Forecast | None, reason: str, estimates: Sequence[CardEstimate] = ()) -> dict[str, Any]:
+    """recommendation.json's keys: ``forecast`` (None when there is none), ``forecast_reason`` and
+    ``estimates_on_other_cards`` (``--gpu``: estimates, never measurements; [] without it)."""
+    return {"forecast": fc.to_json() if fc is not None else None, "forecast_reason": reason,
+            "estimates_on_other_cards": [asdict(e) for e in estimates]}
 
 
 def _h(hours: float) -> str:
     return f"{hours:.2f} h" if hours >= 0.1 else f"{hours * 60:.1f} min"
 
 
-def lines(fc: Forecast | None, reason: str) -> list[str]:
-    """The forecast for the console and the report, one statement a line."""
+def lines(fc: Forecast | None, reason: str, estimates: Sequence[CardEstimate] = ()) -> list[str]:
+    """The forecast for the console and the report, one statement a line, the estimates on other
+    cards after it."""
+    return _forecast_lines(fc, reason) + [_estimate_line(e) for e in estimates]
+
+
+def _forecast_lines(fc: Forecast | None, reason: str) -> list[str]:
     if fc is None:
         return [f"forecast: none ({reason})"]
     lo, hi = fc.hours_interval
-    out = [f"forecast for the whole run ({fc.trial_id}, {fc.epochs:g} epoch(s) of {fc.pairs:,} pairs): "
+    return [f"forecast for the whole run ({fc.trial_id}, {fc.epochs:g} epoch(s) of {fc.pairs:,} pairs): "
            f"{fc.steps:,} optimizer steps at effective batch {fc.effective_batch}, {_h(fc.hours)} "
            f"(p10-p90: {_h(lo)} to {_h(hi)}), {fc.gpu_hours:.2f} GPU-hours ({fc.num_workers} worker(s) x hours)",
            f"  from {fc.basis}"]
-    for e in fc.other_cards:
-        if e.hours_estimate is None:
-            out.append(f"  estimate on {e.card}: {e.note}")
-            continue
-        lo, hi = e.hours_range
-        out.append(f"  estimate on {e.card} (not measured): {_h(e.hours_estimate)}, "
-                   f"{e.step_time_ms_estimate:,.0f} ms/step, scaled by {e.scaled_by}; expected error: "
-                   f"{e.expected_error}" + (f"; {e.note}" if e.note else ""))
-    return out
+
+
+def _estimate_line(e: CardEstimate) -> str:
+    if e.step_time_ms_estimate is None:
+        return f"  estimate on {e.card}: {e.note}"
+    hours = "" if e.hours_estimate is None else f"{_h(e.hours_estimate)} for the run, "
+    return (f"  estimate on {e.card} (not measured): {hours}{e.step_time_ms_estimate:,.0f} ms/step, scaled by "
+            f"{e.scaled_by}; expected error: {e.expected_error}" + (f"; {e.note}" if e.note else ""))

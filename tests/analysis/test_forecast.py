@@ -51,28 +51,38 @@ def test_gpu_hours_count_every_worker():
 def test_what_is_missing_gives_no_forecast_and_says_why(row, data, reason):
     fc, why = forecast.forecast(row, data)
     assert fc is None and reason in why
-    assert forecast.json_entry(fc, why) == {"forecast": None, "forecast_reason": why}
+    assert forecast.json_entry(fc, why) == {"forecast": None, "forecast_reason": why, "estimates_on_other_cards": []}
 
 
 def test_another_card_is_an_estimate_scaled_by_bf16_rate_with_the_bandwidth_range():
-    fc, _ = forecast.forecast(_row(), DATA, environment=H200_ENV, other_cards=cards.cards("A100-80GB,L4"))
-    a100, l4 = fc.other_cards
+    fc, _ = forecast.forecast(_row(), DATA, environment=H200_ENV)
+    a100, l4 = forecast.card_estimates(_row(), fc, H200_ENV, cards.cards("A100-80GB,L4"))
     h200, a100_card = cards.card("H200"), cards.card("A100-80GB")
     assert a100.fits and a100.bf16_ratio == pytest.approx(h200.bf16_tflops / a100_card.bf16_tflops)
     assert a100.step_time_ms_estimate == pytest.approx(2000.0 * a100.bf16_ratio)
     assert a100.hours_estimate == pytest.approx(fc.hours * a100.bf16_ratio)
     bandwidth = h200.bandwidth_gb_s / a100_card.bandwidth_gb_s
     assert a100.hours_range == pytest.approx(tuple(sorted((fc.hours * a100.bf16_ratio, fc.hours * bandwidth))))
+    assert a100.step_time_ms_range == pytest.approx(tuple(sorted((2000.0 * a100.bf16_ratio, 2000.0 * bandwidth))))
     assert "peak dense bf16 rate" in a100.scaled_by and "bandwidth" in a100.expected_error
     # the measured peak (40 GB) does not fit an L4: no time at all
-    assert not l4.fits and l4.hours_estimate is None and "does not fit: measured peak 40.00 GB" in l4.note
-    text = "\n".join(forecast.lines(fc, ""))
+    assert not l4.fits and l4.step_time_ms_estimate is None and "does not fit: measured peak 40.00 GB" in l4.note
+    text = "\n".join(forecast.lines(fc, "", (a100, l4)))
     assert "estimate on A100-80GB (not measured)" in text and "estimate on L4: does not fit" in text
+    # estimates are never inside the forecast's own (measured) numbers
+    assert "other_cards" not in fc.to_json() and "estimate" not in " ".join(fc.to_json())
+
+
+def test_a_folder_without_token_counts_still_gets_the_step_time_estimate():
+    (a100,) = forecast.card_estimates(_row(), None, H200_ENV, cards.cards("A100-80GB"))
+    assert a100.step_time_ms_estimate == pytest.approx(2000.0 * a100.bf16_ratio) and a100.hours_estimate is None
+    line = forecast.lines(None, "no data.json", (a100,))[1]
+    assert line.startswith("  estimate on A100-80GB (not measured): ") and " ms/step" in line and " h " not in line
 
 
 def test_no_estimate_from_a_cpu_measurement():
-    fc, _ = forecast.forecast(_row(), DATA, environment=None, other_cards=cards.cards("H100"))
-    (h100,) = fc.other_cards
+    fc, _ = forecast.forecast(_row(), DATA, environment=None)
+    (h100,) = forecast.card_estimates(_row(), fc, None, cards.cards("H100"))
     assert h100.hours_estimate is None and "measured on the CPU" in h100.note
 
 
@@ -92,9 +102,10 @@ def test_report_writes_the_forecast_and_re_forecasts_for_other_epochs(tmp_path, 
     html = (out_dir / "report.html").read_text()
     assert 'id="forecast"' in html and "63 optimizer steps" in html
     assert main(["report", str(out_dir), "--epochs", "3", "--gpu", "H100"]) == 0
-    fc = json.loads((out_dir / "recommendation.json").read_text())["forecast"]
+    rec = json.loads((out_dir / "recommendation.json").read_text())
+    fc, (h100,) = rec["forecast"], rec["estimates_on_other_cards"]
     assert fc["epochs"] == 3 and fc["steps"] == math.ceil(3000 / 16) and fc["hours"] == pytest.approx(3.0)
-    assert fc["other_cards"][0]["card"] == "H100" and fc["other_cards"][0]["hours_estimate"] == pytest.approx(3.0)
+    assert h100["card"] == "H100" and h100["hours_estimate"] == pytest.approx(3.0)  # the same dense bf16 rate
 
 
 def test_an_old_folder_has_a_null_forecast_with_its_reason(tmp_path, capsys):
