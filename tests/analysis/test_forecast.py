@@ -121,3 +121,22 @@ def test_a_bad_epochs_exits_2(tmp_path, epochs, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["report", str(tmp_path), "--epochs", epochs])
     assert exit_.value.code == 2 and "positive number of passes" in capsys.readouterr().err
+
+
+def test_data_json_tokens_are_what_the_trainers_tokens_per_s_counts():
+    """data.json's ``tokens`` (the preflight's count, which the forecast divides by tokens/s) is the
+    sum of the trainer's micro-batch token counts over one pass of every pair, padded or packed."""
+    from dpo_sweep.config import DataSpec
+    from dpo_sweep.train.batching import make_batch
+    from dpo_sweep.train.data import load_pairs
+    from dpo_sweep.train.lengths import LengthProfile, data_shape
+    from dpo_sweep.train.tokenizer import byte_level_tokenizer
+
+    spec = DataSpec(synthetic={"pairs": 40, "prompt_tokens": 30, "response_tokens": 20,
+                               "lengths": "lognormal", "sigma": 0.9}, min_prompt_tokens=4)
+    ds = load_pairs(spec, byte_level_tokenizer(), 96)
+    shape = data_shape(ds, LengthProfile.of(ds), model="tiny-llama", max_length=96)
+    for padding_free in (False, True):
+        counted = sum(make_batch(ds, list(range(i, min(i + 4, len(ds)))), 0, "right", padding_free, 64).tokens()
+                      for i in range(0, len(ds), 4))
+        assert shape["tokens"] == counted
