@@ -105,6 +105,8 @@ class ReportData:
     """The commands that check and run recommended.yaml (empty without one)."""
     trl_code: str = ""
     """The winner as TRL DPOConfig arguments, with what TRL cannot express ("" without a winner)."""
+    forecast: list[str] = field(default_factory=list)
+    """The whole run's forecast and estimates on other cards (analysis/forecast.py's lines)."""
     bullets: list[str] = field(default_factory=list)
     """The headline card: room to spare, why it won, the runner-up's cost, what to watch."""
     filter_data: dict[str, Any] = field(default_factory=dict)
