@@ -42,6 +42,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "smollm3": dict(no_rope_layer_interval=2),
 }
 
+#: State-space / linear-attention hybrids, refused whole by validate (train/family.py).
+HYBRIDS: dict[str, dict[str, Any]] = {
+    "falcon_h1": dict(head_dim=16, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16,
+                      mamba_chunk_size=16),
+    "granitemoehybrid": dict(num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=96,
+                             mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16,
+                             layer_types=["mamba", "attention"]),
+    "qwen3_next": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=48, linear_num_value_heads=4, linear_num_key_heads=2,
+                       linear_key_head_dim=16, linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"]),
+}
+
 _GPT2 = dict(n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=512, vocab_size=512, tie_word_embeddings=False)
 
 #: Config attribute names that hold a dropout probability, across families.
@@ -53,7 +65,8 @@ DROPOUT_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdro
 def family_config(model_type: str, dropout: float = 0.0) -> Any:
     from transformers import AutoConfig
 
-    kw = dict(_GPT2) if FAMILIES[model_type] is None else {**_COMMON, **FAMILIES[model_type]}
+    own = {**FAMILIES, **HYBRIDS}[model_type]
+    kw = dict(_GPT2) if own is None else {**_COMMON, **own}
     # The byte-level tokenizer's special ids (256-258), inside every family's vocabulary.
     cfg = AutoConfig.for_model(model_type, bos_token_id=256, eos_token_id=257, pad_token_id=258, **kw)
     if dropout:

@@ -60,12 +60,12 @@ to every head and each layer keeps a ``T x T`` bias per row (:func:`_attention_i
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, fields
 from typing import Mapping
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.levers import lever_bytes
+from dpo_sweep.plan.shape import ModelShape, built_shape, model_shape, shape_key  # noqa: F401 (the planner's names)
 from dpo_sweep.train.lengths import LengthProfile
 from dpo_sweep import trial_facts
 
@@ -75,24 +75,6 @@ CUDA_CONTEXT_GB = 1.449
 #: Reserved above allocated, as a fraction of allocated (median of the committed H200 rows).
 ALLOCATOR_OVERHEAD = 0.030
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the memory model needs of a causal LM's config."""
-
-    n_params: int          # every parameter once (a tied head and embedding count once)
-    n_layers: int
-    hidden: int            # H
-    intermediate: int      # I, the MLP width
-    n_heads: int
-    q_dim: int             # n_heads x head_dim
-    kv_dim: int            # n_kv_heads x head_dim
-    vocab: int
-    tied: bool             # lm_head shares the embedding's weight
-    attn_proj_params: int  # q/k/v/o weights of all layers (what autocast caches under lean ops)
-    mlp_params: int        # gate/up/down weights of all layers
-    arch: str              # the transformers model_type (llama, qwen2, ...)
 
 
 @dataclass(frozen=True)
@@ -116,57 +98,6 @@ class MemoryEstimate:
     def parts(self) -> dict[str, float]:
         """The parts that add up to ``total_gb``."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("total_gb", "peak_at", "tokens")}
-
-
-def _hf_config(spec: ModelSpec):
-    if spec.preset is not None:
-        from dpo_sweep.train.model import preset_config
-
-        return preset_config(spec.preset)
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code)
-
-
-def shape_key(spec: ModelSpec) -> ModelSpec:
-    """What of ``spec`` its shape depends on (the config it is built from): the key of shapes built
-    elsewhere. The storage dtype, attention, kernels and lean ops change no parameter count: a
-    learning trial that drops ``model.dtype`` for bf16-mixed has its configuration's shape (keyed
-    by the whole spec, the H200 user case's driver built it again on the first trial's end,
-    importing torch and transformers: a 10.4 s Tune callback that held back the next trial)."""
-    return ModelSpec(preset=spec.preset, name_or_path=spec.name_or_path, trust_remote_code=spec.trust_remote_code)
-
-
-def model_shape(spec: ModelSpec, known: Mapping[ModelSpec, ModelShape] | None = None) -> ModelShape:
-    """The shape of ``spec``'s model: the one ``known`` gives (shapes built in another process,
-    keyed by :func:`shape_key`: ``dpo-sweep run``'s preflight builds them, so that the sweep's
-    driver never imports torch or transformers), else built here."""
-    key = shape_key(spec)
-    shape = (known or {}).get(key)
-    return shape if shape is not None else built_shape(key)
-
-
-@functools.lru_cache(maxsize=16)  # a cache of a pure function: the meta build costs ~1 s the first time
-def built_shape(spec: ModelSpec) -> ModelShape:
-    """The shape of ``spec``'s model, built on the meta device (no weights are allocated)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    cfg = _hf_config(spec)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=spec.trust_remote_code)
-    n_heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    named = dict(model.named_parameters())
-    attn = sum(p.numel() for n, p in named.items() if any(f"self_attn.{k}_proj.weight" in n for k in "qkvo"))
-    mlp = sum(p.numel() for n, p in named.items() if any(f"mlp.{k}_proj.weight" in n for k in ("gate", "up", "down")))
-    return ModelShape(
-        n_params=sum(p.numel() for p in model.parameters()), n_layers=cfg.num_hidden_layers,
-        hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, n_heads=n_heads,
-        q_dim=n_heads * head_dim, kv_dim=getattr(cfg, "num_key_value_heads", n_heads) * head_dim,
-        vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
-        attn_proj_params=attn, mlp_params=mlp, arch=cfg.model_type,
-    )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,164 @@
+"""A causal LM's shape for the memory model (:class:`ModelShape`), read from its meta-device build
+and its family (train/family.py): the widths, norms, MLP kind and experts that what autograd saves
+depends on (plan/memory.py), and each linear layer's size (LoRA: plan/levers.py)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Mapping
+
+from dpo_sweep.config import ModelSpec
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory model needs of a causal LM's config."""
+
+    n_params: int          # every parameter once (a tied head and embedding count once)
+    n_layers: int
+    hidden: int            # H
+    intermediate: int      # I, the MLP width
+    n_heads: int
+    q_dim: int             # n_heads x head_dim
+    kv_dim: int            # n_kv_heads x head_dim
+    vocab: int
+    tied: bool             # lm_head shares the embedding's weight
+    attn_proj_params: int  # q/k/v/o weights of all layers (what autocast caches under lean ops)
+    mlp_params: int        # gate/up/down weights of all layers
+    arch: str              # the transformers model_type (llama, qwen2, ...)
+    lean_norm: bool = True          # its RMSNorms are Llama's: lean ops replace them (train/family.py)
+    lean_mlp: bool = True           # its MLPs are Llama's SwiGLU: lean ops replace them
+    gated_mlp: bool = True          # act(gate) * up (SwiGLU, GeGLU); False: act(fc) (GPT-2, GPT-NeoX)
+    norms_per_layer: int = 2        # Gemma-2/3: 4 (pre and post norms); Cohere: 1 (parallel blocks)
+    layer_norm: bool = False        # LayerNorm (mean and rstd saved) rather than RMSNorm
+    qk_norm: bool = False           # norms on q and k (Qwen3, OLMo-2, Gemma-3)
+    experts_per_token: int = 0      # an MoE's top-k (0: dense)
+    expert_intermediate: int = 0    # one expert's MLP width, times the share of layers that are MoE
+    n_experts: int = 0              # router logits per token
+    #: (name, in, out, how many) of each linear layer name in the attention and MLP: LoRA's sizes.
+    linear_dims: tuple[tuple[str, int, int, int], ...] = ()
+    auto_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def shape_key(spec: ModelSpec) -> ModelSpec:
+    """What of ``spec`` its shape depends on (the config it is built from): the key of shapes built
+    elsewhere. The storage dtype, attention, kernels and lean ops change no parameter count: a
+    learning trial that drops ``model.dtype`` for bf16-mixed has its configuration's shape (keyed
+    by the whole spec, the H200 user case's driver built it again on the first trial's end,
+    importing torch and transformers: a 10.4 s Tune callback that held back the next trial)."""
+    return ModelSpec(preset=spec.preset, name_or_path=spec.name_or_path, trust_remote_code=spec.trust_remote_code)
+
+
+def model_shape(spec: ModelSpec, known: Mapping[ModelSpec, ModelShape] | None = None) -> ModelShape:
+    """The shape of ``spec``'s model: the one ``known`` gives (shapes built in another process,
+    keyed by :func:`shape_key`: ``dpo-sweep run``'s preflight builds them, so that the sweep's
+    driver never imports torch or transformers), else built here."""
+    key = shape_key(spec)
+    shape = (known or {}).get(key)
+    return shape if shape is not None else built_shape(key)
+
+
+@functools.lru_cache(maxsize=16)  # a cache of a pure function: the meta build costs ~1 s the first time
+def built_shape(spec: ModelSpec) -> ModelShape:
+    """The shape of ``spec``'s model, read from its meta-device build (no weights are allocated)
+    and its family (train/family.py): widths from the modules themselves, so a family whose config
+    names them otherwise (GPT-2's ``n_inner``, a per-layer ``head_dim``) is read alike."""
+    from dpo_sweep.train.family import family_of, meta_model
+
+    model = meta_model(spec)
+    cfg = model.config
+    fam = family_of(model)
+    layers = [layer for layer in _layers(model)]
+    attns = [getattr(layer, fam.attention) for layer in layers] if fam.attention else []
+    mlps = [getattr(layer, fam.mlp) for layer in layers] if fam.mlp else []
+    n_heads = cfg.num_attention_heads
+    head_dims = [getattr(a, "head_dim", None) or cfg.hidden_size // n_heads for a in attns] or [cfg.hidden_size // n_heads]
+    head_dim = round(sum(head_dims) / len(head_dims))  # per-layer head_dim (Gemma-4): their mean
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    dims: dict[str, list[int]] = {}
+    params = {"attn": 0, "mlp": 0}
+    for part, subs in (("attn", attns), ("mlp", mlps)):
+        for sub in subs:
+            for name, fan_in, fan_out in _linear_widths(sub):
+                dims.setdefault(name, [fan_in, fan_out, 0])[2] += 1
+                params[part] += fan_in * fan_out
+    attn_params, mlp_params = params["attn"], params["mlp"]
+    moe = _moe_shape(cfg, mlps)
+    return ModelShape(
+        n_params=sum(p.numel() for p in model.parameters()), n_layers=len(layers),
+        hidden=cfg.hidden_size, intermediate=_intermediate(cfg, mlps), n_heads=n_heads,
+        q_dim=n_heads * head_dim, kv_dim=n_kv * head_dim,
+        vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
+        attn_proj_params=attn_params, mlp_params=mlp_params, arch=cfg.model_type,
+        lean_norm=fam.lean_norm, lean_mlp=fam.lean_mlp, gated_mlp=_gated(mlps),
+        norms_per_layer=_norms_per_layer(layers, fam), layer_norm=_layer_norm(layers),
+        qk_norm=any(hasattr(a, "q_norm") or hasattr(a, "q_layernorm") for a in attns),
+        experts_per_token=moe[0], expert_intermediate=moe[1], n_experts=moe[2],
+        linear_dims=tuple((n, i, o, c) for n, (i, o, c) in sorted(dims.items())), auto_targets=fam.linears,
+    )
+
+
+def _layers(model):
+    from dpo_sweep.train.family import find_layers
+
+    return find_layers(model)[1]
+
+
+def _linear_widths(mlp) -> list[tuple[str, int, int]]:
+    from dpo_sweep.train.family import linear_modules
+
+    out = []
+    for name, m in linear_modules(mlp):
+        w = m.weight
+        fan_in, fan_out = (w.shape[0], w.shape[1]) if type(m).__name__ == "Conv1D" else (w.shape[1], w.shape[0])
+        out.append((name.rsplit(".", 1)[-1], fan_in, fan_out))
+    return out
+
+
+def _dense_width(mlp, hidden: int) -> int:
+    """A dense MLP's width (an MoE block's shared expert's, 0 without one): its widest projection
+    of the hidden state, halved where gate and up are one fused projection."""
+    widths = [(n, o) for n, i, o in _linear_widths(mlp) if i == hidden and o > 1 and "router" not in n and n != "gate"]
+    if not widths:
+        return 0
+    name, width = max(widths, key=lambda nw: nw[1])
+    return width // 2 if "gate_up" in name else width
+
+
+def _intermediate(cfg, mlps) -> int:
+    if not mlps:
+        return 0
+    return round(sum(_dense_width(m, cfg.hidden_size) for m in mlps) / len(mlps))
+
+
+def _moe_shape(cfg, mlps) -> tuple[int, int, int]:
+    """(top-k, expert width x share of MoE layers, experts) of an MoE; zeros for a dense model."""
+    moe = [m for m in mlps if any(p.ndim == 3 for p in m.parameters())]
+    if not moe:
+        return 0, 0, 0
+    k = getattr(cfg, "num_experts_per_tok", None) or getattr(cfg, "top_k", None) or 1
+    n = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None) or getattr(cfg, "n_routed_experts", 0)
+    width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    return int(k), round(width * len(moe) / len(mlps)), int(n or 0)
+
+
+def _gated(mlps) -> bool:
+    names = {n for m in mlps for n, _, _ in _linear_widths(m)}
+    return not mlps or any("gate" in n for n in names) or any(p.ndim == 3 for m in mlps for p in m.parameters())
+
+
+def _is_norm(m) -> bool:
+    return type(m).__name__.endswith(("Norm", "LayerNorm"))
+
+
+def _norms_per_layer(layers, fam) -> int:
+    return round(sum(sum(_is_norm(c) for c in layer.children()) for layer in layers) / max(len(layers), 1))
+
+
+def _layer_norm(layers) -> bool:
+    import torch
+
+    return any(isinstance(c, torch.nn.LayerNorm) or type(c).__name__.endswith("LayerNorm") and hasattr(c, "bias")
+               and not hasattr(c, "variance_epsilon") for layer in layers[:1] for c in layer.children())
+
+

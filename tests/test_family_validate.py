@@ -1,0 +1,77 @@
+"""``dpo-sweep validate`` on checkpoint folders of many model families, as a user saves them:
+every family validates, at every level it accepts, and a level or LoRA target a family cannot take
+exactly is refused here (exit 2) with the reason and the level to use - never at run time."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from dpo_sweep.cli import main
+from family_checkpoints import FAMILIES, HYBRIDS, save_family_checkpoint
+
+#: (model_type, level) -> what the refusal says: the levels a family cannot take exactly.
+REFUSED_LEVELS = {("gemma2", "L2"): "eager", ("gemma2", "L3"): "eager"}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {mt: save_family_checkpoint(mt, root / mt) for mt in (*FAMILIES, *HYBRIDS)}
+
+
+def _space(tmp_path, folder, levels, attn="auto", **train):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "families", "model": {"name_or_path": str(folder), "attn_implementation": attn},
+        "data": {"synthetic": {"pairs": 8, "prompt_tokens": 8, "response_tokens": 8}},
+        "train": {"steps": 2, "warmup_steps": 1, "max_length": 32, "precision": "fp32", **train},
+        "search": {"micro_batch": [1], "checkpoint_level": list(levels), "grad_acc": [1], "beta": [0.1]},
+    }))
+    return path
+
+
+def _attention(model_type: str) -> str:
+    # Gemma-2's soft-capped attention runs on eager only (transformers refuses sdpa for it).
+    return "eager" if model_type == "gemma2" else "auto"
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_every_family_validates_at_the_levels_it_accepts(model_type, folders, tmp_path, capsys):
+    accepted = [lv for lv in ("none", "L1", "L2", "L3", "full") if (model_type, lv) not in REFUSED_LEVELS]
+    code = main(["validate", str(_space(tmp_path, folders[model_type], accepted, _attention(model_type)))])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert f"valid, {len(accepted)} trial(s)" in out.out
+
+
+@pytest.mark.parametrize(("model_type", "level"), list(REFUSED_LEVELS))
+def test_a_level_a_family_cannot_take_is_refused_at_validate(model_type, level, folders, tmp_path, capsys):
+    code = main(["validate", str(_space(tmp_path, folders[model_type], ["none", level], _attention(model_type)))])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert REFUSED_LEVELS[model_type, level] in err and "L1 or full" in err
+
+
+@pytest.mark.parametrize("model_type", list(HYBRIDS))
+def test_hybrids_are_refused_whole_at_validate(model_type, folders, tmp_path, capsys):
+    code = main(["validate", str(_space(tmp_path, folders[model_type], ["none"]))])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"model_type {model_type} is a hybrid" in err and "state-space or linear attention" in err
+
+
+@pytest.mark.parametrize(("model_type", "targets", "said"), [
+    ("mixtral", ["q_proj", "gate_up_proj"], "3-D expert weight"),
+    ("phi3", ["q_proj"], "q_proj is no linear layer of the decoder of phi3; allowed: down_proj, gate_up_proj"),
+    ("gpt2", ["q_proj"], "auto: c_attn, c_fc, c_proj"),
+])
+def test_lora_targets_a_family_lacks_are_refused_at_validate(model_type, targets, said, folders, tmp_path, capsys):
+    space = _space(tmp_path, folders[model_type], ["none"], adapter="lora", lora_targets=targets)
+    assert main(["validate", str(space)]) == 2
+    assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "gpt_neox", "gpt2", "qwen3_moe"])
+def test_lora_auto_validates_on_fused_and_other_names(model_type, folders, tmp_path, capsys):
+    space = _space(tmp_path, folders[model_type], ["none", "L1"], adapter="lora", lora_targets="auto")
+    assert main(["validate", str(space)]) == 0, capsys.readouterr().err

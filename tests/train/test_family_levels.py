@@ -1,0 +1,101 @@
+"""Every checkpoint level a model family accepts gives the loss and gradients of ``none`` (fp32),
+on tiny models of the families in tests/family_checkpoints.py; the levels it refuses are refused
+by the family's own reading (train/family.py), which ``validate`` asks (tests/test_family_validate.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dpo_sweep.train.checkpointing import apply_checkpoint_level
+from dpo_sweep.train.family import family_of
+from dpo_sweep.trial_facts import refused_attention
+from family_checkpoints import DROPOUT_KEYS, FAMILIES, family_config
+
+LEVELS = ("L1", "L2", "L3", "full")
+#: fp32, the same ops in another order only where a region is re-run: rounding, nothing more.
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def _model(model_type: str):
+    """The family's tiny model in train mode, dropout off (as the trainer runs it), on sdpa - the
+    kernel L2/L3 keep - where transformers allows it (Gemma-2's soft-capping needs eager)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = family_config(model_type)
+    for key in DROPOUT_KEYS:
+        if hasattr(cfg, key):
+            setattr(cfg, key, 0.0)
+    torch.manual_seed(0)
+    try:
+        return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").train()
+    except ValueError:
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").train()
+
+
+def refusal(model, level: str) -> str | None:
+    """Why ``level`` is refused for ``model`` before any trial (what validate answers)."""
+    return (family_of(model).refused_level(level)
+            or refused_attention(level, model.config._attn_implementation))
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 250, (2, 24), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding on one row: the masked attention path
+    return ids, mask
+
+
+def _loss_and_grads(model) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ids, mask = _batch()
+    labels = ids.masked_fill(mask == 0, -100)
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    cache: dict[str, tuple] = {}
+
+    def get(model_type: str):
+        if model_type not in cache:
+            cache[model_type] = _loss_and_grads(_model(model_type))
+        return cache[model_type]
+    return get
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+@pytest.mark.parametrize("level", LEVELS)
+def test_every_accepted_level_matches_none(model_type, level, reference):
+    model = _model(model_type)
+    refused = refusal(model, level)
+    if refused:
+        pytest.skip(refused)  # refused before any trial: tests/test_family_validate.py
+    apply_checkpoint_level(model, level)
+    loss, grads = _loss_and_grads(model)
+    want_loss, want_grads = reference(model_type)
+    torch.testing.assert_close(loss, want_loss, **TOL)
+    assert grads.keys() == want_grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, want_grads[name], **TOL, msg=lambda m: f"{model_type} {level} {name}: {m}")
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "smollm3", "phi3", "gpt_neox", "gpt2", "mixtral"])
+def test_l2_recomputes_the_family_own_attention(model_type):
+    """L2 re-runs the family's attention forward in backward (its projections, norms, rotary), not a
+    Llama copy of it: the attention modules' forwards run once more per layer in backward."""
+    model = _model(model_type)
+    fam = family_of(model)
+    calls = []
+    for layer in model.base_model.get_submodule(fam.layers_path.split(".")[-1]):
+        proj = dict(getattr(layer, fam.attention).named_modules())[fam.qkv[0]]
+        proj.register_forward_hook(lambda *a: calls.append(1))
+    apply_checkpoint_level(model, "L2")
+    ids, mask = _batch()
+    loss = model(input_ids=ids, attention_mask=mask, labels=ids, use_cache=False).loss
+    forward_calls = len(calls)
+    loss.backward()
+    assert forward_calls == model.config.num_hidden_layers
+    assert len(calls) == 2 * forward_calls
