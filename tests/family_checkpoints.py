@@ -42,6 +42,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "smollm3": dict(no_rope_layer_interval=2),
 }
 
+#: (model_type, level) -> a phrase of the refusal: the levels a family cannot take exactly (Gemma-2's
+#: soft-capped attention runs on eager only, whose matmul/softmax L2/L3's policy cannot keep).
+REFUSED_LEVELS = {("gemma2", "L2"): "eager", ("gemma2", "L3"): "eager"}
+
 #: State-space / linear-attention hybrids, refused whole by validate (train/family.py).
 HYBRIDS: dict[str, dict[str, Any]] = {
     "falcon_h1": dict(head_dim=16, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16,

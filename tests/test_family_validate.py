@@ -7,10 +7,7 @@ import pytest
 import yaml
 
 from dpo_sweep.cli import main
-from family_checkpoints import FAMILIES, HYBRIDS, save_family_checkpoint
-
-#: (model_type, level) -> what the refusal says: the levels a family cannot take exactly.
-REFUSED_LEVELS = {("gemma2", "L2"): "eager", ("gemma2", "L3"): "eager"}
+from family_checkpoints import FAMILIES, HYBRIDS, REFUSED_LEVELS, save_family_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.family import family_of
 from dpo_sweep.trial_facts import refused_attention
-from family_checkpoints import DROPOUT_KEYS, FAMILIES, family_config
+from family_checkpoints import DROPOUT_KEYS, FAMILIES, REFUSED_LEVELS, family_config
 
 LEVELS = ("L1", "L2", "L3", "full")
 #: fp32, the same ops in another order only where a region is re-run: rounding, nothing more.
@@ -71,8 +71,10 @@ def reference():
 def test_every_accepted_level_matches_none(model_type, level, reference):
     model = _model(model_type)
     refused = refusal(model, level)
-    if refused:
-        pytest.skip(refused)  # refused before any trial: tests/test_family_validate.py
+    assert bool(refused) == ((model_type, level) in REFUSED_LEVELS), refused
+    if refused:  # and validate says so: tests/test_family_validate.py
+        assert REFUSED_LEVELS[model_type, level] in refused
+        return
     apply_checkpoint_level(model, level)
     loss, grads = _loss_and_grads(model)
     want_loss, want_grads = reference(model_type)
@@ -99,3 +101,28 @@ def test_l2_recomputes_the_family_own_attention(model_type):
     loss.backward()
     assert forward_calls == model.config.num_hidden_layers
     assert len(calls) == 2 * forward_calls
+
+
+#: model_type -> (lean RMSNorm used, lean SwiGLU used): where the family's module is Llama's.
+LEAN = {"llama": (True, True), "qwen3": (True, True), "olmo2": (False, True), "gemma2": (False, False),
+        "phi3": (True, False), "cohere": (False, True), "mixtral": (True, False), "falcon_h1": (True, False)}
+
+
+@pytest.mark.parametrize("model_type", list(LEAN))
+def test_lean_ops_replace_only_what_they_compute_exactly(model_type):
+    """Lean ops switch a norm or MLP only where its forward is Llama's (read from its code), so the
+    model's log-probs and gradients stay its own: Falcon-H1's MLP multipliers, OLMo-2's norm order and
+    Gemma's 1 + weight keep their stock modules."""
+    from dpo_sweep.train.lean import apply_lean_ops
+
+    model = _model(model_type)
+    want_loss, want_grads = _loss_and_grads(model)
+    model.zero_grad(set_to_none=True)
+    counts = apply_lean_ops(model)
+    loss, grads = _loss_and_grads(model)
+    torch.testing.assert_close(loss, want_loss, **TOL)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, want_grads[name], **TOL, msg=lambda m: f"{model_type} {name}: {m}")
+    assert (counts["rmsnorm"] > 0, counts["swiglu"] > 0) == LEAN[model_type]
+    fam = family_of(model)
+    assert (fam.lean_norm, fam.lean_mlp) == LEAN[model_type]
