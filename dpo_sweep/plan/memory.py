@@ -120,42 +120,91 @@ def element_bytes(spec: ModelSpec, precision: str) -> ElementBytes:
 
 
 def _norm_bytes(s: ModelShape, b: ElementBytes, lean: bool, liger: bool) -> float:
-    # Lean and liger RMSNorm save the input and one float32 per token; the stock one a float32
-    # copy of the input and the normalised tensor (lean.py).
-    if lean or liger:
+    """One norm's saved bytes per token. Lean and liger RMSNorm save the input and one float32 per
+    token; the stock one a float32 copy of the input and the normalised tensor (lean.py); torch's
+    LayerNorm its input, mean and rstd; a LayerNorm written in Python (Cohere's) the centred input,
+    the normalised tensor and a float32 copy."""
+    if s.norm_kind == "layer":
+        return b.residual * s.hidden + 8
+    if s.norm_kind == "centered":
+        return (8 + b.residual) * s.hidden + 4
+    if (lean and s.lean_norm) or liger:
         return b.residual * s.hidden + 4
     return (4 + b.residual) * s.hidden
 
 
 def _mlp_internal_bytes(s: ModelShape, b: ElementBytes, lean: bool, liger: bool) -> float:
-    # lean: gate and up; liger's SwiGLU: also the product; stock: gate, silu(gate), up, product.
-    widths = 2 if lean else (3 if liger else 4)
-    return b.activation * widths * s.intermediate
+    """The MLP's saved bytes per token beyond its input. Gated: lean: gate and up; liger's SwiGLU:
+    also the product; stock: gate, act(gate), up, product. Ungated (GPT-2, GPT-NeoX): what the
+    activation saves and its output. An MoE (:func:`_experts_bytes`) adds its routed tokens."""
+    if s.gated_mlp:
+        widths = 2 if (lean and s.lean_mlp) else (3 if liger else 4)
+    else:
+        widths = s.act_saved + 1
+    dense = b.activation * widths * s.intermediate
+    if s.shared_gate:  # the shared expert's output and its sigmoid gate, kept for their product
+        dense += b.activation * s.hidden + 4
+    return dense + _experts_bytes(s, b)
 
 
-def _attention_internal_bytes(s: ModelShape, b: ElementBytes, attn: str, seq_len: int, masked: bool) -> float:
+def _experts_bytes(s: ModelShape, b: ElementBytes) -> float:
+    """An MoE layer's routed tokens, per token: each of the top-k copies keeps its input, gate and up
+    (one tensor), act(gate), their product and its output scaled by the routing weight (2H + 4I),
+    plus the router's float32 probabilities and the int64 orders of the grouped matmuls (as
+    transformers' grouped_mm experts save them)."""
+    if not s.experts_per_token:
+        return 0.0
+    k = s.experts_per_token
+    routed = k * (b.activation * (2 * s.hidden + 4 * s.expert_intermediate) + 4 + 3 * 8)
+    return routed + 4 * s.n_experts + 12 * k + 4
+
+
+def _attention_internal_bytes(s: ModelShape, b: ElementBytes, attn: str, seq_len: int, masked: bool,
+                              lean: bool = False) -> float:
     """What the attention sub-block saves beyond its input, per token. sdpa/flash: q, k, v at
     their GQA sizes, the output (whose storage is the o_proj input) and the float32 log-sum-exp.
     sdpa with a padding mask (``masked``): transformers repeats k and v to every head (the fused
     kernels take GQA only without a mask: ``use_gqa_in_sdpa``), and torch turns the boolean mask
     into a bias of the activations' dtype in every layer's call, ``[rows, 1, T, T]``, which the
-    kernel keeps for its backward: ``seq_len`` elements per token and layer."""
+    kernel keeps for its backward: ``seq_len`` elements per token and layer. A sliding-window layer
+    shorter than the sequence gets such a mask on sdpa too. Family terms: q/k norms keep a float32
+    copy of q and k and their normalised values; a fused q/k/v projection with rotary positions
+    keeps the whole projection (v is a view of it); rotary positions written with ``torch.cat``
+    (partial rotary: Phi-3, GPT-NeoX, StableLM) give q a head-major layout, so the kernel's output
+    is copied once more for the o projection."""
+    extra = 0.0
+    if s.qk_norm:  # lean RMSNorm: the input and one float32 per head row, as for the layer's norms
+        lean_norm = lean and s.lean_norm
+        extra = ((b.residual * (s.q_dim + s.kv_dim) + 4 * (s.q_dim + s.kv_dim) // (s.q_dim // s.n_heads))
+                 if lean_norm else (4 + b.activation) * (s.q_dim + s.kv_dim))
+    if s.fused_qkv and s.rope:
+        extra += b.activation * (s.q_dim + s.kv_dim)
+    if s.rope_cat:
+        extra += b.activation * s.q_dim
     if attn == "eager":  # k/v repeated to every head, float32 softmax output and its bf16 copy
-        return b.activation * (4 * s.q_dim) + (4 + b.activation) * s.n_heads * seq_len
-    if masked and attn != "flash_attention_2":
-        return b.activation * (4 * s.q_dim + seq_len) + 4 * s.n_heads
-    return b.activation * (2 * s.q_dim + 2 * s.kv_dim) + 4 * s.n_heads
+        return extra + b.activation * (4 * s.q_dim) + (4 + b.activation) * s.n_heads * seq_len
+
+    def kernel(with_mask: bool) -> float:
+        if with_mask and attn != "flash_attention_2":
+            return b.activation * (4 * s.q_dim + seq_len) + 4 * s.n_heads
+        return b.activation * (2 * s.q_dim + 2 * s.kv_dim) + 4 * s.n_heads
+
+    windowed = s.sliding_share if (s.sliding_window and seq_len > s.sliding_window) else 0.0
+    return extra + (1 - windowed) * kernel(masked) + windowed * kernel(True)
 
 
 def layer_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
                                 liger: bool = False, attn: str = "sdpa", seq_len: int = 1024,
                                 masked: bool = False) -> float:
     """Bytes autograd keeps per token for one decoder layer between forward and backward
-    (``masked``: the micro-batch has padding, so the attention gets a mask)."""
+    (``masked``: the micro-batch has padding, so the attention gets a mask). Regions wrap the
+    family's own attention and MLP (train/checkpointing.py), so what a family adds inside them
+    (q/k norms, experts) is freed by the level that recomputes them."""
     regions = trial_facts.regions(level)
-    norms = 2 * _norm_bytes(s, b, lean, liger)
-    region_inputs = 2 * b.activation * s.hidden  # the normed inputs of attention and the MLP
-    attention = _attention_internal_bytes(s, b, attn, seq_len, masked)
+    norms = s.norms_per_layer * _norm_bytes(s, b, lean, liger)
+    # The normed inputs of attention and the MLP (one, shared, where one norm feeds both: Cohere).
+    region_inputs = min(2, s.norms_per_layer) * b.activation * s.hidden
+    attention = _attention_internal_bytes(s, b, attn, seq_len, masked, lean)
     if regions.attention:
         # The attention region keeps only the kernel's output and log-sum-exp (checkpointing.py);
         # eager's matmul/softmax are not kernel ops, so all of it is recomputed.
@@ -204,11 +253,21 @@ def model_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, l
     norm, the hidden states the chunked head keeps (every token counted as a response token: the
     worst case), RoPE's cos/sin (shared by the layers; rebuilt under ``full``) and the int64 token
     ids, labels and row indices."""
+    decoder = decoder_saved_bytes_per_token(s, b, level, lean=lean, liger=liger, attn=attn, seq_len=seq_len,
+                                            masked=masked)
+    return decoder + b.activation * s.hidden + 3 * 8
+
+
+def decoder_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
+                                  liger: bool = False, attn: str = "sdpa", seq_len: int = 1024,
+                                  masked: bool = False) -> float:
+    """Bytes autograd keeps per token for the decoder's forward (the base model, to its final
+    norm): the layers, the final norm and RoPE's cos/sin (shared by the layers; rebuilt under
+    ``full``). tests/plan/test_memory_families.py measures it on tiny models of many families."""
     layers = s.n_layers * layer_saved_bytes_per_token(s, b, level, lean=lean, liger=liger, attn=attn,
                                                       seq_len=seq_len, masked=masked)
-    head = _norm_bytes(s, b, lean, liger) + b.activation * s.hidden
     rope = 0 if trial_facts.regions(level).layer else 2 * b.activation * (s.q_dim // s.n_heads)
-    return layers + head + rope + 3 * 8
+    return layers + _norm_bytes(s, b, lean, liger) + rope
 
 
 def _head_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_tokens: int) -> float:

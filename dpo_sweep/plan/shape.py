@@ -30,11 +30,18 @@ class ModelShape:
     lean_mlp: bool = True           # its MLPs are Llama's SwiGLU: lean ops replace them
     gated_mlp: bool = True          # act(gate) * up (SwiGLU, GeGLU); False: act(fc) (GPT-2, GPT-NeoX)
     norms_per_layer: int = 2        # Gemma-2/3: 4 (pre and post norms); Cohere: 1 (parallel blocks)
-    layer_norm: bool = False        # LayerNorm (mean and rstd saved) rather than RMSNorm
+    norm_kind: str = "rms"          # rms | layer (torch's LayerNorm) | centered (a LayerNorm in Python: Cohere)
     qk_norm: bool = False           # norms on q and k (Qwen3, OLMo-2, Gemma-3)
+    fused_qkv: bool = False         # one projection makes q, k and v (Phi-3, GPT-NeoX, GPT-2)
+    rope: bool = True               # rotary positions (GPT-2: learned positions instead)
+    rope_cat: bool = False          # rotary positions applied with torch.cat (partial rotary)
+    act_saved: int = 1              # I-wide tensors an ungated MLP's activation saves (GPT-2's tanh GELU: 4)
+    sliding_window: int = 0         # tokens a sliding-window layer sees (0: none)
+    sliding_share: float = 0.0      # the share of layers with a sliding window
     experts_per_token: int = 0      # an MoE's top-k (0: dense)
     expert_intermediate: int = 0    # one expert's MLP width, times the share of layers that are MoE
     n_experts: int = 0              # router logits per token
+    shared_gate: bool = False       # a sigmoid gate on the shared expert (Qwen2-MoE)
     #: (name, in, out, how many) of each linear layer name in the attention and MLP: LoRA's sizes.
     linear_dims: tuple[tuple[str, int, int, int], ...] = ()
     auto_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -91,9 +98,13 @@ def built_shape(spec: ModelSpec) -> ModelShape:
         vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
         attn_proj_params=attn_params, mlp_params=mlp_params, arch=cfg.model_type,
         lean_norm=fam.lean_norm, lean_mlp=fam.lean_mlp, gated_mlp=_gated(mlps),
-        norms_per_layer=_norms_per_layer(layers, fam), layer_norm=_layer_norm(layers),
+        norms_per_layer=_norms_per_layer(layers), norm_kind=_norm_kind(layers),
         qk_norm=any(hasattr(a, "q_norm") or hasattr(a, "q_layernorm") for a in attns),
+        fused_qkv=len(fam.qkv) == 1, rope=any("rotary" in n for n, _ in model.named_modules()),
+        rope_cat=bool(attns) and _rope_cat(attns[0]),
+        act_saved=_act_saved(mlps), sliding_window=_sliding(cfg)[0], sliding_share=_sliding(cfg)[1],
         experts_per_token=moe[0], expert_intermediate=moe[1], n_experts=moe[2],
+        shared_gate=any(hasattr(m, "shared_expert_gate") for m in mlps),
         linear_dims=tuple((n, i, o, c) for n, (i, o, c) in sorted(dims.items())), auto_targets=fam.linears,
     )
 
@@ -151,14 +162,48 @@ def _is_norm(m) -> bool:
     return type(m).__name__.endswith(("Norm", "LayerNorm"))
 
 
-def _norms_per_layer(layers, fam) -> int:
+def _norms_per_layer(layers) -> int:
     return round(sum(sum(_is_norm(c) for c in layer.children()) for layer in layers) / max(len(layers), 1))
 
 
-def _layer_norm(layers) -> bool:
+def _norm_kind(layers) -> str:
     import torch
 
-    return any(isinstance(c, torch.nn.LayerNorm) or type(c).__name__.endswith("LayerNorm") and hasattr(c, "bias")
-               and not hasattr(c, "variance_epsilon") for layer in layers[:1] for c in layer.children())
+    norm = next((c for c in layers[0].children() if _is_norm(c)), None) if len(layers) else None
+    if isinstance(norm, torch.nn.LayerNorm):
+        return "layer"
+    return "centered" if norm is not None and type(norm).__name__.endswith("LayerNorm") else "rms"
 
 
+#: Activations written as several torch ops, and the I-wide tensors they save (GPT-2's tanh GELU).
+_COMPOSITE_ACTIVATIONS = {"NewGELUActivation": 4, "FastGELUActivation": 4, "QuickGELUActivation": 2}
+
+
+def _act_saved(mlps) -> int:
+    acts = [type(c).__name__ for m in mlps[:1] for c in m.children() if "Activation" in type(c).__name__
+            or "GELU" in type(c).__name__]
+    return max((_COMPOSITE_ACTIVATIONS.get(a, 1) for a in acts), default=1)
+
+
+def _rope_cat(attn) -> bool:
+    """Whether the family's ``apply_rotary_pos_emb`` joins a rotated and a passed part with torch.cat
+    (read from its code, as train/family.py reads the lean ops' modules)."""
+    import inspect
+    import sys
+
+    fn = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+    try:
+        sources = [inspect.getsource(f) for f in (fn, type(attn).forward) if f is not None]
+    except (OSError, TypeError):
+        return False
+    return any("torch.cat" in src and "rot" in src for src in sources)
+
+
+def _sliding(cfg) -> tuple[int, float]:
+    """(window, share of layers with it): from ``layer_types`` where the config has them."""
+    window = getattr(cfg, "sliding_window", None) or 0
+    if not window or not getattr(cfg, "use_sliding_window", True):
+        return 0, 0.0
+    types = getattr(cfg, "layer_types", None)
+    share = sum(t == "sliding_attention" for t in types) / len(types) if types else 1.0
+    return int(window), share

@@ -150,7 +150,7 @@ class Family:
     expert_weights: tuple[str, ...]     # 3-D expert parameters (``experts.gate_up_proj``)
     mixers: tuple[str, ...]             # token mixers that are not attention (class names)
     lean_norm: bool                     # its RMSNorms are Llama's (lean ops replace them)
-    lean_mlp: bool                      # its MLPs are Llama's SwiGLU (lean ops replace them)
+    lean_mlp: bool                      # its dense MLPs (an MoE's shared experts) are Llama's SwiGLU
     moe: bool                           # its MLP routes tokens to experts
     gradient_checkpointing: bool        # the model supports transformers' own (``full``)
 
@@ -188,6 +188,13 @@ class Family:
         return " + ".join(parts) if parts else "-"
 
 
+def _dense_mlps(mlp: nn.Module) -> list[nn.Module]:
+    """The dense MLPs of a layer's MLP: itself, or an MoE block's shared experts (none: Mixtral)."""
+    if not (hasattr(mlp, "experts") or any(p.ndim == 3 for p in mlp.parameters())):
+        return [mlp]
+    return [c for n, c in mlp.named_children() if n.startswith("shared") and any(True for _ in c.children())]
+
+
 def family_of(model: nn.Module) -> Family:
     """Read a causal LM's :class:`Family` from its modules (a meta-device model will do)."""
     path, layers = find_layers(model)
@@ -210,13 +217,14 @@ def family_of(model: nn.Module) -> Family:
                       for n, p in mlp.named_parameters() if p.ndim == 3})
     norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
     mlp_modules = [m for _, m in mlps if m is not None]
+    dense = [d for m in mlp_modules for d in _dense_mlps(m)]
     return Family(
         model_type=getattr(model.config, "model_type", type(model).__name__),
         layers_path=path, attention=attn_name, mlp=mlp_name, qkv=tuple(qkv),
         linears=tuple(n for n in decoder_linears if n in linears), decoder_linears=tuple(decoder_linears),
         expert_weights=tuple(experts), mixers=tuple(mixers),
         lean_norm=bool(norms) and all(is_llama_rmsnorm(m) for m in norms),
-        lean_mlp=bool(mlp_modules) and all(is_llama_swiglu(m) for m in mlp_modules),
+        lean_mlp=bool(dense) and all(is_llama_swiglu(m) for m in dense),
         moe=bool(experts) or any(hasattr(m, "experts") for m in mlp_modules),
         gradient_checkpointing=bool(getattr(model, "supports_gradient_checkpointing", False)),
     )
