@@ -96,3 +96,48 @@ def save_family_checkpoint(model_type: str, folder: Path | str, *, head_scale: f
     model.save_pretrained(folder)
     byte_level_tokenizer().save_pretrained(folder)
     return folder
+
+
+def family_model(model_type: str, device: str = "meta") -> Any:
+    """The family's tiny model, dropout off, on sdpa where transformers allows it (else its own
+    attention: Gemma-2's soft-capping runs on eager only)."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = family_config(model_type)
+    for key in DROPOUT_KEYS:
+        if hasattr(cfg, key):
+            setattr(cfg, key, 0.0)
+    with torch.device(device):
+        try:
+            return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+        except ValueError:
+            return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+
+
+def support_table() -> str:
+    """docs/trainer.md's table of families, from the code: what train/family.py reads of each
+    family's tiny model, the levels it refuses, trial_facts' liger-kernel families."""
+    from dpo_sweep.config import CHECKPOINT_LEVELS
+    from dpo_sweep.train.family import family_of
+    from dpo_sweep.trial_facts import LIGER_ARCHS, refused_attention
+
+    lines = ["| model_type | checkpoint levels | LoRA targets (`auto`) | liger-kernel | lean ops |",
+             "| --- | --- | --- | --- | --- |"]
+    for mt in (*FAMILIES, *HYBRIDS):
+        model = family_model(mt)
+        fam = family_of(model)
+        if fam.refused():
+            lines.append(f"| `{mt}` | refused whole: a hybrid ({', '.join(fam.mixers)}) | - | - | - |")
+            continue
+        attn = model.config._attn_implementation
+        levels = [lv for lv in CHECKPOINT_LEVELS if not (fam.refused_level(lv) or refused_attention(lv, attn))]
+        refused = [lv for lv in CHECKPOINT_LEVELS if lv not in levels]
+        text = ", ".join(levels) + (f" ({', '.join(refused)}: its {attn} attention)" if refused else "")
+        targets = ", ".join(fam.linears) + (f"; experts ({', '.join(fam.expert_weights)}) frozen"
+                                            if fam.expert_weights else "")
+        lines.append(f"| `{mt}` | {text} | {targets} | {'yes' if mt in LIGER_ARCHS else '-'} | {fam.lean_ops()} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python tests/family_checkpoints.py: the table for docs/trainer.md
+    print(support_table())

@@ -9,16 +9,18 @@ check it for every level). What each level recomputes in backward, for one decod
 level     regions
 ========  ====================================================================================
 none      nothing
-L1        the MLP sub-block (gate/up projections, activation, product, down projection): frees
-          the four ``intermediate_size``-wide tensors per token that dominate a layer's memory
-L2        L1, plus the attention sub-block (q/k/v projections, RoPE, o projection) as a second,
-          separate region. The attention kernel itself is *not* re-run: a selective-checkpoint
-          policy keeps the kernel's outputs (its output and log-sum-exp), so backward recomputes
-          only the projections. Frees q, k, v and the o-projection input
-L3        L2, plus the q, k and v projections each as their own (nested) region inside the
-          attention region. Their outputs are already recomputed under L2, so L3 can only lower
-          the transient peak while one layer's attention backward runs; the benchmarks measure
-          what that is worth
+L1        the MLP sub-block - the family's own MLP forward (gate/up projections, activation,
+          product, down projection; an MoE's router, experts and shared expert): frees the
+          ``intermediate_size``-wide tensors per token that dominate a layer's memory
+L2        L1, plus the attention sub-block - the family's own attention forward (projections,
+          q/k norms, rotary positions, soft-capping, sinks, o projection) - as a second, separate
+          region. The attention kernel itself is *not* re-run: a selective-checkpoint policy
+          keeps the kernel's outputs (its output and log-sum-exp), so backward recomputes
+          everything else. Frees q, k, v and the o-projection input
+L3        L2, plus each input projection of the attention (q, k, v; a fused qkv; MLA's down and
+          up projections) as its own (nested) region inside the attention region. Their outputs
+          are already recomputed under L2, so L3 can only lower the transient peak while one
+          layer's attention backward runs; the benchmarks measure what that is worth
 full      the whole decoder layer (norms included), as Hugging Face's
           ``gradient_checkpointing_enable()`` does
 L4        refused at validation: a boundary inside RMSNorm or softmax (see config.REFUSED_LEVELS)
@@ -29,8 +31,12 @@ custom ops: :data:`KERNEL_OP_NAMES`). Eager attention (matmul, softmax, matmul) 
 L2/L3 at validation (``trial_facts.refused_attention``), and an attention forward under L2/L3 in which
 the policy kept no kernel op raises instead of silently recomputing the attention.
 
-Levels L1-L3 replace the ``forward`` of each layer's ``mlp`` / ``self_attn`` instance; ``full``
-uses the model's own gradient-checkpointing switch. The reference model is never checkpointed.
+Levels L1-L3 wrap the ``forward`` of each layer's MLP and attention instance, found by
+train/family.py in the model's own modules (Llama's ``mlp`` / ``self_attn``, GPT-2's ``mlp`` /
+``attn`` at ``transformer.h``, GPT-NeoX's ``attention``, ...): the family's maths runs unchanged
+inside the regions, so each level is exact for every family it accepts; ``validate`` refuses a level
+whose region a family lacks (``Family.refused_level``). ``full`` uses the model's own
+gradient-checkpointing switch. The reference model is never checkpointed.
 Apply a level after the model is on its device (RNG state is recorded per device).
 """
 from __future__ import annotations
