@@ -72,3 +72,19 @@ def test_lora_targets_a_family_lacks_are_refused_at_validate(model_type, targets
 def test_lora_auto_validates_on_fused_and_other_names(model_type, folders, tmp_path, capsys):
     space = _space(tmp_path, folders[model_type], ["none", "L1"], adapter="lora", lora_targets="auto")
     assert main(["validate", str(space)]) == 0, capsys.readouterr().err
+
+
+#: The families the issue names as mainstream: each trains through the product at none and full.
+MAINSTREAM = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
+              "cohere", "gpt_neox", "gpt2", "stablelm", "mixtral", "qwen2_moe", "smollm3")
+
+
+@pytest.mark.parametrize("model_type", MAINSTREAM)
+@pytest.mark.parametrize("level", ["none", "full"])
+def test_mainstream_families_train_through_the_product(model_type, level, folders, tmp_path, capsys):
+    space = _space(tmp_path, folders[model_type], ["none"], _attention(model_type), evaluate=False)
+    out = tmp_path / "out"
+    assert main(["trial", str(space), "--set", f"checkpoint_level={level}", "--output", str(out)]) == 0, \
+        capsys.readouterr().err
+    row = (out / "results.csv").read_text().splitlines()
+    assert len(row) == 2 and ",ok," in row[1]
