@@ -40,6 +40,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
                       shared_expert_intermediate_size=48),
     "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
     "smollm3": dict(no_rope_layer_interval=2),
+    # a head_dim per layer (sliding 16, global 32) and per-layer inputs
+    "gemma4_text": dict(head_dim=16, global_head_dim=32, sliding_window=32, hidden_size_per_layer_input=16,
+                        vocab_size_per_layer_input=512),
 }
 
 #: (model_type, level) -> a phrase of the refusal: the levels a family cannot take exactly (Gemma-2's
