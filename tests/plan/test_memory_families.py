@@ -17,7 +17,7 @@ from dpo_sweep.plan import memory
 from dpo_sweep.plan.shape import built_shape
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.lean import apply_lean_ops
-from family_checkpoints import DROPOUT_KEYS, FAMILIES, family_config, save_family_checkpoint
+from family_checkpoints import FAMILIES, family_model, save_family_checkpoint
 
 #: measured / predicted within this (the tiny models run at 0.97 - 1.03; per-token terms the model
 #: leaves out - position ids, RoPE tables of partial rotary - weigh most at hidden 64).
@@ -56,16 +56,10 @@ CASES = ([(mt, "none", False) for mt in FAMILIES if mt not in UNMODELLED]
 
 @pytest.mark.parametrize(("model_type", "level", "lean"), CASES)
 def test_saved_activations_match_the_prediction(model_type, level, lean, folders):
-    from transformers import AutoModelForCausalLM
-
     spec = ModelSpec(name_or_path=str(folders[model_type]))
-    attn = "eager" if model_type == "gemma2" else "sdpa"  # its soft-capping runs on eager only
-    cfg = family_config(model_type)
-    for key in DROPOUT_KEYS:
-        if hasattr(cfg, key):
-            setattr(cfg, key, 0.0)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn).train()
+    model = family_model(model_type, device="cpu").train()
+    attn = model.config._attn_implementation  # sdpa, or eager where the family needs it (Gemma-2)
     if lean:
         apply_lean_ops(model)
     apply_checkpoint_level(model, level)

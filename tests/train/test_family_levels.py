@@ -9,7 +9,7 @@ import torch
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.family import family_of
 from dpo_sweep.trial_facts import refused_attention
-from family_checkpoints import DROPOUT_KEYS, FAMILIES, REFUSED_LEVELS, family_config
+from family_checkpoints import FAMILIES, REFUSED_LEVELS, family_model
 
 LEVELS = ("L1", "L2", "L3", "full")
 #: fp32, the same ops in another order only where a region is re-run: rounding, nothing more.
@@ -19,18 +19,8 @@ TOL = dict(rtol=1e-4, atol=1e-5)
 def _model(model_type: str):
     """The family's tiny model in train mode, dropout off (as the trainer runs it), on sdpa - the
     kernel L2/L3 keep - where transformers allows it (Gemma-2's soft-capping needs eager)."""
-    from transformers import AutoModelForCausalLM
-
-    cfg = family_config(model_type)
-    for key in DROPOUT_KEYS:
-        if hasattr(cfg, key):
-            setattr(cfg, key, 0.0)
     torch.manual_seed(0)
-    try:
-        return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").train()
-    except ValueError:
-        torch.manual_seed(0)
-        return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").train()
+    return family_model(model_type, device="cpu").train()
 
 
 def refusal(model, level: str) -> str | None:
