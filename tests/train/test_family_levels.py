@@ -116,3 +116,35 @@ def test_lean_ops_replace_only_what_they_compute_exactly(model_type):
     assert (counts["rmsnorm"] > 0, counts["swiglu"] > 0) == LEAN[model_type]
     fam = family_of(model)
     assert (fam.lean_norm, fam.lean_mlp) == LEAN[model_type]
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "gpt2", "gpt_neox", "qwen2_moe"])
+@pytest.mark.parametrize("level", ["L2", "L3"])
+def test_lora_auto_targets_the_family_linears_and_levels_stay_exact(model_type, level):
+    """``lora_targets: auto`` adapts the family's own projections (fused, Conv1D, shared expert);
+    with adapters in place L2/L3 still wrap them (a peft layer is the linear it wraps) and give the
+    loss and gradients of ``none``."""
+    from dpo_sweep.config import TrainSpec
+    from dpo_sweep.train.adapters import apply_adapter
+
+    def adapted():
+        model = _model(model_type)
+        apply_adapter(model, TrainSpec(adapter="lora", lora_r=4, lora_alpha=8.0))
+        with torch.no_grad():  # lora_B is zero at first: make the adapters count in the maths
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(name)))
+        return model
+
+    plain = adapted()
+    fam = family_of(plain)
+    adapted_names = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in plain.named_parameters() if "lora_A" in n}
+    assert adapted_names == set(fam.linears)
+    want_loss, want_grads = _loss_and_grads(plain)
+    model = adapted()
+    apply_checkpoint_level(model, level)
+    loss, grads = _loss_and_grads(model)
+    torch.testing.assert_close(loss, want_loss, **TOL)
+    assert grads.keys() == want_grads.keys() and all("lora_" in n for n in grads)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, want_grads[name], **TOL, msg=lambda m: f"{model_type} {level} {name}: {m}")
