@@ -88,3 +88,22 @@ def test_mainstream_families_train_through_the_product(model_type, level, folder
         capsys.readouterr().err
     row = (out / "results.csv").read_text().splitlines()
     assert len(row) == 2 and ",ok," in row[1]
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "gpt2", "gpt_neox", "qwen2_moe", "mixtral", "gemma4_text"])
+def test_the_planner_counts_the_adapters_lora_auto_makes(model_type, folders):
+    """plan/levers.py's LoRA parameters for ``auto`` (from the shape's own linear names and sizes) are
+    the ones peft makes on the family's model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dpo_sweep.config import ModelSpec, TrainSpec
+    from dpo_sweep.plan.levers import lora_params
+    from dpo_sweep.plan.shape import built_shape
+    from dpo_sweep.train.adapters import apply_adapter
+
+    model = AutoModelForCausalLM.from_pretrained(folders[model_type], dtype=torch.float32)
+    apply_adapter(model, TrainSpec(adapter="lora", lora_r=4))
+    made = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert made > 0
+    assert lora_params(built_shape(ModelSpec(name_or_path=str(folders[model_type]))), ("auto",), 4) == made

@@ -90,13 +90,16 @@ class LeverBytes:
     largest_grad: float = 0.0  # the largest single gradient (optimizer_in_backward: the most alive at once)
 
 
-def _region_targets(level: str) -> tuple[str, ...]:
+def _region_targets(level: str, s) -> tuple[str, ...]:
     """The targets whose adapters run outside a checkpointed region at ``level`` (their saved
-    tensors stay alive until backward)."""
+    tensors stay alive until backward): the family's attention and MLP linears (Llama's names for
+    a shape without them)."""
     regions = trial_facts.regions(level)
     if regions.layer:
         return ()
-    return (() if regions.attention else _ATTENTION_TARGETS) + (() if regions.mlp else _MLP_TARGETS)
+    attention = s.attention_linears or _ATTENTION_TARGETS
+    mlp = tuple(n for n, *_ in s.linear_dims if n not in attention) or _MLP_TARGETS
+    return (() if regions.attention else attention) + (() if regions.mlp else mlp)
 
 
 def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, autocast: bool,
@@ -125,7 +128,7 @@ def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, a
         transient = 0.0
     names = targets_of(s, t.lora_targets)
     widest = max((max(dims[x]) for x in names if x in dims), default=0)  # of one adapter's A or B
-    kept = [x for x in names if x in _region_targets(cfg.checkpoint_level) and x in dims]
+    kept = [x for x in names if x in _region_targets(cfg.checkpoint_level, s) and x in dims]
     saved = sum(t.lora_r * activation_bytes + (dims[x][0] * (activation_bytes + 1) if t.lora_dropout else 0)
                 for x in kept)
     regions = trial_facts.regions(cfg.checkpoint_level)

@@ -44,6 +44,7 @@ class ModelShape:
     shared_gate: bool = False       # a sigmoid gate on the shared expert (Qwen2-MoE)
     #: (name, in, out, how many) of each linear layer name in the attention and MLP: LoRA's sizes.
     linear_dims: tuple[tuple[str, int, int, int], ...] = ()
+    attention_linears: tuple[str, ...] = ()  # the names of linear_dims that are the attention's
     auto_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -82,12 +83,12 @@ def built_shape(spec: ModelSpec) -> ModelShape:
     head_dims = [getattr(a, "head_dim", None) or cfg.hidden_size // n_heads for a in attns] or [cfg.hidden_size // n_heads]
     head_dim = round(sum(head_dims) / len(head_dims))  # per-layer head_dim (Gemma-4): their mean
     n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
-    dims: dict[str, list[int]] = {}
+    dims: dict[tuple[str, int, int], int] = {}  # (name, in, out): how many (GPT-2's two c_proj sizes)
     params = {"attn": 0, "mlp": 0}
     for part, subs in (("attn", attns), ("mlp", mlps)):
         for sub in subs:
             for name, fan_in, fan_out in _linear_widths(sub):
-                dims.setdefault(name, [fan_in, fan_out, 0])[2] += 1
+                dims[name, fan_in, fan_out] = dims.get((name, fan_in, fan_out), 0) + 1
                 params[part] += fan_in * fan_out
     attn_params, mlp_params = params["attn"], params["mlp"]
     moe = _moe_shape(cfg, mlps)
@@ -105,7 +106,8 @@ def built_shape(spec: ModelSpec) -> ModelShape:
         act_saved=_act_saved(mlps), sliding_window=_sliding(cfg)[0], sliding_share=_sliding(cfg)[1],
         experts_per_token=moe[0], expert_intermediate=moe[1], n_experts=moe[2],
         shared_gate=any(hasattr(m, "shared_expert_gate") for m in mlps),
-        linear_dims=tuple((n, i, o, c) for n, (i, o, c) in sorted(dims.items())), auto_targets=fam.linears,
+        linear_dims=tuple((n, i, o, c) for (n, i, o), c in sorted(dims.items())), auto_targets=fam.linears,
+        attention_linears=tuple(sorted({n for a in attns for n, _, _ in _linear_widths(a)})),
     )
 
 
