@@ -189,8 +189,27 @@ def main(argv: list[str] | None = None) -> int:
         print("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
     ok = [r for r in table if r["status"] == "ok"]
     within = [r for r in ok if abs(r["predicted_error"]) <= 0.05]
-    print(f"{len(within)} of {len(ok)} ok rows predicted within 5% of their measured peak")
+    summary = f"{len(within)} of {len(ok)} ok rows predicted within 5% of their measured peak"
+    print(summary)
+    write_readme(out / "README.md", argv if argv is not None else sys.argv[1:], summary)
     return 0
+
+
+def write_readme(path: Path, argv: list[str], summary: str) -> None:
+    """The label folder's provenance (tests/benchmarks/test_results_layout.py wants one): the
+    command, the machine and the summary; what the numbers mean is for the person who ran it to add."""
+    import datetime
+    import platform
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU)"
+    path.write_text(f"# Model families at real shapes: measured vs predicted peaks\n\n"
+                    f"**Machine:** {gpu}, {platform.node()}, torch {torch.__version__}, "
+                    f"{datetime.date.today().isoformat()}. **Command:**\n\n"
+                    f"    python benchmarks/architectures.py {' '.join(argv)}\n\n"
+                    f"`architectures.csv`: one row per configuration of each folder's `dpo-sweep run --full-grid`; "
+                    f"`predicted_error` = predicted / measured - 1. {summary}.\n")
 
 
 if __name__ == "__main__":

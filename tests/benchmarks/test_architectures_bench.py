@@ -28,6 +28,8 @@ def test_smoke_mode_writes_the_architectures_csv(tmp_path, capsys):
         ("qwen3_moe", "none", "ok"), ("qwen3_moe", "L1", "ok")]
     assert all(float(r["peak_mem_gb"]) > 0 and float(r["predicted_peak_gb"]) >= 0 for r in rows)
     assert "ok rows predicted within 5%" in capsys.readouterr().out
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "python benchmarks/architectures.py --smoke --only tiny-qwen3-moe" in readme and "**Machine:**" in readme
 
 
 @pytest.mark.parametrize("arch", architectures.ARCHS, ids=lambda a: a.label)
