@@ -80,8 +80,12 @@ def built_shape(spec: ModelSpec) -> ModelShape:
     attns = [getattr(layer, fam.attention) for layer in layers] if fam.attention else []
     mlps = [getattr(layer, fam.mlp) for layer in layers] if fam.mlp else []
     n_heads = cfg.num_attention_heads
-    head_dims = [getattr(a, "head_dim", None) or cfg.hidden_size // n_heads for a in attns] or [cfg.hidden_size // n_heads]
+    # MLA (DeepSeek-V3) names its q/k head width qk_head_dim and has a v width of its own.
+    head_dims = [getattr(a, "head_dim", None) or getattr(a, "qk_head_dim", None) or cfg.hidden_size // n_heads
+                 for a in attns] or [cfg.hidden_size // n_heads]
     head_dim = round(sum(head_dims) / len(head_dims))  # per-layer head_dim (Gemma-4): their mean
+    v_dims = [getattr(a, "v_head_dim", None) for a in attns]
+    kv_head_dim = round((head_dim + sum(v_dims) / len(v_dims)) / 2) if attns and all(v_dims) else head_dim
     n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
     dims: dict[tuple[str, int, int], int] = {}  # (name, in, out): how many (GPT-2's two c_proj sizes)
     params = {"attn": 0, "mlp": 0}
@@ -95,7 +99,7 @@ def built_shape(spec: ModelSpec) -> ModelShape:
     return ModelShape(
         n_params=sum(p.numel() for p in model.parameters()), n_layers=len(layers),
         hidden=cfg.hidden_size, intermediate=_intermediate(cfg, mlps), n_heads=n_heads,
-        q_dim=n_heads * head_dim, kv_dim=n_kv * head_dim,
+        q_dim=n_heads * head_dim, kv_dim=n_kv * kv_head_dim,
         vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
         attn_proj_params=attn_params, mlp_params=mlp_params, arch=cfg.model_type,
         lean_norm=fam.lean_norm, lean_mlp=fam.lean_mlp, gated_mlp=_gated(mlps),
