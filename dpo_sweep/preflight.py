@@ -150,7 +150,14 @@ def check_families(trials: Iterable[TrialConfig]) -> None:
     from dpo_sweep.train.family import refused_trial
 
     for cfg in trials:
-        refused = refused_trial(cfg)
+        try:
+            refused = refused_trial(cfg)
+        except UserError:
+            raise
+        except Exception as err:  # noqa: BLE001 - whatever transformers raises building an unknown family
+            raise UserError(f"{cfg.model.label()}: its model could not be built from its config to read its layers "
+                            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); check config.json, "
+                            "or model.trust_remote_code for a model with its own code") from None
         if refused:
             raise UserError(f"{cfg.model.label()}: {refused}")
 

@@ -107,3 +107,18 @@ def test_the_planner_counts_the_adapters_lora_auto_makes(model_type, folders):
     made = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     assert made > 0
     assert lora_params(built_shape(ModelSpec(name_or_path=str(folders[model_type]))), ("auto",), 4) == made
+
+
+def test_a_model_that_cannot_be_built_is_refused_with_its_reason(folders, tmp_path, capsys, monkeypatch):
+    """A config that loads but whose model transformers cannot build (remote code gone wrong, a
+    family newer than the installed transformers): one line and exit 2, not a traceback."""
+    from dpo_sweep.train import family
+
+    def fails(spec):
+        raise RuntimeError("shape mismatch in the family's __init__\nsecond line")
+
+    monkeypatch.setattr(family, "meta_model", fails)
+    assert main(["validate", str(_space(tmp_path, folders["llama"], ["none"]))]) == 2
+    err = capsys.readouterr().err
+    assert "could not be built from its config to read its layers (RuntimeError: shape mismatch" in err
+    assert "Traceback" not in err and "second line" not in err
