@@ -141,7 +141,27 @@ def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
             vocab_sizes[spec.label()] = getattr(pretrained.load_config(spec), "vocab_size", None)
         if tokenizer_key(spec) not in tokenizers:
             tokenizers[tokenizer_key(spec)] = load_tokenizer(spec)
+    check_families(trials)
     return CheckedModels(tokenizers, vocab_sizes)
+
+
+def check_families(trials: Iterable[TrialConfig]) -> None:
+    """Each trial's model family takes its checkpoint level and LoRA targets exactly (train/family.py:
+    read from the model's meta-device build): a hybrid model, a level without the region it
+    recomputes, or a LoRA target that is no linear layer is refused here, before any trial."""
+    from dpo_sweep.train.family import refused_trial
+
+    for cfg in trials:
+        try:
+            refused = refused_trial(cfg)
+        except UserError:
+            raise
+        except Exception as err:  # noqa: BLE001 - whatever transformers raises building an unknown family
+            raise UserError(f"{cfg.model.label()}: its model could not be built from its config to read its layers "
+                            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); check config.json, "
+                            "or model.trust_remote_code for a model with its own code") from None
+        if refused:
+            raise UserError(f"{cfg.model.label()}: {refused}")
 
 
 # --- data -------------------------------------------------------------------------------------

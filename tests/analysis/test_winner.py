@@ -176,7 +176,11 @@ def test_a_lora_winner_with_a_low_bit_adamw_names_its_peft_config_and_optim(tmp_
     (peft,) = [g for g in gaps if g.startswith("adapter lora")]
     call = peft[peft.index("LoraConfig("):peft.index(", task_type='CAUSAL_LM')")] + ", task_type='CAUSAL_LM')"
     config = eval(call, {"LoraConfig": LoraConfig})  # the text pastes as peft's own call
-    assert (config.r, config.lora_alpha, set(config.target_modules)) == (8, 16, set(t.train.lora_targets))
+    # lora_targets auto: the Llama preset's own linear layers, named as peft takes them
+    from dpo_sweep.config import DEFAULT_LORA_TARGETS
+
+    assert t.train.lora_targets == ("auto",)
+    assert (config.r, config.lora_alpha, set(config.target_modules)) == (8, 16, set(DEFAULT_LORA_TARGETS))
     (tmp_path / "full").mkdir()
     plain = quick_space(tmp_path / "full")
     full = space_mod.parse(plain).trials[0]
