@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dpo_sweep.config import TrialConfig
+from dpo_sweep.config import LORA_AUTO, TrialConfig
 from dpo_sweep.trl_fields import TrlFields
 
 #: What each checkpoint level means in TRL terms: only ``none`` and ``full`` exist there.
@@ -135,7 +135,21 @@ def peft_config(trial: TrialConfig) -> dict[str, Any] | None:
     if t.adapter == "full":
         return None
     return {"r": t.lora_r, "lora_alpha": t.lora_alpha, "lora_dropout": t.lora_dropout,
-            "target_modules": list(t.lora_targets), "task_type": "CAUSAL_LM"}
+            "target_modules": target_modules(trial), "task_type": "CAUSAL_LM"}
+
+
+def target_modules(trial: TrialConfig) -> list[str] | str:
+    """peft's ``target_modules`` for the trial's ``lora_targets``: ``auto`` as the family's own names
+    where the model's config can be read here, else peft's nearest, ``all-linear`` (which also adapts
+    an MoE's routers and any other linear layer of the decoder)."""
+    if trial.train.lora_targets != LORA_AUTO:
+        return list(trial.train.lora_targets)
+    try:
+        from dpo_sweep.train.family import spec_family
+
+        return list(spec_family(trial.model).linears)
+    except Exception:  # noqa: BLE001 - a folder no longer there, a hub id not cached: peft's own rule
+        return "all-linear"
 
 
 def _missing_field_note(key: str, value: Any, trl: TrlFields) -> str:

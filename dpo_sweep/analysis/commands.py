@@ -10,14 +10,16 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
 from dpo_sweep import migrate, space as space_mod
-from dpo_sweep.analysis import noise_floor, pareto, results, tables, trainer_switch, winner as winner_mod
+from dpo_sweep.analysis import forecast as forecast_mod, noise_floor, pareto, results, tables, trainer_switch, winner as winner_mod
+from dpo_sweep.analysis.completeness import Completeness, completeness
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
+from dpo_sweep.cards import Card
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.space import SweepSpace
@@ -44,6 +46,10 @@ class AnalysisOutcome:
     """DIR/recommended.yaml, the winner pinned; None when nothing was recommended or it cannot be pinned."""
     winner_text: str = ""
     """Where recommended.yaml is and the winner as TRL arguments (:func:`format_winner`)."""
+    forecast_text: str = ""
+    """The whole run's forecast (and estimates on other cards), for the console (forecast.lines)."""
+    completeness: Completeness = Completeness(None)
+    """Whether the folder holds the whole sweep."""
 
 
 @dataclass(frozen=True)
@@ -122,20 +128,25 @@ def _analyse_results(out_dir: Path, memory_budget_gb: float | None, objectives: 
     budget, source = resolve_budget(memory_budget_gb, env, space.gpu_memory_gb)
     spec = objectives if objectives is not None else space.objectives
     analysed, rec, objs = analyse(df, budget, spec, safety_margin, source)
-    return analysed, rec, objs, env, space
+    state = completeness(out_dir, df)
+    rec = dataclasses.replace(rec, sweep_complete=state.complete, still_to_run=state.still_to_run)
+    return analysed, rec, objs, env, space, state
 
 
 def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
                 objectives: Mapping[str, Any] | None = None,
                 safety_margin: float = DEFAULT_SAFETY_MARGIN,
-                space: SpaceSettings | None = None, trl: TrlFields | None = None) -> AnalysisOutcome:
+                space: SpaceSettings | None = None, epochs: float = 1.0,
+                other_cards: Sequence[Card] = (), trl: TrlFields | None = None) -> AnalysisOutcome:
     """Analyse DIR/results.csv and (re)write frontier.md, recommendation.json, report.html.
 
     ``memory_budget_gb`` None: the space's emulated card, else the GPU's memory from
     environment.json, if any. ``objectives`` None: the space's ``objectives:``, else memory
     min, throughput max, loss std min. ``space``: the sweep's settings when the caller has parsed its space already
-    (``dpo-sweep run``); None reads DIR/space.yaml. ``trl``: the TRL fields the winner is exported
-    to; None: the installed TRL's, else the list recorded with the package.
+    (``dpo-sweep run``); None reads DIR/space.yaml. ``epochs`` and ``other_cards``: the run
+    forecast's (:mod:`dpo_sweep.analysis.forecast`), in recommendation.json and the report.
+    ``trl``: the TRL fields the winner is exported to; None: the installed TRL's, else the list
+    recorded with the package.
     """
     from dpo_sweep.report.data import build_report_data
     from dpo_sweep.report.data_shape import load_data_json
@@ -143,7 +154,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
 
     out_dir = Path(out_dir)
     files = ResultsDir(out_dir)
-    analysed, rec, objs, env, space = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
+    analysed, rec, objs, env, space, state = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
     steps = results.load_steps(out_dir)
     winner = winner_of(out_dir, analysed, rec, space, trl)
     recommended_path = winner_mod.write_winner(out_dir, winner)
@@ -156,20 +167,32 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
                              + (f"\n{pairs}" if pairs else ""), encoding="utf-8")
     rec_json = rec.to_json_dict()
     rec_json["trl"] = winner.trl_json()
+    datasets = load_data_json(out_dir)
+    row = _row_of(analysed, rec.trial_id)
+    fc, why = forecast_mod.forecast(row, datasets, epochs, env)
+    estimates = forecast_mod.card_estimates(row, fc, env, other_cards, safety_margin)
+    rec_json.update(forecast_mod.json_entry(fc, why, estimates))
+    forecast_lines = forecast_mod.lines(fc, why, estimates)
     rec_path = files.recommendation
     rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    report_path = write_report(files.report,
-                               build_report_data(analysed, rec, objs, steps, env, load_data_json(out_dir), winner))
+    report = build_report_data(analysed, rec, objs, steps, env, datasets, winner, state)
+    report_path = write_report(files.report, dataclasses.replace(report, recommendation_json=rec_json,
+                                                                 forecast=forecast_lines))
     winner_text = format_winner(winner, recommended_path)
     return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed, objs,
-                           format_recommendation(rec) + winner_text, recommended_path, winner_text)
+                           format_recommendation(rec) + winner_text, recommended_path, winner_text,
+                           "\n".join(forecast_lines), state)
+
+
+def _row_of(analysed: pd.DataFrame, trial_id: str | None) -> pd.Series | None:
+    rows = analysed[analysed["trial_id"].astype(str) == str(trial_id)] if trial_id is not None else analysed[:0]
+    return rows.iloc[0] if len(rows) else None
 
 
 def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
               space: SpaceSettings, trl: TrlFields | None = None) -> winner_mod.Winner:
     """The recommended trial rebuilt from DIR/space.yaml (:mod:`dpo_sweep.analysis.winner`)."""
-    rows = analysed[analysed["trial_id"].astype(str) == str(rec.trial_id)] if rec.trial_id is not None else analysed[:0]
-    row = rows.iloc[0] if len(rows) else None
+    row = _row_of(analysed, rec.trial_id)
     winner = winner_mod.winner_of(out_dir, row, space.objectives, trl)
     if winner.trl is None:
         return winner
@@ -177,13 +200,13 @@ def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
     return dataclasses.replace(winner, switch=trainer_switch.switch_text(row, moved), switch_data=moved)
 
 
-def format_winner(winner: winner_mod.Winner, written: Path | None, out_dir: Path | None = None) -> str:
+def format_winner(winner: winner_mod.Winner, written: Path | None, write_command: str = "") -> str:
     """The winner as a file to run and as TRL arguments, for the console (empty: no winner).
-    ``written``: where recommended.yaml is; None: not written (``out_dir``: the results dir)."""
+    ``written``: where recommended.yaml is; None: not written, and ``write_command`` writes it."""
     if winner.trial is None:
         return f"\n  (no {ResultsDir.RECOMMENDED}: {winner.note})" if winner.note else ""
     where = (f"\n{ResultsDir.RECOMMENDED}: {written} (dpo-sweep validate / dpo-sweep trial it)" if written is not None
-             else f"\n{ResultsDir.RECOMMENDED}: `dpo-sweep report {out_dir}` writes it")
+             else f"\n{ResultsDir.RECOMMENDED}: not written; `{write_command}` writes this one")
     return (f"{where}\nas TRL DPOConfig arguments:\n"
             + winner.trl_code())
 
@@ -211,28 +234,52 @@ def _frontier_document(table: str, objs: tuple[pareto.Objective, ...], rec: Reco
 def cmd_report(args: argparse.Namespace) -> int:
     """``dpo-sweep report DIR [--memory-budget-gb X]``."""
     outcome = analyse_dir(args.dir, args.memory_budget_gb,
-                          safety_margin=safety_margin_of(args))
+                          safety_margin=safety_margin_of(args), epochs=epochs_of(args),
+                          other_cards=getattr(args, "gpu", None) or ())
     for note in objective_notes(outcome.objectives):
         print(note)
     print(outcome.frontier_markdown)
     print(outcome.recommendation["reason"])
     if outcome.winner_text:
         print(outcome.winner_text.lstrip("\n"))
+    print(outcome.forecast_text)
+    if line := incomplete_line(outcome.completeness):
+        print(line)
     print(f"wrote {outcome.frontier_path}, {outcome.recommendation_path}, {outcome.report_path}")
     return 0
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    """``dpo-sweep recommend DIR --memory-budget-gb X``: print the choice; writes nothing.
+    """``dpo-sweep recommend DIR --memory-budget-gb X [--write]``: print the choice; with
+    ``--write``, write DIR/recommended.yaml for this budget (nothing else: report.html and
+    recommendation.json stay the report's).
 
     Exit 0 also when nothing fits: that is an answer, and the message says so.
     """
     out_dir = Path(args.dir)
-    analysed, rec, objs, _, space = _analyse_results(out_dir, args.memory_budget_gb, None, safety_margin_of(args), None)
+    analysed, rec, objs, _, space, state = _analyse_results(out_dir, args.memory_budget_gb, None,
+                                                            safety_margin_of(args), None)
     for note in objective_notes(objs):
         print(note)
-    print(format_recommendation(rec) + format_winner(winner_of(out_dir, analysed, rec, space), None, out_dir))
+    winner = winner_of(out_dir, analysed, rec, space)
+    written = winner_mod.write_winner(out_dir, winner) if getattr(args, "write", False) else None
+    margin = "" if args.safety_margin is None else f" --safety-margin {args.safety_margin:g}"
+    command = f"dpo-sweep recommend {out_dir} --memory-budget-gb {args.memory_budget_gb:g}{margin} --write"
+    print(format_recommendation(rec) + format_winner(winner, written, command))
+    if line := incomplete_line(state):
+        print(line)
     return 0
+
+
+def incomplete_line(state: Completeness) -> str:
+    """The console's warning for a sweep that did not finish ("" when it did or cannot tell)."""
+    missing, waiting = state.counts()
+    if not missing and not waiting:
+        return ""
+    parts = ([f"{missing} configuration(s) without a row"] if missing else []) + (
+        [f"{waiting} row(s) waiting for their stability (pending)"] if waiting else [])
+    return (f"warning: the sweep did not finish: {' and '.join(parts)} ({ResultsDir.RECOMMENDATION} "
+            "still_to_run); `dpo-sweep run SPACE --output DIR --resume` continues it")
 
 
 def format_recommendation(rec: Recommendation) -> str:
@@ -254,6 +301,12 @@ def format_recommendation(rec: Recommendation) -> str:
                  f"{rec.usable_memory_gb:.2f} GB after a {100 * rec.safety_margin:g}% safety margin; "
                  "GB = 1e9 bytes")
     return head + "\n" + rec.reason
+
+
+def epochs_of(args: argparse.Namespace) -> float:
+    """``--epochs`` of run and report (the CLI refuses a non-positive one); not given: 1."""
+    epochs = getattr(args, "epochs", None)
+    return 1.0 if epochs is None else float(epochs)
 
 
 def safety_margin_of(args: argparse.Namespace) -> float:

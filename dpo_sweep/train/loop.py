@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpo_sweep import stability, trial_facts
-from dpo_sweep.config import TrialConfig
+from dpo_sweep.config import LORA_AUTO, TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, config_columns, error_text, failed_result
 from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCounts, TrialClock, dpo_step_flops,
@@ -348,7 +348,8 @@ def divergence(record: StepRecord, precision: str) -> str:
 
 
 def _step_line(cfg: TrialConfig, rec: StepRecord) -> str:
-    return (f"[{cfg.trial_id}] step {rec.step}/{cfg.train.steps} loss {rec.loss:.4f} grad_norm {rec.grad_norm:.3f} "
+    total = cfg.train.steps + int(bool(cfg.train.worst_case_step))  # the worst-case step counts too
+    return (f"[{cfg.trial_id}] step {rec.step}/{total} loss {rec.loss:.4f} grad_norm {rec.grad_norm:.3f} "
             f"acc {rec.reward_accuracy:.2f} margin {rec.reward_margin:+.4f} kl {rec.kl:+.5f} "
             f"{rec.step_time_ms:.0f} ms {rec.tokens_per_s:,.0f} tok/s peak {rec.peak_mem_gb:.2f} GB"
             + ("" if rec.measured else " (warm-up)") + (" (worst case: longest pairs)" if rec.worst_case else ""))
@@ -392,7 +393,9 @@ def _lean_mlp_used(cfg: TrialConfig) -> bool:
     """Whether lean ops' MLP runs: not on an MLP with adapters, nor on QLoRA's NF4 weights (lean.py)."""
     if not cfg.model.lean_ops or cfg.train.adapter == "full":
         return cfg.model.lean_ops
-    mlp_adapted = bool({"gate_proj", "up_proj", "down_proj"} & set(cfg.train.lora_targets))
+    # auto adapts the MLP's linears wherever lean ops' MLP could run (a Llama SwiGLU).
+    targets = set(cfg.train.lora_targets)
+    mlp_adapted = cfg.train.lora_targets == LORA_AUTO or bool({"gate_proj", "up_proj", "down_proj"} & targets)
     return cfg.train.adapter == "lora" and not mlp_adapted
 
 

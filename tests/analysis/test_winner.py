@@ -243,7 +243,11 @@ def test_a_lora_winner_with_a_low_bit_adamw_names_its_peft_config_and_optim(tmp_
     t, export = export_of(tmp_path, raw)
     assert OptimizerNames(export.dpo_config["optim"]) == OptimizerNames.ADAMW_TORCH_8BIT  # transformers' torchao AdamW8bit
     config = LoraConfig(**export.peft_config)  # peft's own names
-    assert (config.r, config.lora_alpha, set(config.target_modules)) == (8, 16, set(t.train.lora_targets))
+    # lora_targets auto: the Llama preset's own linear layers, named as peft takes them
+    from dpo_sweep.config import DEFAULT_LORA_TARGETS
+
+    assert t.train.lora_targets == ("auto",)
+    assert (config.r, config.lora_alpha, set(config.target_modules)) == (8, 16, set(DEFAULT_LORA_TARGETS))
     (tmp_path / "full").mkdir()
     _, full = export_of(tmp_path / "full", quick_space(tmp_path / "full"))
     assert "optim" not in full.dpo_config and full.peft_config is None
