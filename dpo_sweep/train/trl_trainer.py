@@ -169,7 +169,7 @@ def _callback(cfg: TrialConfig, plans: list[StepPlan], timer: StepTimer, sampler
             steps.records.append(record)
             steps.peaks.append(peaks)
             on_step(record)
-            say(f"[{cfg.trial_id}] step {record.step}/{cfg.train.steps} loss {record.loss:.4f} grad_norm "
+            say(f"[{cfg.trial_id}] step {record.step}/{len(plans)} loss {record.loss:.4f} grad_norm "
                 f"{record.grad_norm:.3f} acc {record.reward_accuracy:.2f} {ms:.0f} ms "
                 f"{record.tokens_per_s:,.0f} tok/s peak {record.peak_mem_gb:.2f} GB (trl)"
                 + ("" if record.measured else " (warm-up)") + (" (worst case: longest pairs)" if plan.worst_case else ""))
