@@ -10,7 +10,9 @@ listed twice in one dimension is refused: it would run the same trials twice.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import json
 import random
 import re
 from dataclasses import dataclass, field
@@ -69,8 +71,9 @@ class Space:
     trials: tuple[TrialConfig, ...]
     source: str
     renamed: dict[str, str] = field(default_factory=dict)
-    """Trial ids of earlier versions -> this version's, for trials whose id changed (a swept
-    model is named in the id): ``--resume`` renames the rows of an older results dir."""
+    """Trial ids that earlier versions gave these trials (numbered by list position; a swept model
+    not named) -> this version's: ``--resume`` renames the rows of an older results dir (with the
+    ids of its own recorded space, whose list order they were numbered in)."""
     #: The mapping it was parsed from, ``--set`` overrides applied (what DIR/space.yaml records).
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -209,24 +212,36 @@ def _id_part(name: str, value: Any) -> str:
     return f"{name}-{re.sub(r'[^A-Za-z0-9.+]+', '-', text).strip('-')}"
 
 
-def _trial_id(index: int, point: dict[str, Any], train_over: dict[str, Any], model: str = "") -> str:
-    """``t000_mb2_none_ga1_b0.1_lr-0.0001``; ``model``: the model's id part when the model is
-    swept (``t000_tiny-llama_mb2_...``), so that every swept dimension is in the id."""
+#: Hex digits of the content hash that heads a trial id (the tables' short id: ``t3f2a``).
+ID_HASH_CHARS = 4
+
+
+def _trial_id(point: dict[str, Any], train_over: dict[str, Any], model: str = "") -> str:
+    """``t3f2a_mb2_none_ga1_b0.1_lr-0.0001``: a short hash of the knob part, then the knob part
+    itself (every swept dimension's value; ``model``: the model's part when the model is swept,
+    ``t91c0_tiny-llama_mb2_...``). Both come from the configuration's values alone, never from
+    where they stand in the space file's lists: reordering or inserting a value leaves every
+    other trial's id as it was, which is what ``--resume`` matches rows by."""
     beta = f"{point['beta']:g}"
     swept = "".join(f"_{_id_part(k, v)}" for k, v in train_over.items())
-    return (f"t{index:03d}{'_' + model if model else ''}_mb{point['micro_batch']}_{point['checkpoint_level']}"
-            f"_ga{point['grad_acc']}_b{beta}{swept}")
+    knobs = (f"{model + '_' if model else ''}mb{point['micro_batch']}_{point['checkpoint_level']}"
+             f"_ga{point['grad_acc']}_b{beta}{swept}")
+    return f"t{hashlib.sha256(knobs.encode()).hexdigest()[:ID_HASH_CHARS]}_{knobs}"
 
 
-def _model_id_parts(models: list[ModelSpec]) -> list[str]:
+def _model_id_parts(models: list[ModelSpec], values: list[Any]) -> tuple[list[str], list[str]]:
     """Each swept model's part of the trial ids: its label made path-safe (``tiny-llama``,
-    ``meta-llama-Llama-3.2-1B``), numbered when two share a label; none when one model."""
+    ``meta-llama-Llama-3.2-1B``), with a hash of its ``search.model`` entry when two share a label
+    (``tiny-llama-5d1e``: the entry's content, not its place in the list); none when one model.
+    Also the parts earlier versions numbered by list position (``tiny-llama-0``)."""
     if len(models) < 2:
-        return [""] * len(models)
+        return [""] * len(models), [""] * len(models)
     labels = [re.sub(r"[^A-Za-z0-9.+]+", "-", m.label()).strip("-") for m in models]
-    if len(set(labels)) < len(labels):
-        labels = [f"{label}-{i}" for i, label in enumerate(labels)]
-    return labels
+    if len(set(labels)) == len(labels):
+        return labels, labels
+    digests = [hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:4] for v in values]
+    return ([f"{label}-{d}" for label, d in zip(labels, digests)],
+            [f"{label}-{i}" for i, label in enumerate(labels)])
 
 
 def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
@@ -281,7 +296,9 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
         points = rng.sample(points, min(sampler.num_samples, len(points)))
 
     workers = spec.resources.workers_per_trial
-    model_parts = dict(zip((m.model_dump_json() for m in dims["model"]), _model_id_parts(dims["model"])))
+    parts, legacy_parts = _model_id_parts(dims["model"], model_values)
+    keys = [m.model_dump_json() for m in dims["model"]]
+    model_parts, legacy_model_parts = dict(zip(keys, parts)), dict(zip(keys, legacy_parts))
     trials, renamed = [], {}
     for index, values in enumerate(points):
         p = dict(zip(names, values))
@@ -314,10 +331,11 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
         if refused:
             raise SpaceError(f"{source}: {refused}")
         swept_values = {k: getattr(train, k) for k in train_over}
-        model_part = model_parts[p["model"].model_dump_json()]
-        trial_id = _trial_id(index, point, swept_values, model_part)
-        if model_part:
-            renamed[migrate.earlier_trial_id(trial_id, model_part)] = trial_id
+        model_key = p["model"].model_dump_json()
+        model_part = model_parts[model_key]
+        trial_id = _trial_id(point, swept_values, model_part)
+        for legacy in migrate.positional_trial_ids(index, trial_id, model_part, legacy_model_parts[model_key]):
+            renamed[legacy] = trial_id
         trials.append(
             TrialConfig(
                 space_name=spec.name, trial_id=trial_id, model=p["model"], data=spec.data, train=train,

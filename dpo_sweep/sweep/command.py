@@ -44,6 +44,7 @@ from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.folder_lock import FolderLock
 from dpo_sweep.sweep.local_cluster import stop_guard
 from dpo_sweep.sweep.output_dir import default_output_dir, finished_trial_ids, prepare_output, save_environment
+from dpo_sweep.sweep.resume import match_rows, renamed_ids
 from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, connect_ray, print_dashboard,
                                          stop_local_autoscaler)
 from dpo_sweep.sweep import warm_worker
@@ -125,13 +126,14 @@ def _space_record(args: argparse.Namespace, sp: space_mod.Space) -> str | None:
     return f"# {args.space} with {sets}\n" + yaml.safe_dump(sp.raw, sort_keys=False)
 
 
-def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs, sp: space_mod.Space) -> set[str]:
+def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs, sp: space_mod.Space,
+             renamed: dict[str, str]) -> set[str]:
     """After the preflight: its lines and notes, the results directory (earlier results kept or set aside),
     environment.json (the preflight's look at this machine) and data.json; the trial ids to skip."""
     say("\n".join(line for s in checked.data for line in (s.line(), *s.notes())))
     for note in checked.notes:
         say(note)
-    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume), renamed=sp.renamed,
+    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume), renamed=renamed,
                               space_text=_space_record(args, sp))
     save_environment(out_dir, say, checked.environment)
     write_data_json(out_dir, [s.shape for s in checked.data if s.shape is not None])  # the report's data shape
@@ -203,8 +205,11 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
 
 def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, out_dir: Path) -> int:
     total = len(sp.trials)
+    # Exit 2 before anything starts when the space changes what the folder's rows measured.
+    renamed = match_rows(out_dir, sp).renamed if args.resume else {}
     # A resumed sweep with every row written starts no Ray (a look only: prepare_output decides).
-    nothing_to_run = bool(args.resume) and finished_trial_ids(out_dir) >= {t.trial_id for t in sp.trials}
+    nothing_to_run = (bool(args.resume) and renamed_ids(finished_trial_ids(out_dir), renamed)
+                      >= {t.trial_id for t in sp.trials})
     planned = [absolute_paths(t) for t in sp.trials]  # as the trials will see them
     train = not warm_worker.wanted(sp.trials[0])  # its trials run in Ray Train workers
     conn: RayConnection | None = None
@@ -224,7 +229,7 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
                     raise
             import_tune()
             checked = pending.result()
-        done_ids = _prepare(args, out_dir, checked, sp)
+        done_ids = _prepare(args, out_dir, checked, sp, renamed)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {ResultsDir(out_dir).results}; nothing to run")
             _analyse(out_dir, args, say, sp.spec)

@@ -105,12 +105,13 @@ def prepare_output(space_path: Path, out_dir: Path, resume: bool, renamed: Mappi
     """Create ``out_dir``, copy the space file to ``DIR/space.yaml`` (``space_text``: write that
     instead, the settings ``--set`` changed) and return the trial ids to skip. Without
     ``--resume`` earlier results are moved to ``DIR/previous-<time>/``, not lost; with it, rows
-    under an older version's ids (``renamed``: old -> new) take the new ones."""
+    under an older version's ids or of a configuration the space now names otherwise (``renamed``:
+    old -> new, :func:`dpo_sweep.sweep.resume.match_rows`) take the new ones."""
     out_dir.mkdir(parents=True, exist_ok=True)
     done: set[str] = set()
     if resume:
-        if renamed and rename_trials(out_dir, renamed):
-            print(f"resume: trial ids in {out_dir} renamed to name each swept model")
+        if renamed and (count := rename_trials(out_dir, renamed)):
+            print(f"resume: {count} row(s) in {out_dir} renamed to the ids of their configurations in this space")
         rerun = _drop_damaged_rows(out_dir)
         done = finished_trial_ids(out_dir)
         _drop_orphan_steps(out_dir, (done | referenced_trial_ids(out_dir)) - (rerun - done))
