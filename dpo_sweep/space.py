@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from dpo_sweep.config import (
     CHECKPOINT_LEVELS,
@@ -38,6 +38,7 @@ from dpo_sweep.config import (
 from dpo_sweep.trial_facts import refused_attention, refused_cuda_lever
 from dpo_sweep import migrate
 from dpo_sweep.errors import SpaceError
+from dpo_sweep.text import excerpt, shown
 
 #: Search dimensions with their own handling; any TrainSpec field may be swept as well.
 CORE_DIMS = ("micro_batch", "checkpoint_level", "grad_acc", "effective_batch", "beta", "model")
@@ -61,6 +62,37 @@ class SweepSpace(BaseModel):
     search: dict[str, Any] = Field(default_factory=dict)
     sampler: SamplerSpec = SamplerSpec()
     objectives: ObjectivesSpec = ObjectivesSpec()
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder_name(cls, name: str) -> str:
+        """The name is the default results folder's last part (reports/<name>/) and is written
+        into recommended.yaml and the report: one printable path segment, so that a sweep never
+        writes outside reports/ and no file or console line carries a control character."""
+        problem = name_problem(name)
+        if problem:
+            raise ValueError(f"{problem}; give one folder name of letters, digits, '-', '_', '.' "
+                             f"(at most {MAX_NAME_CHARS} characters), e.g. name: my-sweep")
+        return name
+
+
+#: The longest sweep name (a folder name, with room for reports/ and a timestamp).
+MAX_NAME_CHARS = 100
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a sweep's name (a folder under reports/), or None."""
+    if not name.strip():
+        return "is empty"
+    if len(name) > MAX_NAME_CHARS:
+        return f"is {len(name)} characters long"
+    if not name.isprintable():
+        return "holds a control character (a line break, tab or terminal escape)"
+    if "/" in name or "\\" in name:
+        return "holds a path separator: the results would be written outside reports/"
+    if name in (".", "..") or name != name.strip():
+        return "is not a folder name of its own ('.', '..' or with spaces at either end)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -94,13 +126,13 @@ def _format_validation(source: str, err: ValidationError, prefix: str = "") -> s
         if prefix:
             key = f"{prefix}.{key}" if key != "(top level)" else prefix
         value = e.get("input")
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check its spelling against the space-file reference, docs/space-file.md)"
         elif e["type"] == "missing":
             msg = "is required"
-        shown = "" if e["type"] in ("missing",) or isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {key}: {msg}{shown}")
+        quoted = "" if e["type"] in ("missing",) or isinstance(value, dict) else f" (got {shown(value)})"
+        lines.append(f"  {key}: {excerpt(msg)}{quoted}")
     return "\n".join(lines)
 
 
@@ -118,7 +150,7 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     for p in parts[:-1]:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise SpaceError(f"--set {dotted}: {p} is not a section")
+            raise SpaceError(f"--set {excerpt(dotted, 80)}: {excerpt(p, 80)} is not a section")
     node[parts[-1]] = value
 
 
@@ -129,10 +161,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     raw = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
-            raise SpaceError(f"--set {item!r}: expected KEY=VALUE, e.g. --set micro_batch=4")
+            raise SpaceError(f"--set {shown(item)}: expected KEY=VALUE, e.g. --set micro_batch=4")
         key, text = item.split("=", 1)
         key = key.strip()
-        value = yaml.safe_load(text) if text.strip() else None
+        value = safe_yaml(text, f"--set {excerpt(key, 80)}") if text.strip() else None
         if "." in key and not key.startswith("search."):
             _set_dotted(raw, key, value)
         else:
@@ -141,7 +173,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 raise SpaceError(f"--set {key}: {migrate.moved_to_sampler(dim)} (--set sampler.{dim}=...)")
             if not _is_dimension(dim):
                 raise SpaceError(
-                    f"--set {key}: unknown dimension; use one of {', '.join(CORE_DIMS)}, a train "
+                    f"--set {excerpt(key, 80)}: unknown dimension; use one of {', '.join(CORE_DIMS)}, a train "
                     "field (e.g. max_length, loss, precision) or a dotted key (train.steps=3)"
                 )
             search = raw.setdefault("search", {}) or {}
@@ -157,10 +189,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def _check_levels(levels: list[Any]) -> None:
     for lv in levels:
         if lv in REFUSED_LEVELS:
-            raise SpaceError(f"search.checkpoint_level: {lv!r}: {REFUSED_LEVELS[lv]}")
+            raise SpaceError(f"search.checkpoint_level: {shown(lv)}: {REFUSED_LEVELS[lv]}")
         if lv not in CHECKPOINT_LEVELS:
             raise SpaceError(
-                f"search.checkpoint_level: {lv!r} is not a checkpoint level; allowed: "
+                f"search.checkpoint_level: {shown(lv)} is not a checkpoint level; allowed: "
                 f"{', '.join(CHECKPOINT_LEVELS)}"
             )
 
@@ -168,7 +200,7 @@ def _check_levels(levels: list[Any]) -> None:
 def _positive_ints(key: str, values: list[Any]) -> list[int]:
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SpaceError(f"search.{key}: {v!r} is not allowed; give positive integers")
+            raise SpaceError(f"search.{key}: {shown(v)} is not allowed; give positive integers")
     return values
 
 
@@ -178,8 +210,8 @@ def _refuse_repeats(key: str, values: list[Any], same_as: list[Any] | None = Non
     for i, value in enumerate(same_as):
         if value in same_as[:i]:
             first = values[same_as.index(value)]
-            shown = repr(values[i]) if first == values[i] else f"{values[i]!r} (the same as {first!r})"
-            raise SpaceError(f"search.{key}: {shown} is listed twice; every value runs its own trials, "
+            said = shown(values[i]) if first == values[i] else f"{shown(values[i])} (the same as {shown(first)})"
+            raise SpaceError(f"search.{key}: {said} is listed twice; every value runs its own trials, "
                              "so a repeat would run the same trials again: list each value once")
 
 
@@ -257,7 +289,7 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
             raise SpaceError(f"search.{key}: {migrate.moved_to_sampler(key)}")
         if not _is_dimension(key):
             raise SpaceError(
-                f"search.{key}: unknown dimension; allowed: {', '.join(CORE_DIMS)} or a train "
+                f"search.{excerpt(str(key), 80)}: unknown dimension; allowed: {', '.join(CORE_DIMS)} or a train "
                 f"field ({', '.join(sorted(TrainSpec.model_fields))})"
             )
     if "grad_acc" in search and "effective_batch" in search:
@@ -279,7 +311,7 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
     betas = _as_list("beta", search.pop("beta", [0.1]))
     for b in betas:
         if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0:
-            raise SpaceError(f"search.beta: {b!r} is not allowed; give positive numbers, e.g. [0.1]")
+            raise SpaceError(f"search.beta: {shown(b)} is not allowed; give positive numbers, e.g. [0.1]")
     dims["beta"] = betas
     for key in ("micro_batch", "checkpoint_level", "grad_acc", "effective_batch", "beta"):
         if key in dims:
@@ -345,6 +377,60 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
     return tuple(trials), renamed
 
 
+#: A space file is a few kilobytes; anything near this is no space file (and would take long to parse).
+MAX_SPACE_BYTES = 1_000_000
+#: Values (scalars, lists, mappings) a space file may hold once its YAML aliases are expanded: a
+#: few aliases that refer to each other (a "billion laughs" file) expand to billions of values,
+#: which validation would walk for minutes and gigabytes.
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_nodes(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    """The values under ``node`` with every alias expanded (capped just past MAX_YAML_NODES)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise SpaceError("an alias refers to the value that holds it (a YAML structure that never ends)")
+    open_.add(key)
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    else:
+        children = []
+    for child in children:
+        total += _expanded_nodes(child, sizes, open_)
+        if total > MAX_YAML_NODES:
+            break
+    open_.discard(key)
+    sizes[key] = total
+    return total
+
+
+def safe_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load(text)``, refusing (SpaceError) what would expand past MAX_YAML_NODES
+    values: the aliases are counted on the composed document, before any value is built."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        try:
+            count = _expanded_nodes(node, {}, set())
+        except SpaceError as err:
+            raise SpaceError(f"{source}: {err}") from None
+        if count > MAX_YAML_NODES:
+            raise SpaceError(f"{source}: its YAML aliases (*name) expand to more than {MAX_YAML_NODES:,} values; "
+                             "a space file holds a few dozen: write the values out, or use fewer aliases")
+        return loader.construct_document(node)
+    except yaml.YAMLError as err:
+        raise SpaceError(f"{source}: not valid YAML: {excerpt(str(err), 400)}") from None
+    finally:
+        loader.dispose()
+
+
 def load_raw(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
@@ -352,12 +438,20 @@ def load_raw(path: str | Path) -> dict[str, Any]:
         hint = f" (it holds {', '.join(spaces)})" if spaces else ""
         raise SpaceError(f"{path}: this is a directory, not a space file; give a YAML file{hint}, "
                          "e.g. search_spaces/quickstart.yaml")
+    if p.exists() and not p.is_file():
+        raise SpaceError(f"{path}: not a regular file (a pipe, device or socket); give a YAML space file, "
+                         "e.g. search_spaces/quickstart.yaml")
     if not p.is_file():
         raise SpaceError(f"{path}: no such space file")
+    size = p.stat().st_size
+    if size > MAX_SPACE_BYTES:
+        raise SpaceError(f"{path}: {size:,} bytes; a space file is a few kilobytes (at most {MAX_SPACE_BYTES:,} "
+                         "bytes): is this the data file? Name the data in data.path instead")
     try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        raise SpaceError(f"{path}: not valid YAML: {err}") from None
+        text = p.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise SpaceError(f"{path}: not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    raw = safe_yaml(text, str(path))
     if not isinstance(raw, dict):
         raise SpaceError(f"{path}: a space file is a mapping with name, model, data, train, search")
     return raw
@@ -376,7 +470,7 @@ def parse(raw: dict[str, Any], source: str = "space") -> Space:
     except ValidationError as err:
         raise SpaceError(_format_validation(source, err)) from None
     except TypeError as err:  # e.g. a section given as a list instead of a mapping
-        raise SpaceError(f"{source}: {err}") from None
+        raise SpaceError(f"{source}: {excerpt(str(err))}") from None
     trials, renamed = expand_with_renames(spec, source)
     return Space(spec=spec, trials=trials, source=source, renamed=renamed, raw=raw)
 
