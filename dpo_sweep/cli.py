@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 
-from dpo_sweep.errors import UserError
+from dpo_sweep.errors import UserError, os_error_line
 from dpo_sweep.results_dir import ResultsDir
 
 
@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk, a read-only folder: said in one line, files replaced whole or not at all
+        print(f"error: {os_error_line(err)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

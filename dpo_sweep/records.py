@@ -9,15 +9,19 @@ tokens/s, s.
 """
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from dpo_sweep.errors import UserError
 from dpo_sweep.results_dir import ResultsDir
+from dpo_sweep.text import excerpt
 
 if TYPE_CHECKING:
     from dpo_sweep.config import TrialConfig
@@ -185,9 +189,46 @@ def _row(obj: Any, columns: list[str]) -> dict[str, Any]:
     return {c: d.get(c, "") for c in columns}
 
 
+#: The longest cell text a row's ``error`` is written with (the whole text of a failure is in
+#: DIR/logs/); Python's csv reader refuses cells over 131,072 characters.
+MAX_ERROR_CELL_CHARS = 4000
+
+
+def read_text(path: str | Path) -> str:
+    """A results file's text: UTF-8, with the byte-order mark a spreadsheet may put first dropped.
+    Another encoding (Latin-1, UTF-16: "CSV" or "Unicode text" of a spreadsheet) is refused with
+    the fix: the columns of such a file would not read as their names."""
+    data = Path(path).read_bytes()
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise UserError(f"{path}: UTF-16 text (a spreadsheet's \"Unicode text\"); save it as \"CSV UTF-8\" "
+                        "(comma-separated), or re-run the sweep to rewrite it")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UserError(f"{path}: not UTF-8 text (line {line}, byte {err.start}: a spreadsheet saved it in "
+                        "another encoding); save it as \"CSV UTF-8\", or re-run the sweep to rewrite it") from None
+
+
 def _header(path: Path) -> list[str]:
-    with path.open(newline="") as fh:
-        return next(csv.reader(fh), [])
+    return next(csv.reader(io.StringIO(read_text(path), newline="")), [])
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) whole or not at all: written beside it, flushed to
+    disk, then moved over it. A full disk or a kill mid-write leaves the old file (or none), never
+    a cut one; the partial file is removed."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    try:
+        with tmp.open("w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append: bool = False) -> list[str]:
@@ -201,12 +242,12 @@ def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not (append and path.is_file() and path.stat().st_size > 0):
-        _write(path, [_row(r, columns) for r in rows], columns, mode="w")
+        rewrite_csv(path, [_row(r, columns) for r in rows], columns)
         return []
     header = _header(path)
     added = [c for c in columns if c not in header]
     if not added:  # new rows fit the header (a column only the file has stays empty in them)
-        _write(path, [_row(r, header) for r in rows], header, mode="a", with_header=False)
+        _append(path, [_row(r, header) for r in rows], header)
         return []
     union = columns + [c for c in header if c not in columns]
     rewrite_csv(path, read_csv_rows(path) + [_row(r, union) for r in rows], union)
@@ -217,19 +258,34 @@ def rewrite_csv(path: str | Path, rows: list[dict[str, Any]], columns: list[str]
     """Replace ``path`` with these plain-dict rows under ``columns`` (a missing cell is empty),
     atomically: written beside it, then moved over it, so a kill during the rewrite leaves the
     old file whole."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".rewrite")
-    _write(tmp, rows, columns, mode="w")
-    tmp.replace(path)
+    write_text_atomic(path, _csv_text(rows, columns, with_header=True))
 
 
-def _write(path: Path, rows: list[dict[str, Any]], columns: list[str], *, mode: str,
-           with_header: bool = True) -> None:
-    with path.open(mode, newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=columns, restval="")
-        if with_header:
-            w.writeheader()
-        w.writerows(rows)
+def _append(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    """Append rows in one write; when it fails (a full disk, a read-only file system) the file is
+    cut back to its length before, so that no part of a row is left at its end."""
+    text = _csv_text(rows, columns, with_header=False).encode("utf-8")
+    size = path.stat().st_size
+    try:
+        with path.open("ab") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        try:
+            os.truncate(path, size)
+        except OSError:
+            pass  # read-only now: nothing was appended either
+        raise
+
+
+def _csv_text(rows: list[dict[str, Any]], columns: list[str], *, with_header: bool) -> str:
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=columns, restval="")
+    if with_header:
+        w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
 
 
 @dataclass(frozen=True)
@@ -261,16 +317,19 @@ def read_csv_table(path: str | Path) -> CsvTable:
     path = Path(path)
     if not path.is_file() or path.stat().st_size == 0:
         return CsvTable([], [], [])
-    with path.open(newline="") as fh:
-        text = fh.read()
+    text = read_text(path)
     header: list[str] | None = None
     rows: list[dict[str, str]] = []
     damaged: list[DamagedLine] = []
     reader = csv.reader(io.StringIO(text, newline=""))
     start, records = 1, []
-    for record in reader:
-        records.append((start, record))
-        start = reader.line_num + 1
+    try:
+        for record in reader:
+            records.append((start, record))
+            start = reader.line_num + 1
+    except csv.Error as err:
+        raise UserError(f"{path}: line {start} cannot be read as CSV ({excerpt(str(err), 200)}); "
+                        "correct or delete that line, or re-run the sweep to rewrite the file") from None
     for i, (line, record) in enumerate(records):
         if not record or (len(record) == 1 and not record[0].strip()):
             continue
@@ -305,7 +364,7 @@ def write_environment_json(out_dir: str | Path, info: dict[str, Any]) -> Path:
     one its preflight's process collected)."""
     path = ResultsDir(out_dir).environment
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
+    write_text_atomic(path, json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
     return path
 
 
@@ -313,7 +372,8 @@ def write_results(out_dir: str | Path, results: Iterable[TrialResult], append: b
     """The contract columns, then each row's ``extra`` ones (the swept train fields, the same for
     every trial of a sweep: ``TrialConfig.swept_columns``). Returns the columns that appending
     added to an existing results.csv's header (:func:`write_csv`)."""
-    results = list(results)
+    results = [r if len(r.error) <= MAX_ERROR_CELL_CHARS else replace(r, error=excerpt(r.error, MAX_ERROR_CELL_CHARS))
+               for r in results]
     extra = [c for c in dict.fromkeys(k for r in results for k in r.extra) if c not in RESULTS_COLUMNS]
     return write_csv(ResultsDir(out_dir).results, results, RESULTS_COLUMNS + extra, append=append)
 

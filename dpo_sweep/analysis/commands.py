@@ -18,6 +18,7 @@ from dpo_sweep.analysis import noise_floor, pareto, results, tables, winner as w
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
+from dpo_sweep.records import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.space import SweepSpace
 
@@ -148,11 +149,10 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     table = tables.frontier_markdown(analysed)
     frontier_path = files.frontier
     floor = noise_floor.noise_floor_markdown(noise_floor.noise_floor(analysed, steps))
-    frontier_path.write_text(_frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else ""),
-                             encoding="utf-8")
+    write_text_atomic(frontier_path, _frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else ""))
     rec_json = rec.to_json_dict()
     rec_path = files.recommendation
-    rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text_atomic(rec_path, json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n")
     report_path = write_report(files.report,
                                build_report_data(analysed, rec, objs, steps, env, load_data_json(out_dir), winner))
     winner_text = format_winner(winner, recommended_path)

@@ -20,6 +20,7 @@ import yaml
 from dpo_sweep import space as space_mod
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import SpaceError
+from dpo_sweep.records import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 
 #: What each checkpoint level means in TRL terms: only ``none`` and ``full`` exist there.
@@ -285,6 +286,6 @@ def write_winner(results_dir: Path, winner: Winner) -> Path | None:
     if winner.trial is None:
         path.unlink(missing_ok=True)
         return None
-    path.write_text(winner.space_yaml, encoding="utf-8")
+    write_text_atomic(path, winner.space_yaml)
     return path
 

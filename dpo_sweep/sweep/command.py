@@ -38,8 +38,9 @@ import yaml
 from dpo_sweep import preflight
 from dpo_sweep.train.lengths import write_data_json
 from dpo_sweep import space as space_mod
-from dpo_sweep.errors import UserError
+from dpo_sweep.errors import UserError, os_error_line
 from dpo_sweep.results_dir import ResultsDir
+from dpo_sweep.text import excerpt
 from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.folder_lock import FolderLock
 from dpo_sweep.sweep.local_cluster import stop_guard
@@ -47,14 +48,12 @@ from dpo_sweep.sweep.output_dir import default_output_dir, finished_trial_ids, p
 from dpo_sweep.sweep.resume import match_rows, renamed_ids
 from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, connect_ray, print_dashboard,
                                          stop_local_autoscaler)
-from dpo_sweep.sweep import warm_worker
+from dpo_sweep.sweep import signals, warm_worker
 from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
 from dpo_sweep.sweep.startup import BackgroundPreflight, CheckedInputs
 
 if TYPE_CHECKING:
     from dpo_sweep.sweep.tuner import SweepSummary
-
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def import_tune() -> None:
@@ -77,7 +76,7 @@ def _stopping() -> Any:
 
 
 def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None],
-             spec: space_mod.SweepSpace | None = None) -> None:
+             spec: space_mod.SweepSpace | None = None) -> int:
     """What ``dpo-sweep report DIR`` does, on the directory just written: the objectives and the
     emulated card come from ``spec``, the space this run validated (DIR/space.yaml is its copy,
     so the two commands agree); without it, from DIR/space.yaml."""
@@ -86,30 +85,39 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     except ImportError as err:
         out(f"note: the analyser is not available ({err}); results are in {out_dir}/, "
             f"analyse them later with `dpo-sweep report {out_dir}`")
-        return
+        return 0
     try:
         analysis = analyse_dir(out_dir, memory_budget_gb=args.memory_budget_gb,
                                safety_margin=safety_margin_of(args),
                                space=SpaceSettings.from_space(spec) if spec is not None else None)
+    except OSError as err:  # a full disk: the sweep's rows are whole, the analysis files are not written
+        print(f"error: the analysis could not be written ({os_error_line(err)}); the results are in {out_dir}/. "
+              f"Once fixed: dpo-sweep report {out_dir}", file=sys.stderr)
+        return 1
     except Exception as err:  # noqa: BLE001 - the sweep's results are safe on disk either way
-        out(f"note: analysis failed ({type(err).__name__}: {err}); results are in {out_dir}/, "
+        out(f"note: analysis failed ({type(err).__name__}: {excerpt(str(err), 300)}); results are in {out_dir}/, "
             f"retry with `dpo-sweep report {out_dir}`")
-        return
+        return 0
     out("")
     out(str(analysis.frontier_markdown).rstrip())
     out("")
     out(analysis.recommendation_text)
     out("")
     out(f"report: {analysis.report_path}")
+    return 0
 
 
 def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Path, total: int) -> int:
     """The exit of a sweep that ``stopping`` ended: its one line, and no analysis (what did not run
     is not a result; ``dpo-sweep report DIR`` analyses the rows there are)."""
     stopping = _stopping()
+    if summary.write_error is not None:
+        print(f"error: {summary.write_error}; the sweep stopped, the rows written before are kept. Once fixed, "
+              f"continue with: {stopping.resume_command(args.space, str(out_dir), args.overrides)}", file=sys.stderr)
+        return 1
     if summary.stopped == stopping.INTERRUPTED:
         say(stopping.interrupted_line(summary.finished, total, stopping.resume_command(args.space, str(out_dir), args.overrides)))
-        return EXIT_INTERRUPTED
+        return signals.exit_code(summary.signum)
     print(f"error: the first {summary.ran} trial(s) all failed "
           f"before their first step with the same cause; the sweep stopped, "
           f"{len(summary.not_run)} trial(s) not run. Their rows and logs: {ResultsDir(out_dir).results}, "
@@ -189,7 +197,7 @@ class RayRelease:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``dpo-sweep run SPACE.yaml``: see the module doc for the steps and exit codes."""
-    with RayRelease() as release:
+    with signals.stop_signals_raise(), RayRelease() as release:
         return _run(args, release)
 
 
@@ -199,8 +207,13 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
         raise UserError(f"--max-concurrent: {args.max_concurrent} is not allowed; give 1 or more")
     out_dir = Path(args.output) if args.output else default_output_dir(sp.name)
     preflight.check_output_dir(out_dir)  # a file given as the folder: said before the lock makes it
-    with FolderLock(out_dir):  # exit 2 when another sweep writes there (folder_lock.py)
-        return _sweep(args, release, sp, out_dir)
+    try:
+        with FolderLock(out_dir):  # exit 2 when another sweep writes there (folder_lock.py)
+            return _sweep(args, release, sp, out_dir)
+    except OSError as err:  # a full disk or a read-only folder, at any step: one line, the rows kept
+        print(f"error: {os_error_line(err)}; the rows written before are kept. Once fixed, continue with: "
+              f"{_stopping().resume_command(args.space, str(out_dir), args.overrides)}", file=sys.stderr)
+        return 1
 
 
 def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, out_dir: Path) -> int:
@@ -223,6 +236,7 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
             if not nothing_to_run:
                 try:
                     conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
+                    signals.take_stop_signals()  # back from Ray's driver
                     pool = start_warm_workers(planned, trial_slots(sp, ray.cluster_resources(), args.max_concurrent))
                 except Exception:
                     pending.result()  # a refusal of the input comes first
@@ -232,10 +246,10 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         done_ids = _prepare(args, out_dir, checked, sp, renamed)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {ResultsDir(out_dir).results}; nothing to run")
-            _analyse(out_dir, args, say, sp.spec)
-            return 0
+            return _analyse(out_dir, args, say, sp.spec)
         if conn is None:  # a resume that looked finished but was not (prepare_output decided)
             conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
+            signals.take_stop_signals()
         print_dashboard(conn, say)
         # The plan's memory model takes the data's lengths and the models' shapes as the
         # preflight's process measured and built them: this process builds no model.
@@ -245,11 +259,11 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # before the trials start, or a second Ctrl-C: rows on disk are kept
+    except KeyboardInterrupt as err:  # before the trials start, or a second stop signal: rows on disk are kept
         stopping = _stopping()
         say(stopping.interrupted_line(len(finished_trial_ids(out_dir)), total,
                                       stopping.resume_command(args.space, str(out_dir), args.overrides)))
-        return EXIT_INTERRUPTED
+        return signals.exit_code(signals.signum_of(err))
     finally:
         release.start(pool, conn)  # also ends the trials still running when the sweep stopped early
     if summary.stopped is not None:
@@ -257,9 +271,9 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
     files = ResultsDir(out_dir)
     say(f"sweep finished: {summary.ran} configuration(s) in {summary.ray_trials} Ray trial(s), "
         f"{summary.skipped} skipped; results in {files.results}, worker output in {files.logs}/")
-    _analyse(out_dir, args, say, sp.spec)
+    analysed = _analyse(out_dir, args, say, sp.spec)
     if summary.crashed:
         print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "
               f"infrastructure failure): {', '.join(summary.crashed)}", file=sys.stderr)
         return 1
-    return 0
+    return analysed

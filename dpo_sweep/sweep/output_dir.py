@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from dpo_sweep.records import (PENDING, RESULTS_COLUMNS, STEPS_COLUMNS, TrialResult, damaged_text, read_csv_rows,
-                               read_csv_table, rewrite_csv, rows_as, write_environment_json)
+                               read_csv_table, rewrite_csv, rows_as, write_environment_json, write_text_atomic)
 from dpo_sweep.results_dir import ResultsDir
 
 
@@ -125,9 +125,9 @@ def prepare_output(space_path: Path, out_dir: Path, resume: bool, renamed: Mappi
             print(f"earlier results moved to {aside} (use --resume to continue a sweep instead)")
     target = ResultsDir(out_dir).space
     if space_text is not None:
-        target.write_text(space_text)
+        write_text_atomic(target, space_text)
     elif space_path.resolve() != target.resolve():
-        shutil.copyfile(space_path, target)
+        write_text_atomic(target, space_path.read_text(encoding="utf-8-sig"))
     return done
 
 

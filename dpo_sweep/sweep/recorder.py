@@ -15,6 +15,7 @@ import ray
 from ray import tune
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.errors import os_error_line
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import TrialResult, replace_results, widened_line, write_results, write_steps
 from dpo_sweep.results_dir import ResultsDir
@@ -151,15 +152,23 @@ class SweepRecorder(tune.Callback):
         for note in self.plan.take_notes():  # e.g. a learning trial that falls back to the space's precision
             say(note)
         steps, rows = self.plan.take_output()
-        # Steps first: a kill between the two writes leaves orphan steps, which --resume drops.
-        if steps and (added := write_steps(self.out_dir, steps, append=True)):
-            say(widened_line(ResultsDir(self.out_dir).steps, added))
-        if rows and (added := write_results(self.out_dir, rows, append=True)):
-            say(widened_line(ResultsDir(self.out_dir).results, added))  # --resume into an older results.csv
-        if replaced := self.plan.take_replaced():  # their stability, or a runoff's time, came after them
-            replace_results(self.out_dir, replaced)
-            for line in stability_lines(replaced):
-                say(line)
+        replaced = self.plan.take_replaced()  # their stability, or a runoff's time, came after them
+        if self.stop.write_error is not None:
+            return []  # the disk failed before: nothing more is written, the sweep is stopping
+        try:
+            # Steps first: a kill between the two writes leaves orphan steps, which --resume drops.
+            if steps and (added := write_steps(self.out_dir, steps, append=True)):
+                say(widened_line(ResultsDir(self.out_dir).steps, added))
+            if rows and (added := write_results(self.out_dir, rows, append=True)):
+                say(widened_line(ResultsDir(self.out_dir).results, added))  # --resume into an older results.csv
+            if replaced:
+                replace_results(self.out_dir, replaced)
+        except OSError as err:  # a full disk, a read-only folder: the files stay whole (records.py); stop
+            self.stop.write_error = os_error_line(err)
+            self.stop.reason = self.stop.reason or self.stop.write_error
+            return []
+        for line in stability_lines(replaced):
+            say(line)
         left = self.left_s()  # once per flush: the rows of one flush are all done
         # The rows that ran first: a row pruned for the memory of a trial of the same flush (it ran
         # out) follows that trial's own line. results.csv keeps the plan's order.

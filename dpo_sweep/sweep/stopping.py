@@ -19,6 +19,8 @@ from typing import Iterator, Sequence
 
 from ray import tune
 
+from dpo_sweep.sweep.signals import STOP_SIGNALS
+
 #: Trials that must all fail the same way before their first step to end the sweep (or every
 #: trial, when the sweep has fewer). Two: one failure can be the trial's own; the second with the
 #: same cause says the cause is the sweep's (the model, the data, the machine).
@@ -39,6 +41,8 @@ class StopRequest:
 
     reason: str | None = None
     trials_ended: bool = False  # the recorder killed the running trials (Tune's stop may go on)
+    signum: int = signal.SIGINT  # the stop signal that interrupted it (signals.STOP_SIGNALS)
+    write_error: str | None = None  # a results file could not be written (a full disk): the sweep stops
 
     @property
     def interrupted(self) -> bool:
@@ -86,19 +90,23 @@ def quiet_tune_once_stopping(request: StopRequest) -> Iterator[None]:
 
 @contextmanager
 def stop_on_sigint(request: StopRequest) -> Iterator[None]:
-    """Within the block the first SIGINT sets ``request`` (the sweep stops at Tune's next turn)
-    and gives SIGINT back to the handler it had, so a second Ctrl-C interrupts at once."""
-    previous = signal.getsignal(signal.SIGINT)
+    """Within the block the first stop signal (SIGINT, SIGTERM or SIGHUP: signals.STOP_SIGNALS)
+    sets ``request`` (the sweep stops at Tune's next turn) and gives the signals back to the
+    handlers they had, so a second one interrupts at once."""
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
 
-    def on_sigint(signum: int, frame: object) -> None:
-        request.reason = INTERRUPTED
-        signal.signal(signal.SIGINT, previous)
+    def on_stop(signum: int, frame: object) -> None:
+        request.reason, request.signum = INTERRUPTED, signum
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
-    signal.signal(signal.SIGINT, on_sigint)
+    for s in STOP_SIGNALS:
+        signal.signal(s, on_stop)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def normalise_cause(error: str, trial_id: str = "") -> str:

@@ -56,6 +56,8 @@ class SweepSummary:
     not_run: list[str] = field(default_factory=list)  # trials without a row (stopped early)
     finished: int = 0  # trials with a row, earlier runs' included
     ray_trials: int = 0  # Tune trials started for the ``ran`` configurations (the planner's saving)
+    signum: int = 0  # the stop signal of an interrupted sweep
+    write_error: str | None = None  # why a results file could not be written (the sweep stopped)
 
 
 def _trial_dirname(trial: Any) -> str:
@@ -150,7 +152,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     if stop.reason is not None:
         return SweepSummary(out_dir, ran=ran, skipped=total - len(todo), crashed=recorder.crashed,
                             stopped=stop.reason, not_run=missing, finished=recorder.finished,
-                            ray_trials=len(recorder.ended))
+                            ray_trials=len(recorder.ended), signum=stop.signum, write_error=stop.write_error)
     if missing:
         raise InfrastructureError(
             f"Tune ended without a result for {len(missing)} trial(s) ({', '.join(missing[:5])}"
