@@ -226,8 +226,10 @@ def write_text_atomic(path: str | Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and not err.filename:
+            raise OSError(err.errno, err.strerror, str(path)) from None  # the message names the file
         raise
 
 
@@ -271,12 +273,12 @@ def _append(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-    except OSError:
+    except OSError as err:
         try:
             os.truncate(path, size)
         except OSError:
             pass  # read-only now: nothing was appended either
-        raise
+        raise OSError(err.errno, err.strerror, str(path)) from None
 
 
 def _csv_text(rows: list[dict[str, Any]], columns: list[str], *, with_header: bool) -> str:
