@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 #: The longest ``error`` text a failed row carries from a trainer exception's first line.
 MAX_TRAINER_ERROR_CHARS = 500
 
-STATUSES = ("ok", "oom", "diverged", "error", "pruned")
+#: ``timeout``: the trial ran past its limit (sweep/stopping.py: the planner's estimate, with a floor)
+#: and was ended; like an ``error`` row lost to the machine (``infrastructure_failure``), --resume
+#: runs it again.
+STATUSES = ("ok", "oom", "diverged", "error", "pruned", "timeout")
 #: ``stability`` of a row written when its memory/time measurement ended, before the learning
 #: trial its stability columns come from: they arrive later, by an atomic rewrite of results.csv.
 PENDING = "pending"
@@ -122,6 +125,9 @@ class TrialResult:
     reward_accuracy: float = math.nan
     reward_margin: float = math.nan
     error: str = ""
+    # Lost to the machine, not to the configuration (a trial or worker process that died, a trial
+    # past its time limit): its row says so, and --resume runs the configuration again.
+    infrastructure_failure: bool = False
     # Beyond the contract's minimum: how the numbers were obtained.
     peak_mem_typical_gb: float = math.nan  # the highest peak of the typical measured steps (peak_mem_gb: worst case)
     padding_frac: float = math.nan  # mean share of padding in the typical measured steps

@@ -134,6 +134,12 @@ def _space_record(args: argparse.Namespace, sp: space_mod.Space) -> str | None:
     return f"# {args.space} with {sets}\n" + yaml.safe_dump(sp.raw, sort_keys=False)
 
 
+def _timeout_floor(args: argparse.Namespace) -> float:
+    """``--trial-timeout-s`` (stopping.DEFAULT_TRIAL_TIMEOUT_FLOOR_S when not given)."""
+    value = getattr(args, "trial_timeout_s", None)
+    return _stopping().DEFAULT_TRIAL_TIMEOUT_FLOOR_S if value is None else value
+
+
 def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs, sp: space_mod.Space,
              renamed: dict[str, str]) -> set[str]:
     """After the preflight: its lines and notes, the results directory (earlier results kept or set aside),
@@ -205,6 +211,9 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
     sp = space_mod.load(args.space, args.overrides)  # UserError -> exit 2, before anything starts
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent: {args.max_concurrent} is not allowed; give 1 or more")
+    timeout = getattr(args, "trial_timeout_s", None)
+    if timeout is not None and not timeout >= 0:
+        raise UserError(f"--trial-timeout-s: {timeout} is not allowed; give seconds (0: no limit)")
     out_dir = Path(args.output) if args.output else default_output_dir(sp.name)
     preflight.check_output_dir(out_dir)  # a file given as the folder: said before the lock makes it
     try:
@@ -255,7 +264,8 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         # preflight's process measured and built them: this process builds no model.
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
                             cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)),
-                            lengths=checked.lengths, shapes=checked.shapes, pool=pool)
+                            lengths=checked.lengths, shapes=checked.shapes, pool=pool,
+                            trial_timeout_floor_s=_timeout_floor(args))
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

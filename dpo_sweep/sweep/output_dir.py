@@ -17,9 +17,22 @@ def default_output_dir(space_name: str) -> Path:
 
 
 def finished_trial_ids(out_dir: Path) -> set[str]:
-    """Trial ids whose row in ``DIR/results.csv`` is final (not waiting for a learning trial)."""
+    """Trial ids whose row in ``DIR/results.csv`` is final: not waiting for a learning trial, not
+    lost to the machine (a dead process, a trial past its limit: ``infrastructure_failure``)."""
     return {r["trial_id"] for r in read_csv_rows(ResultsDir(out_dir).results)
-            if r.get("trial_id") and r.get("stability") != PENDING}
+            if r.get("trial_id") and r.get("stability") != PENDING and not _lost(r)}
+
+
+def _lost(row: dict[str, str]) -> bool:
+    return row.get("infrastructure_failure") == "True"
+
+
+def _drop_lost_rows(out_dir: Path) -> None:
+    """Drop the rows lost to the machine (and their trials' steps): their configurations run again."""
+    lost = {r["trial_id"] for r in read_csv_rows(ResultsDir(out_dir).results) if _lost(r)}
+    if lost:
+        drop_rows(out_dir, lost)
+        print(f"resume: {len(lost)} trial(s) lost to an infrastructure failure or a timeout run again")
 
 
 def pending_rows(out_dir: Path) -> list[TrialResult]:
@@ -113,6 +126,7 @@ def prepare_output(space_path: Path, out_dir: Path, resume: bool, renamed: Mappi
         if renamed and (count := rename_trials(out_dir, renamed)):
             print(f"resume: {count} row(s) in {out_dir} renamed to the ids of their configurations in this space")
         rerun = _drop_damaged_rows(out_dir)
+        _drop_lost_rows(out_dir)
         done = finished_trial_ids(out_dir)
         _drop_orphan_steps(out_dir, (done | referenced_trial_ids(out_dir)) - (rerun - done))
     else:

@@ -28,6 +28,19 @@ EARLY_FAILURE_TRIALS = 2
 
 INTERRUPTED = "interrupted"
 
+#: A trial may run this many times the sweep's estimate of it (sweep/estimate.py) before it is
+#: ended as ``timeout``; never less than the floor (``--trial-timeout-s``), which alone applies while
+#: no trial has ended to price it (the first trial pays the imports and the first model load).
+TIMEOUT_FACTOR = 4.0
+DEFAULT_TRIAL_TIMEOUT_FLOOR_S = 900.0
+
+
+def trial_timeout_s(estimate_s: float, floor_s: float = DEFAULT_TRIAL_TIMEOUT_FLOOR_S) -> float:
+    """How long a trial estimated at ``estimate_s`` (NaN: unknown) may run; ``floor_s`` <= 0: for ever."""
+    if floor_s <= 0:
+        return float("inf")
+    return max(floor_s, TIMEOUT_FACTOR * estimate_s) if estimate_s == estimate_s else floor_s
+
 #: Tune's driver-side loggers that report the trials we kill on a stop as failed ("Trial task
 #: failed ... ActorDiedError" with its traceback, "Trials did not complete").
 TUNE_TRIAL_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune")

@@ -29,7 +29,8 @@ from dpo_sweep.sweep.ray_cluster import InfrastructureError
 from dpo_sweep.sweep.recorder import SweepRecorder
 from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
 from dpo_sweep.sweep.planner import PlanSearcher, card_memory_gb
-from dpo_sweep.sweep.stopping import StopRequest, SweepStopper, quiet_tune_once_stopping, stop_on_sigint
+from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, StopRequest, SweepStopper,
+                                      quiet_tune_once_stopping, stop_on_sigint)
 
 #: Tune settings of the sweep's driver process (a user's own environment variables win):
 #: - our SIGINT handling (stopping.py) instead of Tune's;
@@ -82,7 +83,8 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
               out: Callable[[str], None] = say, full_grid: bool = False,
               lengths: Mapping[str, LengthProfile | None] | None = None,
               shapes: Mapping[ModelSpec, ModelShape] | None = None,
-              pool: warm_worker.WarmPool | None = None) -> SweepSummary:
+              pool: warm_worker.WarmPool | None = None,
+              trial_timeout_floor_s: float = DEFAULT_TRIAL_TIMEOUT_FLOOR_S) -> SweepSummary:
     """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster;
     ``lengths`` / ``shapes``: each trial's data lengths and each model's shape as preflight
     measured and built them (the plan's memory model);
@@ -110,7 +112,8 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
         drop_rows(out_dir, {r.trial_id for r in pending} - kept)  # their groups are measured again
         out(f"resume: {len(kept)} row(s) already measured wait only for their learning trial")
     out(plan.summary_line())
-    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent)
+    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent,
+                             timeout_floor_s=trial_timeout_floor_s)
     for key, value in TUNE_DRIVER_ENV.items():
         os.environ.setdefault(key, value)
     logging.getLogger(RESULT_GRID_LOGGER).setLevel(logging.ERROR)
@@ -118,6 +121,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     # its preflight runs): their process start and imports overlap Tune's own start.
     own_pool = pool is None
     pool = pool or start_warm_workers(todo, slots, trainer)
+    recorder.pool_name = pool.name if pool is not None else None
     try:
         tuner = tune.Tuner(
             tune.with_resources(tune_trainable, {"CPU": TRIAL_CPUS}),
