@@ -9,17 +9,16 @@ tokens/s, s.
 """
 from __future__ import annotations
 
-import codecs
 import csv
 import io
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from dpo_sweep.errors import UserError
+from dpo_sweep.files import append_text, read_text, write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.text import excerpt
 
@@ -200,43 +199,8 @@ def _row(obj: Any, columns: list[str]) -> dict[str, Any]:
 MAX_ERROR_CELL_CHARS = 4000
 
 
-def read_text(path: str | Path) -> str:
-    """A results file's text: UTF-8, with the byte-order mark a spreadsheet may put first dropped.
-    Another encoding (Latin-1, UTF-16: "CSV" or "Unicode text" of a spreadsheet) is refused with
-    the fix: the columns of such a file would not read as their names."""
-    data = Path(path).read_bytes()
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        raise UserError(f"{path}: UTF-16 text (a spreadsheet's \"Unicode text\"); save it as \"CSV UTF-8\" "
-                        "(comma-separated), or re-run the sweep to rewrite it")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise UserError(f"{path}: not UTF-8 text (line {line}, byte {err.start}: a spreadsheet saved it in "
-                        "another encoding); save it as \"CSV UTF-8\", or re-run the sweep to rewrite it") from None
-
-
 def _header(path: Path) -> list[str]:
     return next(csv.reader(io.StringIO(read_text(path), newline="")), [])
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Replace ``path`` with ``text`` (UTF-8) whole or not at all: written beside it, flushed to
-    disk, then moved over it. A full disk or a kill mid-write leaves the old file (or none), never
-    a cut one; the partial file is removed."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
-    try:
-        with tmp.open("w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        tmp.replace(path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError) and not err.filename:
-            raise OSError(err.errno, err.strerror, str(path)) from None  # the message names the file
-        raise
 
 
 def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append: bool = False) -> list[str]:
@@ -255,7 +219,7 @@ def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append:
     header = _header(path)
     added = [c for c in columns if c not in header]
     if not added:  # new rows fit the header (a column only the file has stays empty in them)
-        _append(path, [_row(r, header) for r in rows], header)
+        append_text(path, _csv_text([_row(r, header) for r in rows], header, with_header=False))
         return []
     union = columns + [c for c in header if c not in columns]
     rewrite_csv(path, read_csv_rows(path) + [_row(r, union) for r in rows], union)
@@ -267,24 +231,6 @@ def rewrite_csv(path: str | Path, rows: list[dict[str, Any]], columns: list[str]
     atomically: written beside it, then moved over it, so a kill during the rewrite leaves the
     old file whole."""
     write_text_atomic(path, _csv_text(rows, columns, with_header=True))
-
-
-def _append(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
-    """Append rows in one write; when it fails (a full disk, a read-only file system) the file is
-    cut back to its length before, so that no part of a row is left at its end."""
-    text = _csv_text(rows, columns, with_header=False).encode("utf-8")
-    size = path.stat().st_size
-    try:
-        with path.open("ab") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as err:
-        try:
-            os.truncate(path, size)
-        except OSError:
-            pass  # read-only now: nothing was appended either
-        raise OSError(err.errno, err.strerror, str(path)) from None
 
 
 def _csv_text(rows: list[dict[str, Any]], columns: list[str], *, with_header: bool) -> str:

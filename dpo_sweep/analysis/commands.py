@@ -18,7 +18,7 @@ from dpo_sweep.analysis import noise_floor, pareto, results, tables, winner as w
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
-from dpo_sweep.records import write_text_atomic
+from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.space import SweepSpace
 

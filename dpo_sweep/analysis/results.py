@@ -16,7 +16,8 @@ from dpo_sweep import migrate
 from dpo_sweep.errors import UserError  # standard library only
 from dpo_sweep.config import CHECKPOINT_LEVELS
 from dpo_sweep.records import (RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS, StepRecord, TrialResult, damaged_text,
-                               read_csv_table, read_text)
+                               read_csv_table)
+from dpo_sweep.files import read_text
 from dpo_sweep.text import excerpt, shown
 from dpo_sweep.results_dir import ResultsDir
 

@@ -20,7 +20,7 @@ import yaml
 from dpo_sweep import space as space_mod
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import SpaceError
-from dpo_sweep.records import write_text_atomic
+from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 
 #: What each checkpoint level means in TRL terms: only ``none`` and ``full`` exist there.

@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 
 from dpo_sweep.report.data import ReportData
-from dpo_sweep.records import write_text_atomic
+from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from dpo_sweep.records import (PENDING, RESULTS_COLUMNS, STEPS_COLUMNS, TrialResult, damaged_text, read_csv_rows,
-                               read_csv_table, rewrite_csv, rows_as, write_environment_json, write_text_atomic)
+                               read_csv_table, rewrite_csv, rows_as, write_environment_json)
+from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 
 

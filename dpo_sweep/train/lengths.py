@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from dpo_sweep.records import write_text_atomic
+from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.train.data import PairDataset
 from dpo_sweep.train.order import batch_width, pair_length
