@@ -66,3 +66,22 @@ def append_text(path: Path, text: str) -> None:
         except OSError:
             pass  # read-only now: nothing was appended either
         raise OSError(err.errno, err.strerror, str(path)) from None
+
+
+#: Free space below which a sweep stops writing (its rows and Ray Tune's state files would not fit).
+MIN_FREE_BYTES = 16_000_000
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why nothing more can be written under ``folder`` (its file system read-only, or less than
+    MIN_FREE_BYTES free), in one line; None when it can be."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None  # not there yet: its writer says what fails
+    if st.f_flag & os.ST_RDONLY:
+        return f"{folder}: the file system is read-only"
+    free = st.f_bavail * st.f_frsize
+    if free < MIN_FREE_BYTES:
+        return f"{folder}: the disk is full ({free / 1e6:.1f} MB free)"
+    return None

@@ -284,6 +284,8 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
     analysed = _analyse(out_dir, args, say, sp.spec)
     if summary.crashed:
         print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "
-              f"infrastructure failure): {', '.join(summary.crashed)}", file=sys.stderr)
+              f"infrastructure failure): {', '.join(summary.crashed)}; their rows are marked "
+              f"infrastructure_failure and --resume runs them again: "
+              f"{_stopping().resume_command(args.space, str(out_dir), args.overrides)}", file=sys.stderr)
         return 1
     return analysed

@@ -16,6 +16,7 @@ from ray import tune
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import os_error_line
+from dpo_sweep.files import unwritable
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import TrialResult, replace_results, widened_line, write_results, write_steps
 from dpo_sweep.results_dir import ResultsDir
@@ -226,6 +227,12 @@ class SweepRecorder(tune.Callback):
         if self.stop.reason is not None:
             end_running_trials(trials)
             self.stop.trials_ended = True
+            return
+        if problem := unwritable(self.out_dir):
+            # Before Ray Tune's own state files fail on it (with tracebacks and a lost cause):
+            # the sweep stops as on Ctrl-C at the next turn, its rows on disk whole.
+            self.stop.write_error = problem
+            self.stop.reason = problem
             return
         now = time.monotonic()
         self.end_overdue(trials, now)

@@ -42,8 +42,9 @@ def trial_timeout_s(estimate_s: float, floor_s: float = DEFAULT_TRIAL_TIMEOUT_FL
     return max(floor_s, TIMEOUT_FACTOR * estimate_s) if estimate_s == estimate_s else floor_s
 
 #: Tune's driver-side loggers that report the trials we kill on a stop as failed ("Trial task
-#: failed ... ActorDiedError" with its traceback, "Trials did not complete").
-TUNE_TRIAL_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune")
+#: failed ... ActorDiedError" with its traceback, "Trials did not complete"), and its experiment
+#: state's save, whose traceback a full disk (the stop's own cause, said in one line) would print.
+TUNE_TRIAL_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune", "ray.tune.execution.experiment_state")
 
 
 @dataclass

@@ -23,6 +23,7 @@ from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.trainable import TRIAL_CPUS, tune_trainable
 from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER
 from dpo_sweep.sweep.console import say
+from dpo_sweep.files import unwritable
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.output_dir import drop_rows, pending_rows
 from dpo_sweep.sweep.ray_cluster import InfrastructureError
@@ -147,7 +148,10 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
         with stop_on_sigint(stop), quiet_tune_once_stopping(stop):
             tuner.fit()
     except Exception as err:  # noqa: BLE001
-        raise InfrastructureError(f"Ray Tune failed: {type(err).__name__}: {err}") from err
+        if problem := unwritable(out_dir):  # what Tune met is the disk: say that, not its symptom
+            stop.write_error = stop.reason = problem
+        else:
+            raise InfrastructureError(f"Ray Tune failed: {type(err).__name__}: {err}") from err
     finally:
         if own_pool and pool is not None:
             pool.close()  # their GPUs are free again (a caller's pool: the caller closes it)
