@@ -91,3 +91,16 @@ def test_a_fifo_is_not_called_missing(tmp_path):
     os.mkfifo(tmp_path / "pipe.yaml")
     proc, _ = dpo("validate", "pipe.yaml", cwd=tmp_path, timeout_s=30)
     assert proc.returncode == 2 and "not a regular file (a pipe, device or socket)" in proc.stderr, proc.stderr
+
+
+def test_validating_a_large_data_file_says_it_is_tokenising(tmp_path):
+    import json
+
+    with (tmp_path / "pairs.jsonl").open("w") as fh:
+        for i in range(50_000):
+            fh.write(json.dumps({"prompt": f"q{i}", "chosen": "yes", "rejected": "no"}) + "\n")
+    (tmp_path / "s.yaml").write_text(GOOD.replace("{synthetic: {pairs: 8, prompt_tokens: 8, response_tokens: 8}}",
+                                                  "{path: pairs.jsonl}") + "name: big-data\n")
+    proc, _ = dpo("validate", "s.yaml", cwd=tmp_path, timeout_s=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "data pairs.jsonl: tokenising 50,000 rows with the tiny-llama tokenizer" in proc.stderr
