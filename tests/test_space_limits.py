@@ -91,6 +91,11 @@ def test_a_fifo_is_not_called_missing(tmp_path):
     os.mkfifo(tmp_path / "pipe.yaml")
     proc, _ = dpo("validate", "pipe.yaml", cwd=tmp_path, timeout_s=30)
     assert proc.returncode == 2 and "not a regular file (a pipe, device or socket)" in proc.stderr, proc.stderr
+    os.mkfifo(tmp_path / "pairs.jsonl")
+    (tmp_path / "s.yaml").write_text(GOOD.replace("{synthetic: {pairs: 8, prompt_tokens: 8, response_tokens: 8}}",
+                                                  "{path: pairs.jsonl}") + "name: fifo-data\n")
+    proc, _ = dpo("validate", "s.yaml", cwd=tmp_path, timeout_s=60)
+    assert proc.returncode == 2 and "data.path: pairs.jsonl: not a regular file" in proc.stderr, proc.stderr
 
 
 def test_validating_a_large_data_file_says_it_is_tokenising(tmp_path):
