@@ -15,6 +15,9 @@ import math
 
 #: Decimal places of GB in every printed peak and budget.
 GB_DIGITS = 2
+#: Fraction of a budget kept free when none is given (--safety-margin): the recommendation's,
+#: validate's fit tables' and the planner's runoff's.
+DEFAULT_SAFETY_MARGIN = 0.05
 
 
 def usable_gb(budget_gb: float, safety_margin: float) -> float:

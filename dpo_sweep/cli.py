@@ -22,6 +22,47 @@ def _safety_margin_flag(parser: argparse.ArgumentParser) -> None:
                         help="fraction of the budget kept free (default 0.05)")
 
 
+def _budget_gb(text: str) -> float:
+    """``--memory-budget-gb``: GB, or a card of the catalog (dpo_sweep/cards.py) for its memory."""
+    from dpo_sweep import cards
+
+    try:
+        return cards.budget_gb(text)
+    except cards.UnknownCard as err:  # argparse: exit 2 with this message
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _cards(text: str):
+    from dpo_sweep import cards
+
+    try:
+        return cards.cards(text)
+    except cards.UnknownCard as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+_BUDGET_HELP = "GB (1e9 bytes) per GPU, or a card name for its memory (e.g. H100, A100-40GB, L4)"
+
+
+def _epochs(text: str) -> float:
+    """``--epochs``: a positive, finite number of passes over the data."""
+    try:
+        epochs = float(text)
+    except ValueError:
+        epochs = float("nan")
+    if not 0 < epochs < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of passes over the data, e.g. 1 or 3")
+    return epochs
+
+
+def _forecast_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--epochs", type=_epochs, default=None,
+                        help="passes over the data for the run forecast in recommendation.json (default 1)")
+    parser.add_argument("--gpu", type=_cards, metavar="NAME[,NAME...]",
+                        help="also estimate the run on these cards (scaled from the measured card; labelled "
+                        "estimates, never measurements)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dpo-sweep",
@@ -37,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue a sweep, skipping finished trials")
     r.add_argument("--max-concurrent", type=int, help="trials running at once (default: from GPUs)")
     r.add_argument("--no-dashboard", action="store_true", help="start Ray without its dashboard")
-    r.add_argument("--memory-budget-gb", type=float, help="budget for the recommendation")
+    r.add_argument("--memory-budget-gb", type=_budget_gb, help=f"budget for the recommendation: {_BUDGET_HELP}")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="change the space file's settings, as validate and trial take them, e.g. "
                    f"--set train.steps=8 --set micro_batch=2, or micro_batch=[2,4] to sweep those (repeatable; "
@@ -48,21 +89,28 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--full-grid", action="store_true",
                    help="run every configuration in full: no pruning, shared measurements or short accumulation")
     _safety_margin_flag(r)
+    _forecast_flags(r)
 
     v = sub.add_parser("validate", help="check a space file and print its trials; runs nothing")
     v.add_argument("space")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    v.add_argument("--gpu", type=_cards, metavar="NAME[,NAME...]",
+                   help="a fit table per card: which configurations fit its memory, with how much to spare, "
+                   "and the cheapest lever that makes one fit (cards: T4, L4, A10, RTX4090, A6000, L40S, "
+                   "A100-40GB, A100-80GB, H100, H200, B200)")
+    _safety_margin_flag(v)
 
     rep = sub.add_parser("report", help="re-analyse a results dir; rewrite frontier/recommendation/report")
     rep.add_argument("dir")
-    rep.add_argument("--memory-budget-gb", type=float,
-                     help=("budget for the recommendation (default: the card size of "
+    rep.add_argument("--memory-budget-gb", type=_budget_gb,
+                     help=(f"budget for the recommendation: {_BUDGET_HELP} (default: the card size of "
                            f"{ResultsDir.SPACE} or {ResultsDir.ENVIRONMENT})"))
     _safety_margin_flag(rep)
+    _forecast_flags(rep)
 
     rec = sub.add_parser("recommend", help="print the recommended configuration for a memory budget")
     rec.add_argument("dir")
-    rec.add_argument("--memory-budget-gb", type=float, required=True, help="GB (1e9 bytes) per GPU")
+    rec.add_argument("--memory-budget-gb", type=_budget_gb, required=True, help=_BUDGET_HELP)
     _safety_margin_flag(rec)
 
     t = sub.add_parser("trial", help="run one configuration in this process, without Ray")
@@ -79,8 +127,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from dpo_sweep import space as space_mod
 
     sp = space_mod.load(args.space, args.overrides)
-    data = preflight.check_inputs(sp.trials)  # the data, model and tokenizer too, not only the file
+    data = preflight.check_inputs(sp.trials, levers=False)  # the data, model and tokenizer too, not only the file
     print(f"{args.space}: valid, {len(sp.trials)} trial(s)")
+    for note in preflight.lever_notes(sp.trials):
+        print(note)
     for summary in data:
         print(summary.line())
         for note in summary.notes():
@@ -99,6 +149,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    if args.gpu:
+        from dpo_sweep.plan.fit import FitPlanner, fit_text, predictor
+
+        from dpo_sweep.budget import DEFAULT_SAFETY_MARGIN
+
+        margin = DEFAULT_SAFETY_MARGIN if args.safety_margin is None else args.safety_margin
+        if not 0.0 <= margin < 1.0:
+            raise UserError(f"--safety-margin is {margin}; give a fraction in [0, 1), e.g. 0.05 for 5%")
+        fits = FitPlanner(predictor(lengths), margin)
+        for card in args.gpu:
+            print()
+            print(fit_text(card, sp.trials, fits.table(sp.trials, card), margin))
     return 0
 
 

@@ -10,7 +10,9 @@ found by every trial's worker, after Ray has started (one traceback per trial), 
   as a worker will, and every trial's micro_batch x workers can be filled from what is left;
 * output: the folder is, or can be created as, a writable directory.
 
-``validate`` checks all three (it writes nothing, so it has no output folder). ``run`` makes the
+``validate`` checks all three (it writes nothing, so it has no output folder); a memory lever that
+cannot run here (its package missing, or CUDA only on a machine without a GPU) it says and does not
+refuse: it only predicts, and ``run`` and ``trial`` refuse it (:func:`check_levers`). ``run`` makes the
 checks that only read files (:func:`check_files`: the output folder, the checkpoint folders' files,
 the data files' rows) before Ray starts, so such a mistake never starts it, and the rest (the
 tokenizers, the tokenised data, from the rows those checks read) beside Ray's start
@@ -218,7 +220,8 @@ def check_data(trials: Iterable[TrialConfig], models: CheckedModels,
             summaries[key] = DataSummary(ds.source, cfg.model.label(), cfg.train.max_length, len(ds),
                                          ds.truncated, ds.dropped, _max_token_id(ds), key, lengths,
                                          data_shape(ds, lengths, model=cfg.model.label(),
-                                                    max_length=cfg.train.max_length),
+                                                    max_length=cfg.train.max_length,
+                                                    max_pairs=cfg.data.max_pairs),
                                          layout=ds.layout, identical=ds.identical)
         check_fill(cfg, summaries[key])
         check_vocab(cfg, summaries[key], models.vocab_sizes[cfg.model.label()])
@@ -253,16 +256,18 @@ def check_files(trials: Iterable[TrialConfig], out_dir: Path | None = None) -> C
     return CheckedFiles(rows)
 
 
-def check_levers(trials: Iterable[TrialConfig]) -> None:
-    """The memory levers' packages are installed (peft for LoRA/QLoRA, torchao for QLoRA and the
-    low-bit AdamW), and a lever that runs on CUDA only has a GPU on this machine: the machine that
-    runs the command (a sweep whose workers are on other machines is checked where it starts)."""
+def lever_problems(trials: Iterable[TrialConfig]) -> list[str]:
+    """What keeps the memory levers from running on this machine: a package that is not installed
+    (peft for LoRA/QLoRA, torchao for QLoRA and the low-bit AdamW), or a lever that runs on CUDA
+    only without a GPU here (the machine that runs the command: a sweep whose workers are on other
+    machines is checked where it starts). Empty when they can run."""
     trials = tuple(trials)
+    problems = []
     for field, value, package in sorted({(f, getattr(t.train, f), pkg) for t in trials
                                          for (f, v), pkgs in LEVER_PACKAGES.items() if getattr(t.train, f) == v
                                          for pkg in pkgs}):
         if importlib.util.find_spec(package) is None:
-            raise UserError(f"train.{field}: {value} needs the {package} package, which is not installed; "
+            problems.append(f"train.{field}: {value} needs the {package} package, which is not installed; "
                             f"pip install {package}")
     if any(cuda_levers(t.train) for t in trials):
         import torch
@@ -271,17 +276,32 @@ def check_levers(trials: Iterable[TrialConfig]) -> None:
         levers = sorted({lever for t in trials if not trial_facts.runs_on_cuda(t.train, t.resources, cuda)
                          for lever in cuda_levers(t.train)})
         if levers:
-            raise UserError(f"train.{', train.'.join(levers)} runs on a CUDA GPU only (torchao) and this machine "
+            problems.append(f"train.{', train.'.join(levers)} runs on a CUDA GPU only (torchao) and this machine "
                             "has none; use adapter: lora or full and optimizer: adamw here, or run on a GPU")
+    return problems
+
+
+def check_levers(trials: Iterable[TrialConfig]) -> None:
+    """Refuses (UserError) levers that cannot run here (:func:`lever_problems`): ``run`` and ``trial``."""
+    problems = lever_problems(trials)
+    if problems:
+        raise UserError(problems[0])
+
+
+def lever_notes(trials: Iterable[TrialConfig]) -> list[str]:
+    """``validate``'s lines for levers that cannot run here: it only predicts, which needs neither
+    the packages nor a GPU, so they are said and not refused."""
+    return [f"note: {p} (validate predicts it here; only running it needs that)" for p in lever_problems(trials)]
 
 
 def check_inputs(trials: tuple[TrialConfig, ...], out_dir: Path | None = None,
-                 files: CheckedFiles | None = None) -> tuple[DataSummary, ...]:
+                 files: CheckedFiles | None = None, levers: bool = True) -> tuple[DataSummary, ...]:
     """Everything ``validate`` and ``run`` check before any trial (the file checks first: they are
     the cheapest; ``files``: they were made already). Returns what the data gave, for the command
     to print."""
     files = check_files(trials, out_dir) if files is None else files
-    check_levers(trials)
+    if levers:  # validate (levers=False) predicts them and says what running them needs instead
+        check_levers(trials)
     return check_data(trials, check_models(trials), files)
 
 

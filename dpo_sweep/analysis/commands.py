@@ -6,17 +6,19 @@ frontier.md, recommendation.json and report.html (or just print, for ``recommend
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
 from dpo_sweep import migrate, space as space_mod
-from dpo_sweep.analysis import noise_floor, pareto, results, tables, winner as winner_mod
+from dpo_sweep.analysis import forecast as forecast_mod, noise_floor, pareto, results, tables, winner as winner_mod
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
+from dpo_sweep.cards import Card
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
 from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
@@ -43,6 +45,8 @@ class AnalysisOutcome:
     """DIR/recommended.yaml, the winner pinned; None when nothing was recommended or it cannot be pinned."""
     winner_text: str = ""
     """Where recommended.yaml is and the winner as TRL arguments (:func:`format_winner`)."""
+    forecast_text: str = ""
+    """The whole run's forecast (and estimates on other cards), for the console (forecast.lines)."""
 
 
 @dataclass(frozen=True)
@@ -127,13 +131,15 @@ def _analyse_results(out_dir: Path, memory_budget_gb: float | None, objectives: 
 def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
                 objectives: Mapping[str, Any] | None = None,
                 safety_margin: float = DEFAULT_SAFETY_MARGIN,
-                space: SpaceSettings | None = None) -> AnalysisOutcome:
+                space: SpaceSettings | None = None, epochs: float = 1.0,
+                other_cards: Sequence[Card] = ()) -> AnalysisOutcome:
     """Analyse DIR/results.csv and (re)write frontier.md, recommendation.json, report.html.
 
     ``memory_budget_gb`` None: the space's emulated card, else the GPU's memory from
     environment.json, if any. ``objectives`` None: the space's ``objectives:``, else memory
     min, throughput max, loss std min. ``space``: the sweep's settings when the caller has parsed its space already
-    (``dpo-sweep run``); None reads DIR/space.yaml.
+    (``dpo-sweep run``); None reads DIR/space.yaml. ``epochs`` and ``other_cards``: the run
+    forecast's (:mod:`dpo_sweep.analysis.forecast`), in recommendation.json and the report.
     """
     from dpo_sweep.report.data import build_report_data
     from dpo_sweep.report.data_shape import load_data_json
@@ -151,20 +157,32 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     floor = noise_floor.noise_floor_markdown(noise_floor.noise_floor(analysed, steps))
     write_text_atomic(frontier_path, _frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else ""))
     rec_json = rec.to_json_dict()
+    datasets = load_data_json(out_dir)
+    row = _row_of(analysed, rec.trial_id)
+    fc, why = forecast_mod.forecast(row, datasets, epochs, env)
+    estimates = forecast_mod.card_estimates(row, fc, env, other_cards, safety_margin)
+    rec_json.update(forecast_mod.json_entry(fc, why, estimates))
+    forecast_lines = forecast_mod.lines(fc, why, estimates)
     rec_path = files.recommendation
     write_text_atomic(rec_path, json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n")
-    report_path = write_report(files.report,
-                               build_report_data(analysed, rec, objs, steps, env, load_data_json(out_dir), winner))
+    report = build_report_data(analysed, rec, objs, steps, env, datasets, winner)
+    report_path = write_report(files.report, dataclasses.replace(report, recommendation_json=rec_json,
+                                                                 forecast=forecast_lines))
     winner_text = format_winner(winner, recommended_path)
     return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed, objs,
-                           format_recommendation(rec) + winner_text, recommended_path, winner_text)
+                           format_recommendation(rec) + winner_text, recommended_path, winner_text,
+                           "\n".join(forecast_lines))
+
+
+def _row_of(analysed: pd.DataFrame, trial_id: str | None) -> pd.Series | None:
+    rows = analysed[analysed["trial_id"].astype(str) == str(trial_id)] if trial_id is not None else analysed[:0]
+    return rows.iloc[0] if len(rows) else None
 
 
 def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
               space: SpaceSettings) -> winner_mod.Winner:
     """The recommended trial rebuilt from DIR/space.yaml (:mod:`dpo_sweep.analysis.winner`)."""
-    rows = analysed[analysed["trial_id"].astype(str) == str(rec.trial_id)] if rec.trial_id is not None else analysed[:0]
-    return winner_mod.winner_of(out_dir, rows.iloc[0] if len(rows) else None, space.objectives)
+    return winner_mod.winner_of(out_dir, _row_of(analysed, rec.trial_id), space.objectives)
 
 
 def format_winner(winner: winner_mod.Winner, written: Path | None, out_dir: Path | None = None) -> str:
@@ -201,13 +219,15 @@ def _frontier_document(table: str, objs: tuple[pareto.Objective, ...], rec: Reco
 def cmd_report(args: argparse.Namespace) -> int:
     """``dpo-sweep report DIR [--memory-budget-gb X]``."""
     outcome = analyse_dir(args.dir, args.memory_budget_gb,
-                          safety_margin=safety_margin_of(args))
+                          safety_margin=safety_margin_of(args), epochs=epochs_of(args),
+                          other_cards=getattr(args, "gpu", None) or ())
     for note in objective_notes(outcome.objectives):
         print(note)
     print(outcome.frontier_markdown)
     print(outcome.recommendation["reason"])
     if outcome.winner_text:
         print(outcome.winner_text.lstrip("\n"))
+    print(outcome.forecast_text)
     print(f"wrote {outcome.frontier_path}, {outcome.recommendation_path}, {outcome.report_path}")
     return 0
 
@@ -244,6 +264,12 @@ def format_recommendation(rec: Recommendation) -> str:
                  f"{rec.usable_memory_gb:.2f} GB after a {100 * rec.safety_margin:g}% safety margin; "
                  "GB = 1e9 bytes")
     return head + "\n" + rec.reason
+
+
+def epochs_of(args: argparse.Namespace) -> float:
+    """``--epochs`` of run and report (the CLI refuses a non-positive one); not given: 1."""
+    epochs = getattr(args, "epochs", None)
+    return 1.0 if epochs is None else float(epochs)
 
 
 def safety_margin_of(args: argparse.Namespace) -> float:

@@ -37,7 +37,7 @@ from dpo_sweep.analysis.tables import fmt_setting, is_finite, swept_train_fields
 from dpo_sweep.errors import UserError
 from dpo_sweep.results_dir import ResultsDir
 
-DEFAULT_SAFETY_MARGIN = 0.05
+DEFAULT_SAFETY_MARGIN = budget.DEFAULT_SAFETY_MARGIN
 #: Strongest checkpointing first: the order in which a smaller-memory configuration is "cheaper".
 _LEVEL_STRENGTH = {"full": 0, "L3": 1, "L2": 2, "L1": 3, "none": 4}
 CONFIG_KEYS = ("micro_batch", "checkpoint_level", "grad_acc", "beta", "effective_batch",

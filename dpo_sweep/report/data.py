@@ -102,6 +102,8 @@ class ReportData:
     """The commands that check and run recommended.yaml (empty without one)."""
     trl_code: str = ""
     """The winner as TRL DPOConfig arguments, with what TRL cannot express ("" without a winner)."""
+    forecast: list[str] = field(default_factory=list)
+    """The whole run's forecast and estimates on other cards (analysis/forecast.py's lines)."""
 
 
 def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:

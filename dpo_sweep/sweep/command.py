@@ -81,7 +81,7 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     emulated card come from ``spec``, the space this run validated (DIR/space.yaml is its copy,
     so the two commands agree); without it, from DIR/space.yaml."""
     try:
-        from dpo_sweep.analysis.commands import SpaceSettings, analyse_dir, safety_margin_of
+        from dpo_sweep.analysis.commands import SpaceSettings, analyse_dir, epochs_of, safety_margin_of
     except ImportError as err:
         out(f"note: the analyser is not available ({err}); results are in {out_dir}/, "
             f"analyse them later with `dpo-sweep report {out_dir}`")
@@ -89,7 +89,8 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     try:
         analysis = analyse_dir(out_dir, memory_budget_gb=args.memory_budget_gb,
                                safety_margin=safety_margin_of(args),
-                               space=SpaceSettings.from_space(spec) if spec is not None else None)
+                               space=SpaceSettings.from_space(spec) if spec is not None else None,
+                               epochs=epochs_of(args), other_cards=getattr(args, "gpu", None) or ())
     except OSError as err:  # a full disk: the sweep's rows are whole, the analysis files are not written
         print(f"error: the analysis could not be written ({os_error_line(err)}); the results are in {out_dir}/. "
               f"Once fixed: dpo-sweep report {out_dir}", file=sys.stderr)
@@ -102,6 +103,7 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     out(str(analysis.frontier_markdown).rstrip())
     out("")
     out(analysis.recommendation_text)
+    out(analysis.forecast_text)
     out("")
     out(f"report: {analysis.report_path}")
     return 0

@@ -88,13 +88,19 @@ def _stats(values: Sequence[int]) -> dict[str, Any]:
             "histogram": histogram(values)}
 
 
-def data_shape(ds: PairDataset, profile: LengthProfile, *, model: str, max_length: int) -> dict[str, Any]:
-    """One data set's entry in data.json (plain data, for the report to draw)."""
-    return {
+def data_shape(ds: PairDataset, profile: LengthProfile, *, model: str, max_length: int,
+               max_pairs: int | None = None) -> dict[str, Any]:
+    """One data set's entry in data.json (plain data, for the report to draw). ``tokens``: every
+    pair's real tokens as the trainer's tokens_per_s counts them (the prompt twice, chosen,
+    rejected), for the run forecast; ``max_pairs``: ``data.max_pairs`` when it limits the read."""
+    shape = {
         "source": ds.source, "model": model, "max_length": max_length, "pairs": len(ds),
-        "truncated": ds.truncated, "dropped": ds.dropped,
+        "truncated": ds.truncated, "dropped": ds.dropped, "tokens": sum(profile.packed()),
         "lengths": {name: _stats(getattr(profile, name)) for name in ("prompt", "chosen", "rejected")},
     }
+    if max_pairs is not None:
+        shape["max_pairs"] = max_pairs
+    return shape
 
 
 def write_data_json(out_dir: str | Path, shapes: Sequence[dict[str, Any]]) -> Path:

@@ -202,30 +202,47 @@ def test_qlora_base_is_nf4_and_step_one_is_ln2():
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
-@pytest.mark.parametrize("command", ["validate", "trial"])
 @pytest.mark.parametrize("lever", ["adapter=qlora", "optimizer=adamw_8bit"])
-def test_cuda_levers_exit_2_with_one_line_on_a_machine_without_a_gpu(tmp_path, capsys, monkeypatch, command, lever):
+def test_cuda_levers_exit_2_with_one_line_on_a_machine_without_a_gpu(tmp_path, capsys, monkeypatch, lever):
     from dpo_sweep.cli import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(adapters.importlib.util, "find_spec", lambda name: object())  # torchao "installed"
-    args = [command, "search_spaces/quickstart.yaml", "--set", lever]
-    rc = main(args + (["--output", str(tmp_path / "t")] if command == "trial" else []))
+    rc = main(["trial", "search_spaces/quickstart.yaml", "--set", lever, "--output", str(tmp_path / "t")])
     err = capsys.readouterr().err
     assert rc == 2, err
     assert "runs on a CUDA GPU only (torchao) and this machine has none" in err
     assert "Traceback" not in err
 
 
-def test_a_missing_torchao_exits_2_naming_its_pip_install(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("lever", ["adapter=qlora", "optimizer=adamw_8bit"])
+def test_validate_predicts_cuda_levers_on_a_machine_without_a_gpu_and_says_what_running_needs(capsys, monkeypatch,
+                                                                                                lever):
+    from dpo_sweep.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(adapters.importlib.util, "find_spec", lambda name: object())  # torchao "installed"
+    assert main(["validate", "search_spaces/quickstart.yaml", "--set", lever]) == 0
+    out = capsys.readouterr().out
+    assert ("runs on a CUDA GPU only (torchao) and this machine has none; use adapter: lora or full and optimizer: "
+            "adamw here, or run on a GPU (validate predicts it here; only running it needs that)") in out
+    assert "predicted peak (GB)" in out
+
+
+@pytest.mark.parametrize("command", ["validate", "trial"])
+def test_a_missing_torchao_names_its_pip_install(tmp_path, capsys, monkeypatch, command):
+    """trial refuses it (exit 2); validate predicts and says so (exit 0)."""
     from dpo_sweep import preflight
     from dpo_sweep.cli import main
 
     real = preflight.importlib.util.find_spec
     monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name: None if name == "torchao" else real(name))
-    rc = main(["validate", "search_spaces/quickstart.yaml", "--set", "optimizer=adamw_4bit"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "train.optimizer: adamw_4bit needs the torchao package" in err and "pip install torchao" in err
+    args = [command, "search_spaces/quickstart.yaml", "--set", "optimizer=adamw_4bit"]
+    rc = main(args + (["--output", str(tmp_path / "t")] if command == "trial" else []))
+    captured = capsys.readouterr()
+    said = captured.err if command == "trial" else captured.out
+    assert rc == (2 if command == "trial" else 0)
+    assert "train.optimizer: adamw_4bit needs the torchao package" in said and "pip install torchao" in said
 
 
 def test_an_optimizer_with_a_tensor_lr_still_writes_a_number(monkeypatch, tmp_path):
