@@ -1,4 +1,4 @@
-"""Command line: ``dpo-sweep run | validate | report | recommend | trial``.
+"""Command line: ``dpo-sweep run | validate | report | recommend | compare | trial``.
 
 Exit codes: 0 done (OOM or diverged trials are results), 1 infrastructure failure (or ``run``'s
 first trials all failing the same way before a step), 2 invalid input (the message names the
@@ -57,7 +57,7 @@ def _epochs(text: str) -> float:
 
 def _forecast_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=_epochs, default=None,
-                        help="passes over the data for the run forecast in recommendation.json (default 1)")
+                        help=f"passes over the data for the run forecast in {ResultsDir.RECOMMENDATION} (default 1)")
     parser.add_argument("--gpu", type=_cards, metavar="NAME[,NAME...]",
                         help="also estimate the run on these cards (scaled from the measured card; labelled "
                         "estimates, never measurements)")
@@ -111,14 +111,22 @@ def _parser() -> argparse.ArgumentParser:
     rec = sub.add_parser("recommend", help="print the recommended configuration for a memory budget")
     rec.add_argument("dir")
     rec.add_argument("--memory-budget-gb", type=_budget_gb, required=True, help=_BUDGET_HELP)
+    rec.add_argument("--write", action="store_true",
+                     help=f"write DIR/{ResultsDir.RECOMMENDED} for this budget (replacing the report's)")
     _safety_margin_flag(rec)
+
+    cmp = sub.add_parser("compare", help="two sweeps side by side: the same configurations' memory and "
+                         "tokens/s, and what changed between the runs")
+    cmp.add_argument("first", metavar="DIR1")
+    cmp.add_argument("second", metavar="DIR2")
 
     t = sub.add_parser("trial", help="run one configuration in this process, without Ray")
     t.add_argument("space")
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="pick a value, e.g. --set micro_batch=4 --set checkpoint_level=L2 "
                    "--set train.steps=3 (repeatable)")
-    t.add_argument("--output", help="results directory (default: reports/<space name>-trial/)")
+    t.add_argument("--output", help="results directory (default: reports/<space name>-trial/; beside a space "
+                   "file that lies in a sweep's results folder: <that folder>/<space name>-trial/)")
     return p
 
 
@@ -180,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
                 from dpo_sweep.sweep.command import cmd_run
 
                 return cmd_run(args)
+        if args.command == "compare":
+            from dpo_sweep.analysis.compare import cmd_compare
+
+            return cmd_compare(args)
         if args.command in ("report", "recommend"):
             from dpo_sweep.analysis import commands
 

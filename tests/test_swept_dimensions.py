@@ -92,7 +92,8 @@ def test_the_recommendation_names_the_model(tmp_path):
                                     "grad_acc 1, beta 0.1, model llama-3.2-1b) has the highest throughput")
     assert "runner-up, t000_tiny-llama_mb2_none_ga1_b0.1 (micro_batch 2, checkpoint none, grad_acc 1, beta 0.1, " \
            "model tiny-llama)" in rec["reason"]
-    printed = format_recommendation(Recommendation(**{k: (tuple(v) if k == "varying" else v) for k, v in rec.items()}))
+    printed = format_recommendation(Recommendation(**{k: (tuple(v) if k == "varying" else v) for k, v in rec.items()
+                                                       if k in Recommendation.__dataclass_fields__}))
     assert printed.startswith("recommended: t001_llama-3.2-1b_mb2_none_ga1_b0.1  micro_batch=2 "
                               "checkpoint_level=none grad_acc=1 beta=0.1 model=llama-3.2-1b")
 

@@ -16,6 +16,7 @@ import pandas as pd
 
 from dpo_sweep import migrate, space as space_mod
 from dpo_sweep.analysis import forecast as forecast_mod, noise_floor, pareto, results, tables, winner as winner_mod
+from dpo_sweep.analysis.completeness import Completeness, completeness
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.cards import Card
@@ -47,6 +48,8 @@ class AnalysisOutcome:
     """Where recommended.yaml is and the winner as TRL arguments (:func:`format_winner`)."""
     forecast_text: str = ""
     """The whole run's forecast (and estimates on other cards), for the console (forecast.lines)."""
+    completeness: Completeness = Completeness(None)
+    """Whether the folder holds the whole sweep."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,9 @@ def _analyse_results(out_dir: Path, memory_budget_gb: float | None, objectives: 
     budget, source = resolve_budget(memory_budget_gb, env, space.gpu_memory_gb)
     spec = objectives if objectives is not None else space.objectives
     analysed, rec, objs = analyse(df, budget, spec, safety_margin, source)
-    return analysed, rec, objs, env, space
+    state = completeness(out_dir, df)
+    rec = dataclasses.replace(rec, sweep_complete=state.complete, still_to_run=state.still_to_run)
+    return analysed, rec, objs, env, space, state
 
 
 def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
@@ -147,7 +152,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
 
     out_dir = Path(out_dir)
     files = ResultsDir(out_dir)
-    analysed, rec, objs, env, space = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
+    analysed, rec, objs, env, space, state = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
     steps = results.load_steps(out_dir)
     winner = winner_of(out_dir, analysed, rec, space)
     recommended_path = winner_mod.write_winner(out_dir, winner)
@@ -165,13 +170,13 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     forecast_lines = forecast_mod.lines(fc, why, estimates)
     rec_path = files.recommendation
     write_text_atomic(rec_path, json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n")
-    report = build_report_data(analysed, rec, objs, steps, env, datasets, winner)
+    report = build_report_data(analysed, rec, objs, steps, env, datasets, winner, state)
     report_path = write_report(files.report, dataclasses.replace(report, recommendation_json=rec_json,
                                                                  forecast=forecast_lines))
     winner_text = format_winner(winner, recommended_path)
     return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed, objs,
                            format_recommendation(rec) + winner_text, recommended_path, winner_text,
-                           "\n".join(forecast_lines))
+                           "\n".join(forecast_lines), state)
 
 
 def _row_of(analysed: pd.DataFrame, trial_id: str | None) -> pd.Series | None:
@@ -185,13 +190,13 @@ def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
     return winner_mod.winner_of(out_dir, _row_of(analysed, rec.trial_id), space.objectives)
 
 
-def format_winner(winner: winner_mod.Winner, written: Path | None, out_dir: Path | None = None) -> str:
+def format_winner(winner: winner_mod.Winner, written: Path | None, write_command: str = "") -> str:
     """The winner as a file to run and as TRL arguments, for the console (empty: no winner).
-    ``written``: where recommended.yaml is; None: not written (``out_dir``: the results dir)."""
+    ``written``: where recommended.yaml is; None: not written, and ``write_command`` writes it."""
     if winner.trial is None:
         return f"\n  (no {ResultsDir.RECOMMENDED}: {winner.note})" if winner.note else ""
     where = (f"\n{ResultsDir.RECOMMENDED}: {written} (dpo-sweep validate / dpo-sweep trial it)" if written is not None
-             else f"\n{ResultsDir.RECOMMENDED}: `dpo-sweep report {out_dir}` writes it")
+             else f"\n{ResultsDir.RECOMMENDED}: not written; `{write_command}` writes this one")
     return (f"{where}\nas TRL DPOConfig arguments:\n"
             + winner_mod.trl_text(winner.trl_arguments, winner.trl_gaps))
 
@@ -228,21 +233,43 @@ def cmd_report(args: argparse.Namespace) -> int:
     if outcome.winner_text:
         print(outcome.winner_text.lstrip("\n"))
     print(outcome.forecast_text)
+    if line := incomplete_line(outcome.completeness):
+        print(line)
     print(f"wrote {outcome.frontier_path}, {outcome.recommendation_path}, {outcome.report_path}")
     return 0
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    """``dpo-sweep recommend DIR --memory-budget-gb X``: print the choice; writes nothing.
+    """``dpo-sweep recommend DIR --memory-budget-gb X [--write]``: print the choice; with
+    ``--write``, write DIR/recommended.yaml for this budget (nothing else: report.html and
+    recommendation.json stay the report's).
 
     Exit 0 also when nothing fits: that is an answer, and the message says so.
     """
     out_dir = Path(args.dir)
-    analysed, rec, objs, _, space = _analyse_results(out_dir, args.memory_budget_gb, None, safety_margin_of(args), None)
+    analysed, rec, objs, _, space, state = _analyse_results(out_dir, args.memory_budget_gb, None,
+                                                            safety_margin_of(args), None)
     for note in objective_notes(objs):
         print(note)
-    print(format_recommendation(rec) + format_winner(winner_of(out_dir, analysed, rec, space), None, out_dir))
+    winner = winner_of(out_dir, analysed, rec, space)
+    written = winner_mod.write_winner(out_dir, winner) if getattr(args, "write", False) else None
+    margin = "" if args.safety_margin is None else f" --safety-margin {args.safety_margin:g}"
+    command = f"dpo-sweep recommend {out_dir} --memory-budget-gb {args.memory_budget_gb:g}{margin} --write"
+    print(format_recommendation(rec) + format_winner(winner, written, command))
+    if line := incomplete_line(state):
+        print(line)
     return 0
+
+
+def incomplete_line(state: Completeness) -> str:
+    """The console's warning for a sweep that did not finish ("" when it did or cannot tell)."""
+    missing, waiting = state.counts()
+    if not missing and not waiting:
+        return ""
+    parts = ([f"{missing} configuration(s) without a row"] if missing else []) + (
+        [f"{waiting} row(s) waiting for their stability (pending)"] if waiting else [])
+    return (f"warning: the sweep did not finish: {' and '.join(parts)} ({ResultsDir.RECOMMENDATION} "
+            "still_to_run); `dpo-sweep run SPACE --output DIR --resume` continues it")
 
 
 def format_recommendation(rec: Recommendation) -> str:

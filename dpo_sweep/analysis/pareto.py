@@ -25,8 +25,12 @@ Definitions used throughout:
   the frontier and removes the fourth, and so on. The frontier is the one set of rows that no
   frontier row dominates and that dominates every other row (the kernel of the dominance graph;
   without intervals, exactly the rows nothing dominates).
-* Only *eligible* trials compete: status ``ok`` and a finite value in every objective. An ``ok``
-  trial with a NaN metric cannot be compared, so it is kept, shown and marked off the frontier.
+* Only *eligible* trials compete: status ``ok``, a stability verdict other than ``diverging`` and
+  a finite value in every objective. An ``ok`` trial with a NaN metric cannot be compared, so it
+  is kept, shown and marked off the frontier. A ``diverging`` trial (its loss collapsed or its
+  log-ratio ran away: stability.py) is never a choice, and its loss std, often the sweep's
+  lowest, would make it dominate the rows that learn: it is kept and shown, never on the
+  frontier, so the tables, the plots and the recommendation read one frontier.
   ``oom``, ``diverged``, ``error`` and ``pruned`` rows are kept too; they are never on it.
 * The distance of a dominated trial from the frontier: each objective is scaled by its range over
   the eligible trials, and the distance is the smallest, over frontier points ``f``, of the length
@@ -97,10 +101,18 @@ def objectives_from_spec(spec: Mapping[str, Any] | None) -> tuple[Objective, ...
     return tuple(out)
 
 
+def diverging_mask(df: pd.DataFrame) -> np.ndarray:
+    """True for rows whose stability verdict is ``diverging``."""
+    if "stability" not in df:
+        return np.zeros(len(df), dtype=bool)
+    return (df["stability"].astype(object) == "diverging").to_numpy(dtype=bool)
+
+
 def eligible_mask(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> np.ndarray:
-    """True for rows that can be on the frontier: status ok and every objective finite."""
+    """True for rows that can be on the frontier: status ok, not judged diverging, and every
+    objective finite."""
     values = df[[o.column for o in objectives]].to_numpy(dtype=float)
-    return (df["status"].to_numpy() == "ok") & np.isfinite(values).all(axis=1)
+    return (df["status"].to_numpy() == "ok") & ~diverging_mask(df) & np.isfinite(values).all(axis=1)
 
 
 def as_minimisation(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> np.ndarray:

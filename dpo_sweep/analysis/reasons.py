@@ -176,7 +176,7 @@ def no_loss_std_sentence(analysed: pd.DataFrame) -> str:
     """Why ``ok`` rows are off the frontier for want of a loss std (it is an objective: such a row
     cannot be compared), and the fix; "" when every ok row has one or none needs it."""
     ok = analysed[analysed["status"] == "ok"]
-    lacking = ok[~ok["eligible"].astype(bool) & ok["loss_std"].isna()]
+    lacking = ok[~ok["eligible"].astype(bool) & ok["loss_std"].isna() & ~_is_diverging(ok)]
     if lacking.empty:
         return ""
     own = lacking[lacking["stability_from"].isin(["", *lacking["trial_id"]])]

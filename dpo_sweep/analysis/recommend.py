@@ -78,6 +78,12 @@ class Recommendation:
     between the sweep's rows (``model``, swept train fields): ``config`` holds them too, and every
     line that names a configuration names them."""
 
+    sweep_complete: bool | None = None
+    """False when the sweep did not finish (configurations without a row, rows whose stability
+    is pending: ``still_to_run``); None when the folder cannot tell (analysis/completeness.py)."""
+    still_to_run: list[dict[str, Any]] = field(default_factory=list)
+    """``{"trial_id", "missing": "measurement" | "stability"}`` per configuration still to run."""
+
     def to_json_dict(self) -> dict[str, Any]:
         return _json_safe(asdict(self))
 
@@ -282,7 +288,9 @@ def recommend(
     frontier = analysed[analysed["on_frontier"]]
     fits = _fits(frontier, usable)
     stable = _stable(fits, limit)
-    left_out = fits[~fits["trial_id"].isin(stable["trial_id"])]
+    # Diverging rows are never on the frontier (pareto.py); each one that fits is named with its cause.
+    diverging = _fits(ok[ok["stability"].astype(object) == "diverging"], usable) if "stability" in ok else ok[:0]
+    left_out = pd.concat([fits[~fits["trial_id"].isin(stable["trial_id"])], diverging]).drop_duplicates("trial_id")
     pool_name, off_frontier = "frontier configuration", False
     qualifying = _stable(_fits(ok[ok["eligible"]], usable), limit)
     siblings = qualifying[~qualifying["trial_id"].isin(stable["trial_id"]) & sharing_measurement(qualifying, stable)]

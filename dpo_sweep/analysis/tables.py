@@ -93,8 +93,18 @@ def varying_columns(df: pd.DataFrame) -> list[str]:
     Wherever rows are told apart (frontier.md, the recommendation) these are named too: two
     models, or two learning rates, at one micro_batch / checkpoint / grad_acc / beta look
     identical otherwise."""
-    candidates = [c for c in ("model", "adapter", "optimizer") if c in df.columns] + swept_train_columns(df)
+    candidates = ([c for c in ("model", "adapter", "optimizer") if c in df.columns] + train_setting_columns(df)
+                  + swept_train_columns(df))
     return [c for c in candidates if df[c].astype(str).nunique() > 1]
+
+
+def train_setting_columns(df: pd.DataFrame) -> list[str]:
+    """results.csv's fixed columns that hold a train field under its own name (``trainer``,
+    ``attn_implementation``, ...), besides the levers and :data:`_SETTING_COLUMNS`: a sweep over
+    such a field shows it wherever the swept fields show, with no list to keep up to date."""
+    fields = set(TrainSpec.model_fields)
+    return [c for c in df.columns if c in RESULTS_COLUMNS and c not in ("adapter", "optimizer", *_SETTING_COLUMNS)
+            and (SWEPT_TRAIN_COLUMN.get(c) == c or (c in fields and c not in SWEPT_TRAIN_COLUMN))]
 
 
 def named_settings(rec: Any) -> list[str]:
@@ -110,7 +120,7 @@ def swept_columns(df: pd.DataFrame, levers: bool = False) -> list[str]:
     columns named after a train field that the fixed schema lacks), after the setting columns
     (loss_type, precision, reference) in which the trials differ; with ``levers``, the adapter and
     optimizer too when they differ (the frontier's table; the all-trials table has them always)."""
-    settings = ("model", *(("adapter", "optimizer") if levers else ()), *_SETTING_COLUMNS)
+    settings = ("model", *(("adapter", "optimizer") if levers else ()), *_SETTING_COLUMNS, *train_setting_columns(df))
     varying = [c for c in settings if c in df and df[c].dropna().astype(str).nunique() > 1]
     return varying + swept_train_fields(df.columns)
 
@@ -204,7 +214,7 @@ def trial_rows(analysed: pd.DataFrame) -> list[list[str]]:
             fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]),
             fmt_beta(r["beta"]), *[fmt_setting(r[c]) for c in swept], fmt_int(r["effective_batch"]),
             str(r.get("adapter") or "full"), str(r.get("optimizer") or "adamw"),
-            fmt_float(r["peak_mem_gb"], 2), fmt_float(r.get("predicted_peak_gb"), 2),
+            fmt_float(r["peak_mem_gb"], 2), _predicted(r.get("predicted_peak_gb")),
             fmt_float(r["torch_peak_alloc_gb"], 2), _step_time(r),
             _time_range(r), fmt_sig(r["tokens_per_s"], 4), fmt_sig(r["mfu"], 3),
             fmt_sig(r["loss_mean"], 4), fmt_sig(r["loss_std"], 3), *([_verdict(r)] if verdicts else []),
@@ -213,6 +223,18 @@ def trial_rows(analysed: pd.DataFrame) -> list[list[str]]:
             str(r["error"]),
         ])
     return rows
+
+
+def _predicted(value: Any) -> str:
+    """A predicted peak; none below zero (the model's fixed terms minus a CPU calibration can go
+    negative, which is no peak): ``-``."""
+    return fmt_float(value, 2) if is_finite(value) and float(value) >= 0 else "-"
+
+
+def signed_pct(value: float) -> str:
+    """``+1.2%``, ``-0.4%``, and ``0.0%`` (never ``-0.0%``)."""
+    text = f"{value:+.1f}"
+    return ("0.0" if text in ("+0.0", "-0.0") else text) + "%"
 
 
 def _rank(rank: Any, distance: Any) -> str:
@@ -293,8 +315,8 @@ def prediction_error(analysed: pd.DataFrame, environment: dict[str, Any] | None 
     if not errors:
         return cpu_note if on_cpu else None
     worst, median = max(errors, key=abs), statistics.median(errors)
-    return (f"predicted vs measured peak over {len(errors)} measured trial(s): median error {median:+.1f}%, "
-            f"largest {worst:+.1f}% (the prediction each was scheduled with; positive: over-predicted)"
+    return (f"predicted vs measured peak over {len(errors)} measured trial(s): median error {signed_pct(median)}, "
+            f"largest {signed_pct(worst)} (the prediction each was scheduled with; positive: over-predicted)"
             + (f"; {cpu_note}" if on_cpu else ""))
 
 

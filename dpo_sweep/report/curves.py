@@ -22,6 +22,15 @@ def _thin(frame: pd.DataFrame, max_points: int) -> pd.DataFrame:
     return frame.iloc[idx]
 
 
+def step_dtick(last_step: float) -> int:
+    """Whole-step tick spacing, 1, 2, 5, 10, 20, 50 ...: about ten ticks, never a fractional step."""
+    for scale in (1, 10, 100, 1000, 10000):
+        for base in (1, 2, 5):
+            if base * scale * 10 >= last_step:
+                return base * scale
+    return 100000
+
+
 def step_curves(steps: pd.DataFrame, analysed: pd.DataFrame, column: str, title: str,
                 y_title: str, threshold: tuple[float, str] | None = None) -> dict[str, Any]:
     """One line per trial of ``steps[column]`` against the optimizer step; ``threshold``: a
@@ -30,21 +39,43 @@ def step_curves(steps: pd.DataFrame, analysed: pd.DataFrame, column: str, title:
     order = {trial_id: i for i, trial_id in enumerate(by_id)}  # results.csv order, then the rest
     groups = sorted(steps.groupby("trial_id", sort=False),
                     key=lambda g: (order.get(str(g[0]), len(order)), str(g[0])))
-    traces = []
+    # Trials whose curves are the same numbers (one learning trial's curve carried by the rows that
+    # share it) are one line, named after all of them: one legend entry per visible line.
+    curves: dict[tuple, dict[str, Any]] = {}
     for trial_id, rows in groups:
         rows = _thin(rows.sort_values("step"), MAX_POINTS_PER_CURVE)
         row = by_id.get(str(trial_id))
         name = trial_label(row) if row is not None else esc(tables.short_id(str(trial_id)))
         status = str(row["status"]) if row is not None else f"not in {ResultsDir.RESULTS}"
+        x, y = nums(rows["step"]), nums(rows[column]) if column in rows else []
+        key = (tuple(x), tuple(y), status == "ok")
+        if key in curves:
+            curves[key]["names"].append(name)
+            continue
+        curves[key] = {"names": [name], "status": status, "trial_id": trial_id, "x": x, "y": y}
+    traces = []
+    for curve in curves.values():
+        names, status = curve["names"], curve["status"]
+        name = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more (the same curve)"
+        hover = "<br>".join(names[:6]) + (f"<br>... {len(names) - 6} more" if len(names) > 6 else "")
         traces.append({
-            "type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": esc(trial_id),
-            "x": nums(rows["step"]), "y": nums(rows[column]) if column in rows else [],
-            "hovertemplate": f"{name} ({esc(status)})<br>step %{{x}}: %{{y}}<extra></extra>",
+            "type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": esc(curve["trial_id"]),
+            "x": curve["x"], "y": curve["y"],
+            "hovertemplate": f"{hover} ({esc(status)})<br>step %{{x}}: %{{y}}<extra></extra>",
             "line": {"width": 1.5, "dash": "solid" if status == "ok" else "dot"}, "marker": {"size": 4},
         })
-    layout = {"title": {"text": title}, "xaxis": {"title": {"text": "optimizer step"}},
+    last = max((v for t in traces for v in t["x"] if v is not None), default=1)
+    layout = {"title": {"text": title},
+              "xaxis": {"title": {"text": "optimizer step"}, "tickformat": "d", "tick0": 0, "dtick": step_dtick(last)},
               "yaxis": {"title": {"text": y_title}}, "height": 420, "margin": {"t": 60},
               "legend": {"font": {"size": 10}}}
+    values = [v for t in traces for v in t["y"] if v is not None]
+    if threshold is not None and values and threshold[0] > 3 * max(values):
+        # A line far above every value would squeeze the curves flat at the bottom: named instead.
+        layout["annotations"] = [{"x": 1, "y": 1, "xref": "paper", "yref": "paper", "xanchor": "right",
+                                  "yanchor": "bottom", "showarrow": False, "font": {"size": 11, "color": "#d62728"},
+                                  "text": f"{esc(threshold[1])}: above every value (max {num(max(values))})"}]
+        threshold = None
     if threshold is not None:
         value, label = threshold
         layout["shapes"] = [{"type": "line", "xref": "paper", "yref": "y", "x0": 0, "x1": 1, "y0": num(value),

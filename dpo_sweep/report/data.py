@@ -11,14 +11,15 @@ from typing import Any
 
 import pandas as pd
 
-from dpo_sweep.analysis import noise_floor, tables
+from dpo_sweep.analysis import effects, noise_floor, tables
 from dpo_sweep.analysis.pareto import Objective
 from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.analysis.winner import Winner, trl_text
 from dpo_sweep.records import STATUSES
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
-from dpo_sweep.report import curves, figures
+from dpo_sweep.analysis.completeness import Completeness
+from dpo_sweep.report import curves, figures, headline, parallel, scatter
 from dpo_sweep.report.data_shape import data_shape_section
 
 
@@ -65,6 +66,8 @@ class Table:
     """(column, value) for the columns left out because every row has the same value."""
     empty: list[str] = field(default_factory=list)
     """The columns left out because no row has a value (``-`` in every row)."""
+    row_ids: list[str] = field(default_factory=list)
+    """Each row's full trial id (the page's filters show and hide rows by it); [] when rows are no trials."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,16 @@ class ReportData:
     """The winner as TRL DPOConfig arguments, with what TRL cannot express ("" without a winner)."""
     forecast: list[str] = field(default_factory=list)
     """The whole run's forecast and estimates on other cards (analysis/forecast.py's lines)."""
+    bullets: list[str] = field(default_factory=list)
+    """The headline card: room to spare, why it won, the runner-up's cost, what to watch."""
+    filter_data: dict[str, Any] = field(default_factory=dict)
+    """The parallel coordinates' axes and each trial's values, for the page's status and value filters."""
+    effect_table: Table | None = None
+    """Per dimension and value: the median change in peak GB and tokens/s with the rest held."""
+    effect_note: str = ""
+    """The dimensions the effect table leaves out (never varied with the rest held)."""
+    banners: list[headline.Banner] = field(default_factory=list)
+    """Warnings above everything: an unfinished sweep, extrapolated figures, pending stability, noise."""
 
 
 def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -168,7 +181,7 @@ def _trial_table(analysed: pd.DataFrame, short_ids: dict[str, str], row_classes:
     header, rows, shared = _drop_shared_columns(
         [h for i, h in enumerate(full_header) if i not in dropped], rows)
     own = {c: "each trial's own" for c in _OWN_WHEN_EMPTY}  # "-" in these columns: the row's own measurement
-    return Table(header, rows, row_classes, row_notes=notes,
+    return Table(header, rows, row_classes, row_notes=notes, row_ids=list(tables.memory_order(analysed)["trial_id"].astype(str)),
                  shared=[(c, own.get(c, v) if v == "-" else v) for c, v in shared if v != "-" or c in own],
                  empty=[c for c, v in shared if v == "-" and c not in own])
 
@@ -229,6 +242,29 @@ def _figure(dom_id: str, caption: str, spec: dict[str, Any]) -> Figure:
     return Figure(dom_id, caption, {**spec, "config": dict(figures.PLOT_CONFIG)})
 
 
+def scatter_caption(analysed: pd.DataFrame) -> str:
+    """What the scatter's channels encode, for this sweep's swept dimensions."""
+    enc = scatter.encoding(analysed)
+    shape = "checkpoint level" if enc.symbol == "checkpoint_level" else enc.symbol
+    parts = ["Each point is a trial; the ringed points joined by the dotted line are the Pareto frontier"
+             + (" (ringed in every panel they fall in)." if enc.facets else ".") + " Throughput, not step time: a step of a larger effective "
+             "batch does more work. Bars: the throughput over the p10-p90 step times; trials whose bars "
+             "overlap are tied, and ties go to less memory.",
+             "Colour: loss std (blue: none measured; a diverging trial in dark red: its loss std is no stability "
+             f"figure). Shape: {shape}."]
+    if enc.size:
+        parts.append("Size: micro_batch.")
+    if enc.facets:
+        parts.append("One panel per " + " x ".join(enc.facets) + ".")
+    if enc.hover_only:
+        parts.append("In the hover and the panels below: " + ", ".join(enc.hover_only) + ".")
+    parts.append("The green ring with a dot and the arrow: the recommended trial.")
+    if analysed["status"].isin(["oom", "pruned"]).any():
+        parts.append("OOM and pruned trials have no throughput: they sit in the strip under each panel, OOM at its "
+                     "measured peak (else the budget), pruned at its predicted peak.")
+    return " ".join(parts)
+
+
 def _headline(rec: Recommendation) -> str:
     if rec.trial_id is None:
         return "No configuration fits"
@@ -256,7 +292,7 @@ def _summary(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Obje
          "-" if rec.loss_std_limit is None else f"<= {tables.fmt_sig(rec.loss_std_limit)}"),
         ("memory model", tables.prediction_error(analysed, environment) or "no prediction with a measured peak"),
         ("per-step data", ResultsDir.STEPS if steps is not None else f"absent ({ResultsDir.RESULTS} only)"),
-        ("units", "GB = 1e9 bytes; step time is the median optimizer step in ms (warm-up excluded); "
+        ("units", "step time is the median optimizer step in ms (warm-up excluded); "
                   "tokens/s the median of the measured steps' throughputs"),
     ]
 
@@ -265,9 +301,9 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
                       steps: pd.DataFrame | None = None,
                       environment: dict[str, Any] | None = None,
                       datasets: list[dict[str, Any]] | None = None,
-                      winner: Winner | None = None) -> ReportData:
+                      winner: Winner | None = None, state: Completeness | None = None) -> ReportData:
     """Assemble the report from the analysed frame (pareto.analyse_frontier) and a recommendation."""
-    notes = ["GB = 1e9 bytes (not GiB) everywhere in this report."]
+    notes: list[str] = []  # the page's first line states the units, once
     # With nothing completed the scatter and the panels would be empty axes (or OOM marks on
     # made-up step times): the report says what failed instead.
     completed = bool((analysed["status"] == "ok").any())
@@ -277,7 +313,8 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         notes.append(f"{len(unplotted)} trial(s) without a memory and throughput measurement are not in "
                      "the scatter plot; they are listed in the tables: "
                      + ", ".join(f"{t} ({s})" for t, s in zip(unplotted["trial_id"], unplotted["status"])))
-    ineligible_ok = analysed[(analysed["status"] == "ok") & ~analysed["eligible"]]
+    diverging = analysed["stability"].astype(object) == "diverging" if "stability" in analysed else False
+    ineligible_ok = analysed[(analysed["status"] == "ok") & ~analysed["eligible"] & ~diverging]
     if len(ineligible_ok):
         notes.append("Completed but missing an objective metric (NaN), so not compared for the frontier: "
                      + ", ".join(ineligible_ok["trial_id"]))
@@ -286,17 +323,18 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     notes += [noise_floor.noise_floor_sentence(g) for g in noise_floor.noise_floor(analysed, steps)]
     names = [o.name for o in objectives]
     figs = [
-        _figure("plot-memory-time", "Each point is a trial; the ringed points joined by the dotted line are "
-               "the Pareto frontier. Throughput, not step time: a step of a larger effective batch does "
-               "more work. Bars: the throughput over the p10-p90 step times; trials whose bars overlap "
-               "are tied, and ties go to less memory. Colour: loss std. Shape: checkpoint level. Star: the "
-               "recommended trial; a cross: judged diverging, never recommended. OOM and pruned trials have "
-               "no throughput: they sit at the bottom, OOM at its measured peak (else the budget), pruned "
-               "hollow at its predicted peak.",
-               figures.memory_time_scatter(analysed, rec.memory_budget_gb, rec.usable_memory_gb, names, rec.trial_id)),
+        _figure("plot-memory-time", scatter_caption(analysed),
+               scatter.memory_time_scatter(analysed, rec.memory_budget_gb, rec.usable_memory_gb, names, rec.trial_id)),
         _figure("plot-dimensions", "Memory and throughput against each swept dimension that varies (the swept train fields too).",
                figures.dimension_panels(analysed, rec.memory_budget_gb)),
     ] if completed else []
+    filter_data: dict[str, Any] = {}
+    if completed:
+        spec, filter_data = parallel.parallel_coordinates(analysed, rec.trial_id)
+        figs.append(_figure("plot-parallel", "One line per trial across every swept dimension and the three objectives, "
+                            "each axis scaled on its own (categories in order, numbers from their minimum to their "
+                            "maximum; a gap: no value). The filters above show only the trials that pass, here and "
+                            "in the All trials table.", spec))
     if steps is not None and len(steps):
         figs += [_figure(dom_id, caption, curves.step_curves(steps, analysed, column, title, y_title, threshold))
                  for dom_id, column, title, y_title, caption, threshold in _STEP_PLOTS
@@ -335,6 +373,11 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         use_commands=((f"dpo-sweep validate {ResultsDir.RECOMMENDED}", f"dpo-sweep trial {ResultsDir.RECOMMENDED}")
                       if winner and winner.trial else ()),
         trl_code=trl_text(winner.trl_arguments, winner.trl_gaps) if winner and winner.trial else "",
+        filter_data=filter_data,
+        effect_table=_effect_table(analysed) if completed else None,
+        effect_note=_effect_note(analysed) if completed else "",
+        bullets=headline.headline_bullets(analysed, rec),
+        banners=headline.banners(analysed, rec, state or Completeness(None)),
     )
 
 
@@ -346,3 +389,13 @@ def _use_it(winner: Winner | None) -> list[str]:
     return [f"{ResultsDir.RECOMMENDED}, next to this report, is the winner with every setting pinned; in this "
             "folder the first command checks it, the second runs it once:",
             "The same configuration as TRL DPOConfig arguments (lines starting # name what TRL cannot express):"]
+
+
+def _effect_table(analysed: pd.DataFrame) -> Table | None:
+    rows = effects.effect_rows(effects.effects(analysed))
+    return Table(effects.EFFECT_HEADER, [[Cell(c) for c in row] for row in rows]) if rows else None
+
+
+def _effect_note(analysed: pd.DataFrame) -> str:
+    left = effects.unpaired(effects.effects(analysed))
+    return ("Not in the table (no two trials differ in it alone): " + ", ".join(left) + ".") if left else ""

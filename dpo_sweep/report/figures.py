@@ -20,8 +20,6 @@ import pandas as pd
 from dpo_sweep.analysis import tables
 from dpo_sweep.config import CHECKPOINT_LEVELS
 
-_SYMBOLS = {"none": "circle", "L1": "square", "L2": "diamond", "L3": "triangle-up", "full": "star"}
-_OTHER_SYMBOLS = ("hexagon", "pentagon", "cross", "triangle-down", "hourglass")
 _STATUS_STYLE = {  # status group -> (legend name, colour, symbol)
     "frontier": ("ok, on frontier", "#d62728", "circle"),
     "ok": ("ok", "#1f77b4", "circle"),
@@ -33,7 +31,13 @@ SWEPT_DIMENSIONS: tuple[tuple[str, str], ...] = (
     ("micro_batch", "micro_batch"), ("checkpoint_level", "checkpoint"), ("grad_acc", "grad_acc"),
     ("beta", "beta"),
 )
-PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True, "typesetMath": False}
+#: Every plot's plotly config. Nothing leaves the page: no "Edit in Chart Studio" / "Share chart"
+#: button (showSendToCloud, showEditInChartStudio, sendData: a click would post the chart's data,
+#: trial ids and error texts included, to a public service), no link to plotly's site (displaylogo,
+#: showLink).
+PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "showLink": False, "sendData": False,
+                               "showSendToCloud": False, "showEditInChartStudio": False,
+                               "responsive": True, "typesetMath": False}
 
 
 def esc(value: Any) -> str:
@@ -54,13 +58,6 @@ def num(value: Any) -> float | None:
 
 def nums(values: Any) -> list[float | None]:
     return [num(v) for v in values]
-
-
-def checkpoint_symbol(level: str, others: list[str]) -> str:
-    """Marker shape of a checkpoint level (unknown levels get the remaining shapes in turn)."""
-    if level in _SYMBOLS:
-        return _SYMBOLS[level]
-    return _OTHER_SYMBOLS[others.index(level) % len(_OTHER_SYMBOLS)] if level in others else "circle"
 
 
 def level_order(levels: Any) -> list[str]:
@@ -95,7 +92,7 @@ def _hover(row: pd.Series, swept: list[str] = ()) -> str:
     if num(row["peak_mem_gb"]) is not None:
         shared = f" (measured by {mem_by})" if mem_by and mem_by != row["trial_id"] else ""
         parts.append(f"peak memory: {num(row['peak_mem_gb'])} GB{esc(shared)}")
-    elif num(row.get("predicted_peak_gb")) is not None:
+    elif num(row.get("predicted_peak_gb")) is not None and num(row.get("predicted_peak_gb")) >= 0:
         parts.append(f"predicted peak: {num(row['predicted_peak_gb'])} GB (the memory model; not measured)")
     if num(row["step_time_ms"]) is not None:
         parts.append(f"step time: {num(row['step_time_ms'])} ms" + (f" ({esc(time_from)})" if time_from else ""))
@@ -117,20 +114,6 @@ def oom_x_gb(analysed: pd.DataFrame, budget_gb: float | None) -> float | None:
     peaks = analysed["peak_mem_gb"].astype(float)
     peaks = peaks[np.isfinite(peaks)]
     return float(peaks.max() * 1.05) if len(peaks) else None
-
-
-def level_legend_key(level: str, symbol: str) -> dict[str, Any]:
-    """The legend entry of a checkpoint level in the scatter: its shape, in neutral grey.
-
-    The level's points are coloured by loss std through the shared colour axis, and plotly cannot
-    colour a legend symbol from a colour-axis number (it logs "Invalid color specifier: number
-    0.0224" and draws the symbol black). So the points' trace stays out of the legend and this
-    empty trace stands for it; the shared legend group makes one click toggle the level's points.
-    """
-    return {"type": "scatter", "mode": "markers", "name": f"checkpoint {esc(level)}",
-            "legendgroup": f"checkpoint {esc(level)}", "x": [None], "y": [None], "hoverinfo": "skip",
-            "marker": {"symbol": symbol, "size": 12, "color": "#999999",
-                       "line": {"width": 1, "color": "#333"}}}
 
 
 def _noise_bars(rows: pd.DataFrame) -> dict[str, Any]:
@@ -171,130 +154,6 @@ def _tick_format(values: pd.Series) -> str:
     return ",.0f" if len(finite) and finite.abs().max() >= 100 else ".3~g"
 
 
-def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_gb: float | None,
-                        objective_names: list[str], recommended: str | None = None) -> dict[str, Any]:
-    """Peak memory (x) vs throughput (y, tokens/s, with p10-p90 noise bars); colour = loss std,
-    shape = checkpoint level. Throughput, not step time: a step of a larger effective batch does
-    more work (the frontier's objective, analysis/pareto.py).
-
-    The frontier points are ringed and joined in memory order (diverging rows, never recommended,
-    are left out of it and crossed); the recommended trial is a star. Rows without a throughput sit
-    at the bottom of the throughput range: OOM trials at their measured peak (else the budget),
-    pruned ones hollow at their predicted peak. diverged/error rows that measured something are
-    grey rings. The x axis fits the points; a budget far right of them is named, not drawn.
-    """
-    measured = analysed[analysed["peak_mem_gb"].notna() & analysed["tokens_per_s"].notna()]
-    ok = measured[measured["status"] == "ok"]
-    swept = tables.swept_columns(analysed, levers=True)
-    others = [lv for lv in level_order(analysed["checkpoint_level"]) if lv not in _SYMBOLS]
-    std = ok["loss_std"].astype(float)
-    std = std[np.isfinite(std)]
-    diverging = (ok["stability"].astype(str) == "diverging") if "stability" in ok else pd.Series(False, index=ok.index)
-    traces: list[dict[str, Any]] = []
-    for level in level_order(ok["checkpoint_level"]):
-        rows = ok[ok["checkpoint_level"] == level]
-        traces.append({
-            "type": "scatter", "mode": "markers", "name": f"checkpoint {esc(level)}",
-            "showlegend": False, "legendgroup": f"checkpoint {esc(level)}",  # level_legend_key's
-            "x": nums(rows["peak_mem_gb"]), "y": nums(rows["tokens_per_s"]), "error_y": _noise_bars(rows),
-            "text": [_hover(r, swept) for _, r in rows.iterrows()], "hoverinfo": "text",
-            "marker": {"symbol": checkpoint_symbol(level, others), "size": 12,
-                       "color": nums(rows["loss_std"]), "coloraxis": "coloraxis",
-                       "line": {"width": 1, "color": "#333"}},
-        })
-    traces += [level_legend_key(level, checkpoint_symbol(level, others))
-               for level in level_order(ok["checkpoint_level"])]
-    front = ok[ok["on_frontier"] & ~diverging].sort_values(["peak_mem_gb", "tokens_per_s"])
-    if len(front):
-        traces.append({
-            "type": "scatter", "mode": "lines+markers",
-            "name": "Pareto frontier (" + ", ".join(esc(n) for n in objective_names) + ")",
-            "x": nums(front["peak_mem_gb"]), "y": nums(front["tokens_per_s"]), "hoverinfo": "skip",
-            "line": {"color": "#d62728", "width": 1.5, "dash": "dot"},
-            "marker": {"symbol": "circle-open", "size": 20, "color": "#d62728", "line": {"width": 2}},
-        })
-    if diverging.any():
-        rows = ok[diverging]
-        traces.append({
-            "type": "scatter", "mode": "markers", "name": "stability: diverging (never recommended)",
-            "x": nums(rows["peak_mem_gb"]), "y": nums(rows["tokens_per_s"]), "hoverinfo": "skip",
-            "marker": {"symbol": "x-thin-open", "size": 18, "color": "#8a1c1c", "line": {"width": 2}},
-        })
-    win = ok[ok["trial_id"].astype(str) == str(recommended)] if recommended is not None else ok[:0]
-    if len(win):
-        traces.append({
-            "type": "scatter", "mode": "markers", "name": f"recommended ({esc(win['trial_id'].iloc[0])})",
-            "x": nums(win["peak_mem_gb"]), "y": nums(win["tokens_per_s"]),
-            "text": [_hover(r, swept) for _, r in win.iterrows()], "hoverinfo": "text",
-            "marker": {"symbol": "star", "size": 24, "color": "rgba(44,160,44,0.35)",
-                       "line": {"width": 2.5, "color": "#2ca02c"}},
-        })
-    bad = measured[measured["status"] != "ok"]
-    if len(bad):
-        traces.append({
-            "type": "scatter", "mode": "markers", "name": "diverged / error",
-            "x": nums(bad["peak_mem_gb"]), "y": nums(bad["tokens_per_s"]),
-            "text": [_hover(r, swept) for _, r in bad.iterrows()], "hoverinfo": "text",
-            "marker": {"symbol": "circle-open", "size": 11, "color": "#7f7f7f", "line": {"width": 2}},
-        })
-    rates = ok["tokens_per_s"].astype(float)
-    floor_y = num(rates.min()) if len(rates) else None
-    oom = analysed[analysed["status"] == "oom"].sort_values(["micro_batch", "trial_id"])
-    x_oom = [num(p) if num(p) is not None else num(oom_x_gb(analysed, budget_gb)) for p in oom["peak_mem_gb"]]
-    if len(oom) and all(x is not None for x in x_oom):
-        traces.append({
-            "type": "scatter", "mode": "markers",
-            "name": "OOM (no throughput; at its measured peak, else the budget)",
-            "x": x_oom, "y": [floor_y if floor_y is not None else 0] * len(oom),
-            "text": [_hover(r, swept) for _, r in oom.iterrows()], "hoverinfo": "text",
-            "marker": {"symbol": "x-thin-open", "size": 14, "color": "#000", "line": {"width": 3}},
-        })
-    pruned = analysed[(analysed["status"] == "pruned") & analysed.get("predicted_peak_gb", pd.Series(dtype=float)).notna()] \
-        if "predicted_peak_gb" in analysed else analysed[:0]
-    if len(pruned):
-        traces.append({
-            "type": "scatter", "mode": "markers", "name": "pruned (never ran; at its predicted peak)",
-            "x": nums(pruned["predicted_peak_gb"]), "y": [floor_y if floor_y is not None else 0] * len(pruned),
-            "text": [_hover(r, swept) for _, r in pruned.iterrows()], "hoverinfo": "text",
-            "marker": {"symbol": "circle-open", "size": 13, "color": "#9467bd", "line": {"width": 2}},
-        })
-    xs = [x for t in traces for x in t.get("x", []) if x is not None]
-    x_range = _axis_range(xs)
-    shapes, annotations = [], []
-    # The budget's label goes right of its line, the usable limit's left of its, so they never overlap.
-    for x, label, dash, side in ((budget_gb, "budget", "solid", "left"),
-                                 (usable_gb, "minus safety margin", "dash", "right")):
-        if x is None:
-            continue
-        if x_range is not None and x > x_range[1] * 1.25:  # far right of every point: say so at the edge
-            if label == "budget":
-                annotations.append({"x": 1.0, "y": 1.0, "xref": "paper", "yref": "paper", "yanchor": "bottom",
-                                    "xanchor": "right", "showarrow": False, "font": {"size": 11},
-                                    "text": f"budget {num(x)} GB (usable {num(usable_gb)} GB): right of every point \u2192"})
-            continue
-        if x_range is not None:
-            room = 0.15 * (x_range[1] - x_range[0])  # for the label beside the line
-            x_range = [min(x_range[0], num(x - room)), max(x_range[1], num(x + room))]
-        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": num(x), "x1": num(x),
-                       "y0": 0, "y1": 1, "line": {"color": "#555", "width": 1.5, "dash": dash}})
-        annotations.append({"x": num(x), "y": 1.0, "xref": "x", "yref": "paper", "yanchor": "bottom",
-                            "xanchor": side, "text": f"{label} {num(x)} GB", "showarrow": False,
-                            "font": {"size": 11}})
-    layout = {
-        "title": {"text": "Peak memory vs throughput"},
-        "xaxis": {"title": {"text": "peak memory (GB = 1e9 bytes)"}, "zeroline": False,
-                  **({"range": x_range} if x_range else {})},
-        "yaxis": {"title": {"text": "throughput (tokens/s, median; bars: p10-p90 step times)"},
-                  "zeroline": False, "tickformat": _tick_format(rates), **_flat_range(rates)},
-        "coloraxis": {"colorscale": "Viridis", "cmin": num(std.min()) if len(std) else None,
-                      "cmax": num(std.max()) if len(std) else None,
-                      "colorbar": {"title": {"text": "loss std"}, "x": 1.02}},
-        "legend": {"orientation": "h", "y": -0.2}, "shapes": shapes, "annotations": annotations,
-        "margin": {"t": 60, "r": 40}, "height": 520,
-    }
-    return {"data": traces, "layout": layout}
-
-
 def _category(values: pd.Series, dim: str) -> tuple[list[str], list[str]]:
     """Category labels of a swept dimension per row, and their axis order."""
     if dim == "checkpoint_level":
@@ -333,9 +192,9 @@ def _status_group(row: pd.Series) -> str:
 
 
 def panel_dimensions(analysed: pd.DataFrame) -> list[tuple[str, str]]:
-    """(column, label) of the dimensions that vary: the four core ones and the swept train fields;
-    all four core ones when nothing varies."""
-    dims = list(SWEPT_DIMENSIONS) + [(c, c) for c in tables.swept_columns(analysed)]
+    """(column, label) of the dimensions that vary: the four core ones, the model, the levers
+    (adapter, optimizer) and every swept train field; all four core ones when nothing varies."""
+    dims = list(SWEPT_DIMENSIONS) + [(c, c) for c in tables.swept_columns(analysed, levers=True)]
     varying = [(c, label) for c, label in dims if analysed[c].astype(str).nunique() > 1]
     return varying or list(SWEPT_DIMENSIONS)
 

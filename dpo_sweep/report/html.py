@@ -73,6 +73,7 @@ def render_html(data: ReportData, js: str | None = None) -> str:
     return template.render(
         data=data,
         figure_json=script_safe_json(figures),
+        filter_json=script_safe_json(data.filter_data),
         recommendation_text=json.dumps(data.recommendation_json, indent=2, ensure_ascii=False),
         plotly_packed=packed_js(plotly_js() if js is None else js),
         WIDE_TABLE_COLUMNS=WIDE_TABLE_COLUMNS,

@@ -344,7 +344,8 @@ def divergence(record: StepRecord, precision: str) -> str:
 
 
 def _step_line(cfg: TrialConfig, rec: StepRecord) -> str:
-    return (f"[{cfg.trial_id}] step {rec.step}/{cfg.train.steps} loss {rec.loss:.4f} grad_norm {rec.grad_norm:.3f} "
+    total = cfg.train.steps + int(bool(cfg.train.worst_case_step))  # the worst-case step counts too
+    return (f"[{cfg.trial_id}] step {rec.step}/{total} loss {rec.loss:.4f} grad_norm {rec.grad_norm:.3f} "
             f"acc {rec.reward_accuracy:.2f} margin {rec.reward_margin:+.4f} kl {rec.kl:+.5f} "
             f"{rec.step_time_ms:.0f} ms {rec.tokens_per_s:,.0f} tok/s peak {rec.peak_mem_gb:.2f} GB"
             + ("" if rec.measured else " (warm-up)") + (" (worst case: longest pairs)" if rec.worst_case else ""))

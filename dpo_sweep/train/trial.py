@@ -1,21 +1,81 @@
-"""``dpo-sweep trial``: one configuration, in this process, without Ray."""
+"""``dpo-sweep trial``: one configuration, in this process, without Ray.
+
+Run from a sweep's folder (``dpo-sweep trial recommended.yaml`` there, as the report says), it
+writes beside the space file, not under a ``reports/`` of that folder, and prints the sweep's own
+numbers for the same configuration (from that folder's results.csv) next to its own.
+"""
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
-from dpo_sweep.records import write_results, write_steps
+from dpo_sweep.config import TrialConfig
+from dpo_sweep.records import TrialResult, write_results, write_steps
 from dpo_sweep.results_dir import ResultsDir
+
+#: The sweep's columns a trial's own figures are put beside: (column, label, format).
+_COMPARED = (("peak_mem_gb", "peak memory", "{:.3f} GB"), ("step_time_ms", "step time", "{:,.0f} ms"),
+             ("tokens_per_s", "throughput", "{:,.0f} tokens/s"), ("loss_std", "loss std", "{:.4g}"))
+
+
+def default_output(space_path: Path, name: str) -> Path:
+    """``<sweep folder>/<name>-trial/`` for a space file in a sweep's results folder (its
+    recommended.yaml or space.yaml); else ``reports/<name>-trial/``."""
+    folder = space_path.resolve().parent
+    if ResultsDir(folder).results.is_file():
+        return space_path.parent / f"{name}-trial"
+    return Path("reports") / f"{name}-trial"
+
+
+def _same(value: str, wanted: Any) -> bool:
+    try:
+        return math.isclose(float(value), float(wanted), rel_tol=1e-9)
+    except (TypeError, ValueError):
+        return str(value) == str(wanted)
+
+
+def sweep_row(space_path: Path, cfg: TrialConfig) -> dict[str, str] | None:
+    """The row of the space file's sweep folder's results.csv with ``cfg``'s settings (knobs and
+    swept train fields; an empty lever cell is the default), None when there is none."""
+    results = ResultsDir(space_path.resolve().parent).results
+    if not results.is_file():
+        return None
+    wanted = {**{k: v for k, v in cfg.knobs().items() if k not in ("num_workers", "effective_batch")},
+              **cfg.swept_columns(), "adapter": cfg.train.adapter, "optimizer": cfg.train.optimizer}
+    defaults = {"adapter": "full", "optimizer": "adamw"}
+    with results.open(newline="", encoding="utf-8") as fh:
+        for row in csv.DictReader(fh):
+            if all(_same(row.get(k) or defaults.get(k, ""), v) for k, v in wanted.items() if k in row):
+                return row
+    return None
+
+
+def comparison_lines(row: dict[str, str], r: TrialResult) -> list[str]:
+    """The sweep's figures for this configuration beside this run's."""
+    lines = [f"the sweep's row for this configuration ({row.get('trial_id')}, status {row.get('status')}) "
+             "beside this run:"]
+    for column, label, fmt in _COMPARED:
+        try:
+            theirs = float(row.get(column) or "nan")
+        except ValueError:
+            theirs = math.nan
+        ours = float(getattr(r, column))
+        show = (lambda v: "-" if not math.isfinite(v) else fmt.format(v))
+        change = f" ({100 * (ours - theirs) / theirs:+.1f}%)" if math.isfinite(ours) and math.isfinite(theirs) and theirs else ""
+        lines.append(f"  {label}: sweep {show(theirs)}, this run {show(ours)}{change}")
+    return lines
 
 
 def cmd_trial(args: argparse.Namespace) -> int:
     sp = space_mod.load(args.space, args.overrides)
     cfg = sp.trials[0]
-    out = Path(args.output or f"reports/{sp.name}-trial")
+    out = Path(args.output) if args.output else default_output(Path(args.space), sp.name)
     preflight.check_trial(cfg, out)  # before the training, so that its result cannot be lost
     knobs = ", ".join(f"{k}={v}" for k, v in {**cfg.knobs(), **cfg.swept_columns()}.items())
     print(f"trial {cfg.trial_id}: {knobs}", flush=True)
@@ -34,6 +94,9 @@ def cmd_trial(args: argparse.Namespace) -> int:
               f"spread {r.loss_spread:.4g}, grad-norm spike {r.grad_norm_spike:.3g}x, log-ratio std max "
               f"{r.logratio_std_max:.3g}" + (f", rollback trigger at step {r.rollback_step}" if r.rollback_step else "")
               + f"), eval_loss {r.eval_loss:.4g}")
+        row = sweep_row(Path(args.space), cfg)
+        if row is not None:
+            print("\n".join(comparison_lines(row, r)))
     else:
         print(f"done: status {r.status}: {r.error}", file=sys.stderr)
     print(f"wrote {ResultsDir(out).results} and {ResultsDir(out).steps}")

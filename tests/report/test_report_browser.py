@@ -71,14 +71,14 @@ def test_report_renders_offline_in_chromium(tmp_path, chromium_binary):
         browser.pump(0.5)  # let late console messages or requests arrive
         log = browser.log
 
-    assert ready == "8", f"plots not drawn: {ready!r}; errors: {log.errors()}"
+    assert ready == "9", f"plots not drawn: {ready!r}; errors: {log.errors()}"
     assert log.errors() == []
     assert log.dialogs == []  # alert(1) never ran
-    assert injected == 3  # plotly.js (packed), the figure JSON, the drawing code: nothing from the data
+    assert injected == 4  # plotly.js (packed), the figure JSON, the filter JSON, the drawing code: nothing from the data
     assert HOSTILE in title  # the hostile name is shown, as text
     assert [r for r in log.requests if r != url] == [], "the report made network requests"
     assert [p["id"] for p in plots] == [
-        "plot-memory-time", "plot-dimensions", "plot-loss", "plot-grad-norm", "plot-logratio-std",
+        "plot-memory-time", "plot-dimensions", "plot-parallel", "plot-loss", "plot-grad-norm", "plot-logratio-std",
         "plot-reward-accuracy", "plot-step-time", "plot-memory-steps"]
     for p in plots:
         assert p["svgs"] >= 1 and p["nonEmpty"] and p["marks"] > 0 and p["width"] > 0, p
@@ -102,7 +102,7 @@ def test_tables_fit_1280px_and_long_errors_sit_behind_a_toggle(tmp_path, chromiu
         opened = browser.evaluate(TABLE_FIT_JS)
         browser.pump(0.5)
         log = browser.log
-    assert ready == "8", f"plots not drawn: {ready!r}; errors: {log.errors()}"
+    assert ready == "9", f"plots not drawn: {ready!r}; errors: {log.errors()}"
     assert log.errors() == []  # includes plotly's own warnings (console.trace)
     assert len(closed) == 2
     assert_tables_fit(closed, max_row_px=45)  # a line per trial (two for its error), the rest folded
@@ -138,7 +138,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "reports" / "examples"
 # A click on a column's title sorts its rows: the text of that column's cells, top to bottom.
 SORT_JS = """
 (function (title) {
-  var table = document.querySelectorAll('table.sortable')[1];
+  var table = document.querySelector('#trials-table table.sortable');
   var heads = Array.from(table.querySelectorAll('thead th'));
   var i = heads.findIndex(function (h) { return h.textContent.replace(/\\s+/g, ' ').trim() === title; });
   heads[i].click();
@@ -164,3 +164,29 @@ def test_every_committed_example_renders_offline_and_fits_1280px(example, tmp_pa
     assert_tables_fit(tables, max_row_px=60)
     numbers = [float(t.replace(",", "")) for t in tokens if t != "-"]
     assert numbers == sorted(numbers) and tokens[len(numbers):] == ["-"] * (len(tokens) - len(numbers))
+
+
+def test_the_parallel_coordinates_filters_hide_lines_and_table_rows(tmp_path, chromium_binary):
+    trials = llama_sweep()  # five ok (two checkpoint levels) and one OOM
+    report = analyse_dir(write_dir(tmp_path / "results", trials)).report_path
+    visible_rows = ("Array.from(document.querySelectorAll('#trials-table tr[data-trial]:not(.error-line)'))"
+                    ".filter(function (r) { return r.style.display !== 'none'; }).length")
+    visible_lines = ("document.getElementById('plot-parallel').data.filter(function (t) { return t.visible !== false; }).length")
+    with Chromium(chromium_binary, tmp_path / "profile", timeout_s=60) as browser:
+        browser.open(report.resolve().as_uri(), width_px=800)
+        browser.wait_for("document.body && document.body.getAttribute('data-plots-ready')", 45)
+        before = (browser.evaluate("document.body.getAttribute('data-filter-shown')"),
+                  browser.evaluate(visible_rows), browser.evaluate(visible_lines))
+        # untick checkpoint "full": its 3 trials leave the plot and the table
+        browser.evaluate("Array.from(document.querySelectorAll('#parallel-filters fieldset')).find(function (f) {"
+                         " return f.querySelector('legend').textContent === 'checkpoint'; }).querySelectorAll('input')[1].click()")
+        after = (browser.evaluate("document.body.getAttribute('data-filter-shown')"),
+                 browser.evaluate(visible_rows), browser.evaluate(visible_lines))
+        browser.evaluate("Array.from(document.querySelectorAll('#parallel-filters fieldset')).find(function (f) {"
+                         " return f.querySelector('legend').textContent === 'status'; }).querySelector('input').click()")
+        count = browser.evaluate("document.getElementById('filter-count').textContent")
+        log = browser.log
+    assert before == ("6", 6, 6)
+    assert after == ("3", 3, 3)
+    assert count.endswith("of 6 trials shown (here and in All trials)")
+    assert log.errors() == []

@@ -42,11 +42,14 @@ def test_scatter_draws_frontier_budget_and_oom(tmp_path):
     assert front["x"] == pytest.approx(expected["peak_mem_gb"].tolist(), rel=1e-4)
     assert front["y"] == pytest.approx(expected["tokens_per_s"].tolist(), rel=1e-4)  # throughput axis
     assert front["mode"] == "lines+markers"
-    assert "throughput (tokens/s" in scatter.spec["layout"]["yaxis"]["title"]["text"]
+    layout = scatter.spec["layout"]
+    assert "tokens/s" in layout["yaxis"]["title"]["text"]
     oom = traces["OOM (no throughput; at its measured peak, else the budget)"]
     assert oom["x"] == [20.0, 20.0]  # both OOM trials measured no peak: they sit on the budget line
-    # One trace per checkpoint level, shaped by level and coloured by loss std on one colour axis;
-    # each level's legend entry is a separate key (its shape in grey) in the same legend group.
+    # ... in the strip under the panel: an axis of its own, labelled, never a throughput
+    assert oom["yaxis"] != "y" and layout["yaxis" + oom["yaxis"][1:]]["ticktext"] == ["OOM", "pruned"]
+    # Shaped by level and coloured by loss std on one colour axis; each level's legend entry is a
+    # separate key (its shape in grey) in the same legend group.
     levels = [t for t in scatter.spec["data"] if t["name"].startswith("checkpoint ")]
     points = {t["name"]: t for t in levels if t.get("showlegend") is False}
     keys = {t["name"]: t for t in levels if t.get("showlegend") is not False}
@@ -55,11 +58,9 @@ def test_scatter_draws_frontier_budget_and_oom(tmp_path):
     assert all(t["marker"]["coloraxis"] == "coloraxis" for t in points.values())
     assert all(keys[n]["legendgroup"] == points[n]["legendgroup"] for n in keys)
     assert all(keys[n]["marker"]["symbol"] == points[n]["marker"]["symbol"] for n in keys)
-    layout = scatter.spec["layout"]
     assert layout["coloraxis"]["colorbar"]["title"]["text"] == "loss std"
     assert [s["x0"] for s in layout["shapes"]] == [20.0, 19.0]  # budget and usable budget
-    assert "1e9 bytes" in layout["xaxis"]["title"]["text"]
-    assert traces["diverged / error"]["x"] == [9.0]  # the diverged trial measured 9 GB
+    assert traces["diverged / error (measured before it stopped)"]["x"] == [9.0]  # the diverged trial measured 9 GB
 
 
 def test_every_legend_symbol_has_a_colour_string(tmp_path):
@@ -74,10 +75,10 @@ def test_every_legend_symbol_has_a_colour_string(tmp_path):
 
 def test_scatter_bars_show_the_throughput_noise(tmp_path):
     from dataclasses import replace
-    trials = [replace(trial("a", 10.0, 100.0, 0.02, tps=1000.0), step_time_p10_ms=80.0, step_time_p90_ms=125.0),
-              trial("b", 12.0, 90.0, 0.03, tps=1200.0)]  # no spread: a zero-length bar
+    trials = [replace(trial("a", 10.0, 100.0, 0.02, tps=1000.0, seed=0), step_time_p10_ms=80.0, step_time_p90_ms=125.0),
+              trial("b", 12.0, 90.0, 0.03, tps=1200.0, seed=0)]  # no spread: a zero-length bar
     _, data = build(tmp_path, trials)
-    bars = traces_by_name(data.figures[0])["checkpoint none"]["error_y"]
+    bars = next(t for t in data.figures[0].spec["data"] if "error_y" in t)["error_y"]  # a's and b's: one shape
     assert bars["arrayminus"] == pytest.approx([200.0, 0.0]) and bars["array"] == pytest.approx([250.0, 0.0])
 
 
@@ -93,18 +94,18 @@ def test_dimension_panels_cover_the_swept_dimensions_that_vary(tmp_path):
 def test_step_curves_only_with_steps_csv(tmp_path):
     trials = [trial("a", 10.0, 100.0, 0.02), trial("b", 12.0, 90.0, 0.03)]
     _, without = build(tmp_path, trials)
-    assert [f.dom_id for f in without.figures] == ["plot-memory-time", "plot-dimensions"]
+    assert [f.dom_id for f in without.figures] == ["plot-memory-time", "plot-dimensions", "plot-parallel"]
     assert any("steps.csv is absent" in n for n in without.notes)
     (tmp_path / "s").mkdir()
     write_steps(tmp_path / "s", steps_for("a", 5, 10.0) + steps_for("b", 500, 12.0))
     _, with_steps = build(tmp_path, trials, steps=load_steps(tmp_path / "s"))
-    loss = with_steps.figures[2]
+    loss = with_steps.figures[3]
     assert loss.dom_id == "plot-loss" and len(loss.spec["data"]) == 2
     assert len(loss.spec["data"][0]["x"]) == 5
     assert len(loss.spec["data"][1]["x"]) <= 200 and loss.spec["data"][1]["x"][-1] == 499  # thinned
     by_id = {f.dom_id: f for f in with_steps.figures}
     assert by_id["plot-memory-steps"].spec["data"][0]["y"] == [10.0] * 5
-    assert [f.dom_id for f in with_steps.figures[2:]] == ["plot-loss", "plot-grad-norm", "plot-logratio-std",
+    assert [f.dom_id for f in with_steps.figures[3:]] == ["plot-loss", "plot-grad-norm", "plot-logratio-std",
                                                           "plot-reward-accuracy", "plot-step-time",
                                                           "plot-memory-steps"]
     threshold = by_id["plot-logratio-std"].spec["layout"]["shapes"][0]
@@ -119,7 +120,7 @@ def test_tables_summary_environment_and_notes(tmp_path):
     assert "status-oom" in data.frontier_table.row_classes
     assert ("gpu.name", "H200") in data.environment and ("hosts", "a, b") in data.environment
     summary = dict(data.summary)
-    assert "1e9 bytes" in summary["units"] and summary["memory budget"].startswith("20.00 GB")
+    assert summary["memory budget"].startswith("20.00 GB")
     assert any("t91 (error)" in n for n in data.notes)  # unplotted rows are named, not dropped
     assert data.recommendation_headline.startswith("Use micro_batch")
     assert data.recommendation_json["trial_id"] == data.recommendation_headline.split("trial ")[1].rstrip(")")

@@ -56,15 +56,18 @@ def test_swept_fields_and_the_verdict_are_columns_of_both_tables(tmp_path):
 
 def test_a_diverging_row_is_never_the_best_row(tmp_path):
     analysed, rec, data = build(tmp_path, lr_sweep())
-    assert bool(analysed.set_index("trial_id").loc["b", "on_frontier"])  # the faster one: on the frontier
+    # The faster one, diverging: never on the frontier, in the tables, the plot and the reason alike
+    assert not bool(analysed.set_index("trial_id").loc["b", "on_frontier"])
     assert rec.trial_id == "a"
     classes = dict(zip([r[0].text for r in data.trials_table.rows], data.trials_table.row_classes))
     assert "verdict-diverging" in classes["b"] and "frontier" not in classes["b"].split()
     scatter = {t["name"]: t for t in data.figures[0].spec["data"]}
     front = next(t for n, t in scatter.items() if n.startswith("Pareto frontier"))
     assert front["x"] == [9.0] and front["y"] == [10_000.0]  # a only
-    assert scatter["stability: diverging (never recommended)"]["y"] == [12_500.0]
-    assert scatter["recommended (a)"]["marker"]["symbol"] == "star"
+    diverging = scatter["stability: diverging (its loss std is no stability figure; never on the frontier)"]
+    assert diverging["y"] == [12_500.0]
+    assert "coloraxis" not in diverging["marker"]  # its loss std is not on the colour scale
+    assert scatter["recommended (a)"]["marker"]["symbol"] == "circle-open-dot"
 
 
 def test_marks_for_measured_extrapolated_shared_and_pruned(tmp_path):
@@ -88,6 +91,7 @@ def test_pruned_at_its_predicted_peak_oom_at_its_measured_one_and_the_axis_fits(
     assert low <= 9.0 and 90.0 <= high < 150.0  # the 150 GB budget is named, not stretched to
     assert any("right of every point" in a["text"] for a in spec["layout"]["annotations"])
     assert spec["layout"]["yaxis"]["tickformat"] == ",.0f"  # 12,500, not 12.5k
+    assert scatter["OOM (no throughput; at its measured peak, else the budget)"]["y"] == [0]  # the strip's row
     hover = scatter["recommended (a)"]["text"][0]
     assert "lr 5e-06" in hover and "step time: 100.0 ms (measured)" in hover and "stability: stable" in hover
 
@@ -99,7 +103,7 @@ def test_console_and_frontier_md_name_the_swept_values(tmp_path, capsys):
     commands.analyse_dir(out, memory_budget_gb=150.0)
     text = (out / "frontier.md").read_text()
     assert "| micro_batch | checkpoint | grad_acc | beta | seed | lr | peak memory (GB) |" in text
-    assert "| stability | on frontier |" in text and "| diverging | yes |" in text
+    assert "| stability | on frontier |" in text and "| diverging | no |" in text
 
 
 def test_one_throughput_gets_a_readable_axis_and_the_usable_line_its_label_room(tmp_path):

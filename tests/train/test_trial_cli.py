@@ -15,7 +15,9 @@ def test_quickstart_trial_writes_contract_files(tmp_path, capsys):
                "--set", "train.steps=3", "--set", "train.warmup_steps=1", "--output", str(out)])
     assert rc == 0
     printed = capsys.readouterr().out
-    assert "step 3/3 loss" in printed and "tok/s" in printed and "done: peak memory" in printed
+    # 3 steps and the worst-case step: 4 in all, and the count says so
+    assert "step 3/4 loss" in printed and "step 4/4 loss" in printed and "tok/s" in printed
+    assert "done: peak memory" in printed
     rows = read_csv_rows(out / "results.csv")
     assert list(rows[0]) == RESULTS_COLUMNS and len(rows) == 1
     r = rows[0]
@@ -62,3 +64,20 @@ def test_qwen2_shape_runs_all_levels(cfg_factory, monkeypatch):
         assert out.result.status == "ok", out.result.error
         losses[level] = [s.loss for s in out.steps]
     assert losses["L3"] == pytest.approx(losses["none"], rel=1e-5)
+
+
+def test_trial_in_a_sweep_folder_writes_beside_it_and_shows_the_sweeps_numbers(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    sets = ["--set", "micro_batch=2", "--set", "train.steps=2", "--set", "train.warmup_steps=1"]
+    sweep = tmp_path / "reports" / "quickstart"  # a sweep's folder: its results.csv holds this configuration
+    assert main(["trial", "search_spaces/quickstart.yaml", *sets, "--output", str(sweep)]) == 0
+    shutil.copyfile("search_spaces/quickstart.yaml", sweep / "recommended.yaml")
+    capsys.readouterr()
+    monkeypatch.chdir(sweep)  # as the report says: "in this folder ... dpo-sweep trial recommended.yaml"
+    assert main(["trial", "recommended.yaml", *sets]) == 0
+    printed = capsys.readouterr().out
+    assert (sweep / "quickstart-trial" / "results.csv").is_file()  # beside it, not under ./reports/
+    assert not (sweep / "reports").exists()
+    assert "the sweep's row for this configuration" in printed
+    assert "  peak memory: sweep " in printed and "this run " in printed and "  throughput: sweep " in printed
