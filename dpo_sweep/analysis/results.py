@@ -128,6 +128,8 @@ _AT_LEAST_ONE = ("micro_batch", "grad_acc")
 
 
 def _non_negative(column: str) -> bool:
+    if column == "predicted_peak_gb":
+        return False  # the memory model's prediction (its CPU fit can go below zero), not a measurement
     return column.endswith(("_gb", "_ms", "_s")) or column in (
         "tokens_per_s", "mfu", "loss_std", "padding_frac", "steps", "measured_steps", "pairs_used",
         "pairs_dropped", "trainable_params")
