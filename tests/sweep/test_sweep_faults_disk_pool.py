@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sweep_cluster import auth_env, read_csv, run_sweep, start_sweep, stop_process, write_space
+from sweep_cluster import auth_env, read_csv, run_sweep, session_pids, start_sweep, stop_process, write_space
 
 from dpo_sweep.records import read_csv_table
 
@@ -20,25 +20,21 @@ pytestmark = pytest.mark.slow
 SEARCH = "micro_batch: [2]\ncheckpoint_level: [none, L1, L2]\n"
 
 
-def _session_pids(sid: int, prefix: str) -> set[int]:
-    found = set()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().decode(errors="replace")
-            stat = (cmdline.parent / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z" and text.startswith(prefix):
-            found.add(int(cmdline.parent.name))
-    return found
-
-
-def _first_row(out: Path, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None and not read_csv(out / "results.csv"):
-        time.sleep(0.2)
-    assert proc.poll() is None, log.read_text()[-3000:]
+def _fault_after_first_row(args: list[str], env: dict[str, str], log: Path, fault) -> tuple[int, str]:
+    """Start the sweep, call ``fault(proc)`` once its first row is written, wait for its end: its
+    exit code and output."""
+    out = Path(args[args.index("--output") + 1])
+    proc = start_sweep(args, env, log, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not read_csv(out / "results.csv"):
+            time.sleep(0.2)
+        assert proc.poll() is None, log.read_text()[-3000:]
+        fault(proc)
+        rc = proc.wait(timeout=240)
+    finally:
+        stop_process(proc)
+    return rc, log.read_text()
 
 
 def _whole(out: Path) -> None:
@@ -55,19 +51,14 @@ def test_a_disk_that_fills_mid_sweep_stops_it_with_one_line_and_whole_files(tmp_
         space = write_space(tmp_path / "d.yaml", "disk", SEARCH, train_extra=", learning_steps: 3")
         out = mount / "out"
         args = [str(space), "--output", str(out), "--no-dashboard", "--max-concurrent", "1"]
-        log = tmp_path / "full.log"
-        proc = start_sweep(args, auth_env("disk-test"), log, start_new_session=True)
-        try:
-            _first_row(out, proc, log)
-            with (mount / "filler").open("wb") as fh:  # the disk fills up
+        def fill(proc: subprocess.Popen) -> None:  # the disk fills up
+            with (mount / "filler").open("wb") as fh:
                 try:
                     fh.write(b"\0" * (64 << 20))
                 except OSError:
                     pass
-            rc = proc.wait(timeout=180)
-        finally:
-            stop_process(proc)
-        text = log.read_text()
+
+        rc, text = _fault_after_first_row(args, auth_env("disk-test"), tmp_path / "full.log", fill)
         assert rc == 1, text[-3000:]
         assert "the disk is full" in text and f"--output {out} --resume" in text, text[-3000:]
         assert "Traceback" not in text, text[-3000:]
@@ -86,19 +77,14 @@ def test_a_killed_worker_pool_marks_its_trials_lost_and_resume_runs_them(tmp_pat
     space = write_space(tmp_path / "p.yaml", "pool", SEARCH, train_extra=", learning_steps: 3")
     out = tmp_path / "out"
     args = [str(space), "--output", str(out), "--no-dashboard", "--max-concurrent", "1"]
-    log = tmp_path / "pool.log"
-    proc = start_sweep(args, auth_env("pool-test"), log, start_new_session=True)
-    try:
-        _first_row(out, proc, log)
-        pools = _session_pids(proc.pid, "ray::WorkerPool")
-        workers = _session_pids(proc.pid, "ray::TrialWorker") | _session_pids(proc.pid, "ray::trial ")
-        assert pools and workers, log.read_text()[-3000:]
+    def kill_pool(proc: subprocess.Popen) -> None:
+        pools = session_pids(proc.pid, "ray::WorkerPool")
+        workers = session_pids(proc.pid, "ray::TrialWorker", "ray::trial ")
+        assert pools and workers
         for pid in pools | workers:
             os.kill(pid, signal.SIGKILL)
-        rc = proc.wait(timeout=240)
-    finally:
-        stop_process(proc)
-    text = log.read_text()
+
+    rc, text = _fault_after_first_row(args, auth_env("pool-test"), tmp_path / "pool.log", kill_pool)
     assert rc == 1, text[-3000:]
     rows = read_csv(out / "results.csv")
     lost = [r for r in rows if r["status"] != "ok"]

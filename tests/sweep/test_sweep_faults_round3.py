@@ -12,24 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from sweep_cluster import auth_env, read_csv, run_sweep, start_sweep, stop_process, write_space
+from sweep_cluster import auth_env, read_csv, run_sweep, session_pids, start_sweep, stop_process, write_space
 
 pytestmark = pytest.mark.slow
-
-
-def _session_pids(sid: int, *names: str) -> set[int]:
-    """Live processes of session ``sid`` whose command line holds one of ``names``."""
-    found = set()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().decode(errors="replace")
-            stat = (cmdline.parent / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z" and any(text.startswith(n) for n in names):
-            found.add(int(cmdline.parent.name))
-    return found
 
 
 def _wait_rows(out: Path, n: int, proc, log: Path, timeout_s: float = 240) -> None:
@@ -51,7 +36,7 @@ def test_a_stopped_worker_a_bom_an_inserted_value_sigterm_and_a_changed_setting(
     try:
         _wait_rows(out, 1, first, log)
         # The warm worker: "ray::TrialWorker" when idle, "ray::trial <id>" while it runs one.
-        stopped = _session_pids(first.pid, "ray::TrialWorker", "ray::trial ")
+        stopped = session_pids(first.pid, "ray::TrialWorker", "ray::trial ")
         assert stopped, "no warm worker process found"
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
