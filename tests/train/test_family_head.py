@@ -1,0 +1,137 @@
+"""Every family's log-probs are its own forward's: head transforms, hidden states, dropout, router loss.
+
+Checkpoint folders from tests/family_checkpoints.py (each saved as a user saves one), read by the
+trainer's own build_model. The head is scaled x200 so that a dropped transform (soft-capping, a
+logit scale) moves a sequence's log-prob by nats, far above fp32 rounding.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dpo_sweep.config import ModelSpec
+from dpo_sweep.train.batching import collate
+from dpo_sweep.train.head import HeadTransform, decoder, head_transform
+from dpo_sweep.train.logprobs import SequenceLogProbs
+from dpo_sweep.train.model import build_model
+
+from family_checkpoints import FAMILIES, save_family_checkpoint
+from testkit import ragged_pairs
+
+#: fp32 log-probs summed over <= 9 response tokens: the chunked and plain heads and the model's own
+#: forward differ by rounding only (about 1e-5 nats at x200 logits of magnitude ~1e3).
+LOGP_TOL = dict(rtol=1e-5, atol=2e-3)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """model_type -> a checkpoint folder with its head scaled x200 (made on first use)."""
+    made: dict[str, object] = {}
+
+    def get(model_type: str):
+        if model_type not in made:
+            made[model_type] = save_family_checkpoint(model_type, tmp_path_factory.mktemp(model_type), head_scale=200)
+        return made[model_type]
+
+    return get
+
+
+def _model(folder) -> torch.nn.Module:
+    return build_model(ModelSpec(name_or_path=str(folder)), "fp32", torch.device("cpu"), seed=0).model.eval()
+
+
+def own_forward_logps(lm: torch.nn.Module, batch) -> torch.Tensor:
+    """Summed response log-probs from the model's own ``forward().logits`` (plain log-softmax)."""
+    logits = lm(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids, use_cache=False).logits.float()
+    token = logits[:, :-1].log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    return (token * batch.response_mask[:, 1:]).sum(-1)
+
+
+def _batch():
+    return collate(ragged_pairs(2, seed=1), [0, 1], pad_id=258)
+
+
+def _args(batch):
+    return batch.input_ids, batch.attention_mask, batch.position_ids, batch.response_mask
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_logps_equal_the_models_own_forward(model_type, folders):
+    lm = _model(folders(model_type))
+    batch = _batch()
+    want = own_forward_logps(lm, batch)
+    for chunk in (0, 7):  # plain head, chunked head
+        got, _ = SequenceLogProbs(lm, chunk)(*_args(batch))
+        torch.testing.assert_close(got, want, **LOGP_TOL, msg=lambda m: f"{model_type} chunk {chunk}: {m}")
+
+
+# --- the head transform ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type, extra, want", [
+    ("gemma2", {}, HeadTransform(softcap=30.0)),
+    ("gemma3_text", {}, HeadTransform()),  # its config's default: no cap
+    ("gemma3_text", {"final_logit_softcapping": 20.0}, HeadTransform(softcap=20.0)),
+    ("cohere", {}, HeadTransform(scale=0.25)),
+    ("granite", {}, HeadTransform(scale=1 / 4.0)),  # logits / logits_scaling
+    ("llama", {}, HeadTransform()),
+    ("gpt2", {}, HeadTransform()),
+])
+def test_head_transform_is_read_from_the_model(model_type, extra, want):
+    from transformers import AutoModelForCausalLM
+
+    from family_checkpoints import family_config
+
+    cfg = family_config(model_type)
+    for key, value in extra.items():
+        setattr(cfg, key, value)
+    assert head_transform(AutoModelForCausalLM.from_config(cfg)) == want
+
+
+def test_a_config_attribute_the_forward_does_not_read_is_not_applied():
+    # Llama's forward never reads final_logit_softcapping: a stray key in config.json changes nothing.
+    from transformers import AutoModelForCausalLM
+
+    from family_checkpoints import family_config
+
+    cfg = family_config("llama")
+    cfg.final_logit_softcapping = 5.0
+    assert head_transform(AutoModelForCausalLM.from_config(cfg)).identity
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 100])
+def test_chunked_head_gradients_with_a_transform(chunk):
+    from dpo_sweep.train.logprobs import chunked_token_logps, naive_token_logps
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50).double()
+    h = (torch.randn(20, 16, dtype=torch.float64) * 5).requires_grad_()
+    labels = torch.randint(0, 50, (20,))
+    g = torch.randn(20, dtype=torch.float64)
+    transform = HeadTransform(scale=0.5, softcap=3.0)
+    want = naive_token_logps(h, head, labels, transform)
+    (want.double() * g).sum().backward()
+    grads = (h.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone())
+    h.grad = None
+    head.zero_grad()
+    got = chunked_token_logps(h, head, labels, chunk, transform)
+    (got.double() * g).sum().backward()
+    torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-5)
+    for a, b in zip((h.grad, head.weight.grad, head.bias.grad), grads):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    # and the cap matters here: without it the values differ
+    assert (naive_token_logps(h, head, labels, HeadTransform(scale=0.5)) - want).abs().max() > 0.1
+
+
+def test_decoder_of_a_causal_lm_that_is_its_own_base_model():
+    # Llama-4 text: base_model_prefix names no child, so base_model is the CausalLM itself.
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("llama4_text", hidden_size=32, intermediate_size=48, intermediate_size_mlp=48,
+                               num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                               vocab_size=300, num_local_experts=2)
+    lm = AutoModelForCausalLM.from_config(cfg).eval()
+    assert lm.base_model is lm and decoder(lm) is lm.model
+    batch = _batch()
+    torch.testing.assert_close(SequenceLogProbs(lm, 4)(*_args(batch))[0], own_forward_logps(lm, batch), **LOGP_TOL)
