@@ -139,6 +139,10 @@ def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
         else:
             _require_checkpoint_files(spec)
             vocab_sizes[spec.label()] = getattr(pretrained.load_config(spec), "vocab_size", None)
+            if spec.attn_implementation != "auto":  # auto picks a supported one
+                _, supported, model_class = pretrained.attention_support(spec)
+                if refusal := trial_facts.refused_attention_support(spec.attn_implementation, supported, model_class):
+                    raise UserError(f"{spec.label()}: {refusal}")
         if tokenizer_key(spec) not in tokenizers:
             tokenizers[tokenizer_key(spec)] = load_tokenizer(spec)
     return CheckedModels(tokenizers, vocab_sizes)

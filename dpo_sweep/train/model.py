@@ -90,39 +90,14 @@ def resolve_attn_implementation(requested: str, device: torch.device, spec: Mode
     only where ``auto`` on CUDA asks for it. An implementation the model does not support is a UserError."""
     from dpo_sweep.errors import UserError
 
+    from dpo_sweep.train.pretrained import attention_support
+
     named, supported, model_class = attention_support(spec) if spec is not None else (None, trial_facts.ATTENTIONS, "")
     if refusal := trial_facts.refused_attention_support(requested, supported, model_class):
         raise UserError(refusal)
     wants_flash = requested == "auto" and device.type == "cuda"
     return trial_facts.attention(requested, device.type, flash_attn=wants_flash and flash_attn_imports(),
                                  named=named, supported=supported)
-
-
-def attention_support(spec: ModelSpec) -> tuple[str | None, tuple[str, ...], str]:
-    """(the attention ``spec``'s config.json names or None, the implementations its model class
-    supports of trial_facts.ATTENTIONS, the class name). A preset: none named, all supported."""
-    if spec.preset is not None:
-        return None, trial_facts.ATTENTIONS, ""
-    from dpo_sweep.train.pretrained import load_config
-
-    cfg = load_config(spec)
-    named = getattr(cfg, "_attn_implementation", None)
-    cls = causal_lm_class(cfg)
-    if cls is None:  # custom modelling code: it says what it supports only once built
-        return named, trial_facts.ATTENTIONS, ""
-    flags = {"flash_attention_2": "_supports_flash_attn", "sdpa": "_supports_sdpa"}
-    supported = tuple(impl for impl in trial_facts.ATTENTIONS if getattr(cls, flags.get(impl, ""), True))
-    return named, supported, cls.__name__
-
-
-def causal_lm_class(cfg: Any) -> type | None:
-    """transformers' CausalLM class of a config (None for a model type it does not ship)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    try:
-        return MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
-    except KeyError:
-        return None
 
 
 def weight_dtype(spec: ModelSpec, precision: str) -> torch.dtype:

@@ -135,3 +135,41 @@ def test_decoder_of_a_causal_lm_that_is_its_own_base_model():
     assert lm.base_model is lm and decoder(lm) is lm.model
     batch = _batch()
     torch.testing.assert_close(SequenceLogProbs(lm, 4)(*_args(batch))[0], own_forward_logps(lm, batch), **LOGP_TOL)
+
+
+# --- attention implementation ---------------------------------------------------------------------
+
+
+def test_auto_attention_honours_the_checkpoint_and_what_the_model_supports():
+    from dpo_sweep.trial_facts import attention
+
+    assert attention("auto", "cpu", False, named="eager") == "eager"  # the checkpoint's own choice
+    assert attention("auto", "cpu", False, named="flash_attention_2") == "sdpa"  # cannot run here
+    assert attention("auto", "cuda", True, supported=("flash_attention_2", "eager")) == "flash_attention_2"
+    assert attention("auto", "cuda", False, supported=("flash_attention_2", "eager")) == "eager"
+    assert attention("sdpa", "cpu", False, named="eager") == "sdpa"  # an explicit setting wins
+
+
+def test_attention_gemma2_builds_eager_and_refuses_sdpa_at_validate(folders, tmp_path):
+    from dpo_sweep.errors import UserError
+    from dpo_sweep.preflight import check_models
+
+    from testkit import make_cfg
+
+    folder = folders("gemma2")
+    built = build_model(ModelSpec(name_or_path=str(folder)), "fp32", torch.device("cpu"), seed=0)
+    assert built.attn_implementation == "eager"  # transformers ships no sdpa for Gemma-2
+    cfg = make_cfg(model={"name_or_path": str(folder), "attn_implementation": "sdpa"})
+    with pytest.raises(UserError, match="attn_implementation: sdpa is refused: Gemma2ForCausalLM"):
+        check_models([cfg])
+    # a checkpoint whose config.json names eager is built eager
+    import json
+
+    llama = folders("llama")
+    meta = json.loads((llama / "config.json").read_text())
+    named = tmp_path / "named"
+    named.mkdir()
+    for f in llama.iterdir():
+        (named / f.name).write_bytes(f.read_bytes())
+    (named / "config.json").write_text(json.dumps({**meta, "attn_implementation": "eager"}))
+    assert build_model(ModelSpec(name_or_path=str(named)), "fp32", torch.device("cpu"), seed=0).attn_implementation == "eager"
