@@ -336,6 +336,13 @@ class TrainSpec(_Strict):
         description="adamw: torch AdamW (fused on CUDA); adamw_8bit / adamw_4bit: torchao's low-bit "
         "AdamW (states in 8 or 4 bits, blockwise scaled; CUDA only).",
     )
+    dropout: bool = Field(
+        False,
+        description="false: every dropout of the policy and the reference is off (nn.Dropout modules and the "
+        "attention dropout the checkpoint's config sets), as TRL's DPOConfig(disable_dropout=True), so "
+        "policy and reference agree at step 1; lora_dropout stays as set. true: the policy keeps the "
+        "checkpoint's dropout (TRL: disable_dropout=False).",
+    )
     seed: int = Field(0, description="Seed for weights, data order and dropout.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
     fail_at_step: int | None = Field(

@@ -87,7 +87,10 @@ class DecoderShape:
         """From a transformers model config (only its attributes are read)."""
         n_heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-        return cls(hidden=config.hidden_size, intermediate=config.intermediate_size, n_heads=n_heads,
+        # GPT-2 names its MLP width n_inner, None meaning 4 x hidden.
+        intermediate = (getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+                        or 4 * config.hidden_size)
+        return cls(hidden=config.hidden_size, intermediate=intermediate, n_heads=n_heads,
                    n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads, head_dim=head_dim,
                    n_layers=config.num_hidden_layers, vocab=config.vocab_size)
 

@@ -292,6 +292,9 @@ def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bo
         # Mean over the effective batch: micro_batch x grad_acc pairs here, and DDP/FSDP
         # average over workers, so any split of the same pairs gives the same update.
         loss = losses.sum() / (pairs * grad_acc)
+        if (aux := getattr(setup.policy, "module", setup.policy).aux_loss) is not None:
+            # An MoE's weighted router loss, per micro-batch as TRL adds it to the batch's mean loss.
+            loss = loss + aux / grad_acc
     setup.scaler.scale(loss).backward()
     return metrics.micro_step_sums(losses, chosen_rewards, rejected_rewards, logps, ref_logps.float(), token_counts)
 

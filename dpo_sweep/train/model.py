@@ -216,6 +216,26 @@ def undo_liger() -> None:
     _UNPATCHED.clear()
 
 
+#: Words in the name of a module attribute or config key that holds a dropout probability
+#: (``attention_dropout``, ``hidden_dropout``, GPT-2's ``attn_pdrop``, ...).
+_DROPOUT_WORDS = ("dropout", "pdrop")
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Every dropout of ``model`` off, in training mode too (TRL's ``disable_dropout``): each
+    ``nn.Dropout``'s p, and the float probabilities attention functions read at call time from
+    their module (``self.attention_dropout``) or from the config, set to 0."""
+    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}
+    for owner in [*model.modules(), *configs.values()]:
+        if isinstance(owner, nn.Dropout):
+            owner.p = 0.0
+            continue
+        for key, value in list(vars(owner).items()):
+            if (isinstance(value, float) and not isinstance(value, bool) and value > 0
+                    and any(word in key for word in _DROPOUT_WORDS)):
+                setattr(owner, key, 0.0)
+
+
 def freeze_reference(model: nn.Module) -> nn.Module:
     """Make a model a frozen reference: eval mode (no dropout), no gradients."""
     model.eval()

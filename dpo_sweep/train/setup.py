@@ -28,7 +28,7 @@ from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
 from dpo_sweep.train.data import PairDataset
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
-from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference
+from dpo_sweep.train.model import BuiltModel, build_model, disable_dropout, freeze_reference
 from dpo_sweep.train.order import padded_width, pair_length, usable_pairs
 from dpo_sweep.train.reference import ReferenceTables, pairs_read, reference_batches, table_key
 from dpo_sweep.train.tokenizer import tokenized_pairs
@@ -115,6 +115,8 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
     refuse_cpu_levers(train, device)
     built = build_model(cfg.model, train.precision, device, seed=train.seed)
     policy = built.model
+    if not train.dropout:
+        disable_dropout(policy)  # before the adapters: lora_dropout is the user's own setting
     peft_model = apply_adapter(policy, train)  # LoRA/QLoRA: the reference is the adapters-off policy
     reference = ref_table = None
     if train.reference == "live" and peft_model is None:
@@ -135,7 +137,8 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
                                      data, cfg, device, world, rank, say, since, tables)
     apply_checkpoint_level(policy, cfg.checkpoint_level)  # after the model is on its device
     policy.train()
-    policy_logps = _wrap_parallel(cfg, SequenceLogProbs(policy, train.logp_chunk_tokens), device, world)
+    policy_logps = _wrap_parallel(cfg, SequenceLogProbs(policy, train.logp_chunk_tokens, router_aux_loss=True),
+                                  device, world)
     params = tuple(p for p in policy_logps.parameters() if p.requires_grad)
     optimizer = (InBackwardOptimizer(params, train, device) if train.optimizer_in_backward
                  else build_optimizer(params, train, device))

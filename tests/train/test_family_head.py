@@ -6,6 +6,8 @@ logit scale) moves a sequence's log-prob by nats, far above fp32 rounding.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -173,3 +175,90 @@ def test_attention_gemma2_builds_eager_and_refuses_sdpa_at_validate(folders, tmp
         (named / f.name).write_bytes(f.read_bytes())
     (named / "config.json").write_text(json.dumps({**meta, "attn_implementation": "eager"}))
     assert build_model(ModelSpec(name_or_path=str(named)), "fp32", torch.device("cpu"), seed=0).attn_implementation == "eager"
+
+
+# --- training semantics: dropout off, the router loss ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dropout_folders(tmp_path_factory):
+    """model_type -> a checkpoint folder whose config sets every dropout probability to 0.1."""
+    made: dict[str, object] = {}
+
+    def get(model_type: str):
+        if model_type not in made:
+            made[model_type] = save_family_checkpoint(model_type, tmp_path_factory.mktemp(f"{model_type}-dropout"),
+                                                      dropout=0.1)
+        return made[model_type]
+
+    return get
+
+
+def _step1_loss(folder, **train) -> float:
+    from dpo_sweep.train.loop import run_trial
+
+    from testkit import make_cfg
+
+    cfg = make_cfg(model={"name_or_path": str(folder)}, micro_batch=2, steps=1, max_length=48, worst_case_step=False,
+                   evaluate=False, data={"synthetic": {"pairs": 2, "prompt_tokens": 10, "response_tokens": 8}},
+                   **train)
+    out = run_trial(cfg, log=None, catch_failures=False)
+    return out.steps[0].loss
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_step1_loss_is_ln2_with_dropout_in_the_config(model_type, dropout_folders):
+    # Policy and reference are the same weights at step 1: any dropout left on moves the loss off ln 2.
+    assert _step1_loss(dropout_folders(model_type)) == pytest.approx(math.log(2), abs=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])  # attention_dropout read at call time; nn.Dropout modules
+def test_train_dropout_true_keeps_the_checkpoints_dropout(model_type, dropout_folders):
+    assert abs(_step1_loss(dropout_folders(model_type), dropout=True) - math.log(2)) > 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_router_aux_loss_as_the_models_own_forward_adds_it(model_type):
+    from transformers import AutoModelForCausalLM
+
+    from family_checkpoints import family_config
+
+    cfg = family_config(model_type)
+    cfg.output_router_logits = True
+    cfg.router_aux_loss_coef = 0.02
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(cfg)
+    batch = _batch()
+    lp = SequenceLogProbs(lm, 8, router_aux_loss=True)
+    lp(*_args(batch))
+    own = lm(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+             use_cache=False, output_router_logits=True)
+    torch.testing.assert_close(lp.aux_loss, 0.02 * own.aux_loss)
+    assert lp.aux_loss.requires_grad and float(lp.aux_loss) > 0
+    # the reference (no router loss asked) and a config that does not ask: none
+    assert SequenceLogProbs(lm, 8).router is None
+    cfg.output_router_logits = False
+    assert SequenceLogProbs(AutoModelForCausalLM.from_config(cfg), 8, router_aux_loss=True).router is None
+
+
+def test_router_aux_loss_enters_the_step_loss(tmp_path):
+    # The step's gradient is the DPO loss's plus the router loss's: a trial with the router loss on
+    # ends with other weights than one without (the DPO loss alone is the same at step 1: ln 2).
+    import json
+
+    from dpo_sweep.train.loop import run_trial
+
+    from testkit import make_cfg
+
+    folder = save_family_checkpoint("mixtral", tmp_path / "moe")
+    meta = json.loads((folder / "config.json").read_text())
+    losses = {}
+    for asks in (False, True):
+        (folder / "config.json").write_text(json.dumps({**meta, "output_router_logits": asks,
+                                                        "router_aux_loss_coef": 1.0}))
+        cfg = make_cfg(model={"name_or_path": str(folder)}, micro_batch=2, steps=2, max_length=48,
+                       worst_case_step=False, evaluate=False, lr=1e-2,
+                       data={"synthetic": {"pairs": 4, "prompt_tokens": 10, "response_tokens": 8}})
+        losses[asks] = [s.loss for s in run_trial(cfg, log=None, catch_failures=False).steps]
+    assert losses[False][0] == pytest.approx(math.log(2), abs=1e-6) == losses[True][0]
+    assert abs(losses[True][1] - losses[False][1]) > 1e-5
