@@ -432,7 +432,7 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
         error=error, mem_source=mem_source, loss_type=cfg.train.loss, precision=cfg.train.precision,
         reference=cfg.train.reference, attn_implementation=setup.built.attn_implementation,
         liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops,
-        pad_multiple=trial_facts.pad_multiple(cfg.train, device.type),
+        pad_multiple=trial_facts.pad_multiple(cfg.train, device.type), logp_parity=setup.parity.logp_diff,
         adapter=cfg.train.adapter,
         optimizer=cfg.train.optimizer, trainable_params=sum(p.numel() for p in setup.params), device=str(device),
         steps=len(records), measured_steps=len(measured), pairs_used=setup.data.usable_pairs,

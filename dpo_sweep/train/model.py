@@ -221,19 +221,22 @@ def undo_liger() -> None:
 _DROPOUT_WORDS = ("dropout", "pdrop")
 
 
-def disable_dropout(model: nn.Module) -> None:
+def disable_dropout(model: nn.Module) -> list[tuple[object, str, float]]:
     """Every dropout of ``model`` off, in training mode too (TRL's ``disable_dropout``): each
     ``nn.Dropout``'s p, and the float probabilities attention functions read at call time from
-    their module (``self.attention_dropout``) or from the config, set to 0."""
+    their module (``self.attention_dropout``) or from the config, set to 0. Returns what it
+    changed, ``(owner, attribute, value before)``, for a caller that puts it back."""
     configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}
+    changed: list[tuple[object, str, float]] = []
     for owner in [*model.modules(), *configs.values()]:
-        if isinstance(owner, nn.Dropout):
-            owner.p = 0.0
-            continue
-        for key, value in list(vars(owner).items()):
-            if (isinstance(value, float) and not isinstance(value, bool) and value > 0
-                    and any(word in key for word in _DROPOUT_WORDS)):
+        keys = ["p"] if isinstance(owner, nn.Dropout) else [
+            key for key in vars(owner) if any(word in key for word in _DROPOUT_WORDS)]
+        for key in keys:
+            value = getattr(owner, key)
+            if isinstance(value, float) and value > 0:
+                changed.append((owner, key, value))
                 setattr(owner, key, 0.0)
+    return changed
 
 
 def freeze_reference(model: nn.Module) -> nn.Module:
