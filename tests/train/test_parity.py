@@ -26,6 +26,15 @@ search: {micro_batch: [2], checkpoint_level: [none, full]}
 """
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models on one thread: more only wait on each other (and on the other tests' processes)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     made: dict[str, object] = {}
