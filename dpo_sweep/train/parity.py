@@ -93,8 +93,7 @@ class FastPaths:
 class ParityFigures:
     logp_diff: float  # largest |trainer - own forward| of a sequence's summed log-prob, nats
     grad_diff: float  # ||g_trainer - g_own|| / ||g_own||, g: d(weighted log-probs)/d(input embeddings)
-    #: largest |difference| less the rounding of the model's own logits (:attr:`Expected.rounding`)
-    logp_excess: float = 0.0
+    logp_excess: float  # largest |difference| less the rounding of the own logits (Expected.rounding)
 
     def within(self, tolerance: tuple[float, float]) -> bool:
         return self.logp_excess <= tolerance[0] and self.grad_diff <= tolerance[1]
@@ -112,8 +111,8 @@ class Expected:
     #: per sequence, what rounding the model's own logits to their dtype can move its log-prob:
     #: twice the dtype's epsilon x the largest |logit| of each response token's row, summed. The
     #: trainer's head keeps float32 logits; a bf16 forward (Gemma-2 soft-capping in bf16 at x200
-    #: logits: 0.17 nats on the CPU) rounds its own.
-    rounding: torch.Tensor | None = None
+    #: logits: 0.17 nats on the CPU) rounds its own. Zero for the trainer's side.
+    rounding: torch.Tensor
 
 
 def parity_pairs(vocab_size: int) -> list[TokenizedPair]:
@@ -188,12 +187,12 @@ def measured(logps_module: SequenceLogProbs, pairs: list[TokenizedPair], padding
         logps, _ = logps_module(batch.input_ids, batch.attention_mask if has_padding else None,
                                 batch.position_ids, batch.response_mask, batch.sequence_ids)
     (grad,) = torch.autograd.grad((logps * _weights(len(logps), device)).sum(), leaves)
-    return Expected(logps.detach().float(), _real_tokens(grad, batch))
+    return Expected(logps.detach().float(), _real_tokens(grad, batch), torch.zeros_like(logps.detach()))
 
 
 def compare(want: Expected, got: Expected) -> ParityFigures:
     diff = (got.logps - want.logps).abs()
-    excess = diff - want.rounding if want.rounding is not None else diff
+    excess = diff - want.rounding
     grad = float((got.grad - want.grad).norm() / want.grad.norm().clamp_min(1e-30))
     return ParityFigures(float(diff.max()), grad, float(excess.max()))
 
@@ -259,7 +258,10 @@ def check_on_cpu(spec: ModelSpec, settings: set[FastPaths]) -> dict[FastPaths, P
     (exit 2) on a mismatch, or where a setting cannot be applied to this model."""
     from dpo_sweep.train.model import build_model
 
-    lm = build_model(spec.model_copy(update={"dtype": "float32"}), "fp32", torch.device("cpu"), seed=0).model
+    # flash_attention_2 runs on CUDA only: auto's choice on the CPU stands in for it here.
+    attn = "auto" if spec.attn_implementation == "flash_attention_2" else spec.attn_implementation
+    lm = build_model(spec.model_copy(update={"dtype": "float32", "attn_implementation": attn}), "fp32",
+                     torch.device("cpu"), seed=0).model
     model_type = getattr(lm.config, "model_type", type(lm).__name__)
     tol = TOLERANCE["fp32"]
     pairs = parity_pairs(lm.get_input_embeddings().weight.shape[0])
