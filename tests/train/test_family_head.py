@@ -25,26 +25,13 @@ from testkit import ragged_pairs
 LOGP_TOL = dict(rtol=1e-5, atol=2e-3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on one thread: more only wait on each other (and on the other tests' processes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """model_type -> a checkpoint folder with its head scaled x200 (made on first use)."""
-    made: dict[str, object] = {}
-
-    def get(model_type: str):
-        if model_type not in made:
-            made[model_type] = save_family_checkpoint(model_type, tmp_path_factory.mktemp(model_type), head_scale=200)
-        return made[model_type]
-
-    return get
+def folders(family_folder):
+    """model_type -> a checkpoint folder with its head scaled x200."""
+    return lambda model_type: family_folder(model_type, head_scale=200)
 
 
 def _model(folder) -> torch.nn.Module:
@@ -190,17 +177,9 @@ def test_attention_gemma2_builds_eager_and_refuses_sdpa_at_validate(folders, tmp
 
 
 @pytest.fixture(scope="module")
-def dropout_folders(tmp_path_factory):
+def dropout_folders(family_folder):
     """model_type -> a checkpoint folder whose config sets every dropout probability to 0.1."""
-    made: dict[str, object] = {}
-
-    def get(model_type: str):
-        if model_type not in made:
-            made[model_type] = save_family_checkpoint(model_type, tmp_path_factory.mktemp(f"{model_type}-dropout"),
-                                                      dropout=0.1)
-        return made[model_type]
-
-    return get
+    return lambda model_type: family_folder(model_type, dropout=0.1)
 
 
 def _step1_loss(folder, **train) -> float:

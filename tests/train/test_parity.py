@@ -26,25 +26,13 @@ search: {micro_batch: [2], checkpoint_level: [none, full]}
 """
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on one thread: more only wait on each other (and on the other tests' processes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    made: dict[str, object] = {}
-
-    def get(model_type: str):
-        if model_type not in made:
-            made[model_type] = save_family_checkpoint(model_type, tmp_path_factory.mktemp(model_type), head_scale=200)
-        return made[model_type]
-
-    return get
+def folders(family_folder):
+    """model_type -> a checkpoint folder with its head scaled x200."""
+    return lambda model_type: family_folder(model_type, head_scale=200)
 
 
 def _drop_head_transform(monkeypatch):
