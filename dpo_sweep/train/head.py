@@ -11,7 +11,7 @@ model's. Three things, each found from the model rather than from a list of fami
   ``final_logit_softcapping``) and scales (Cohere ``logit_scale``, Granite ``logits_scaling``,
   Falcon-H1 ``lm_head_multiplier``) - each applied when the config holds the attribute *and* the
   family's forward reads it, the operator (multiply or divide) read from that source;
-* :func:`router_aux` : an MoE's load-balancing loss, where the config asks for router logits.
+* :func:`router_aux`: an MoE's load-balancing loss, where the config asks for router logits.
 
 A transform of a kind not listed here is not guessed at: the parity check
 (:mod:`dpo_sweep.train.parity`) compares these log-probs with the model's own ``forward().logits``

@@ -229,14 +229,15 @@ def dropout_off(model: nn.Module) -> Iterator[None]:
 
 def apply_paths(lm: nn.Module, paths: FastPaths) -> SequenceLogProbs:
     """``lm`` with ``paths``' lean ops and checkpoint level applied in place (the trainer's order:
-    train/setup.py), wrapped in the log-prob head."""
+    train/setup.py), wrapped in the log-prob head as the policy's (its router loss included: a
+    config that asks for one the family's code cannot add is refused here, not in the trial)."""
     from dpo_sweep.train.checkpointing import apply_checkpoint_level
     from dpo_sweep.train.lean import apply_lean_ops
 
     if paths.lean_ops:
         apply_lean_ops(lm)
     apply_checkpoint_level(lm, paths.level)
-    return SequenceLogProbs(lm, paths.chunk_tokens)
+    return SequenceLogProbs(lm, paths.chunk_tokens, router_aux_loss=True)
 
 
 def cpu_params(spec: ModelSpec) -> int:

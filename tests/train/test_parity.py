@@ -125,3 +125,16 @@ def test_dropout_is_back_after_the_check(tmp_path):
     with dropout_off(lm):
         assert lm.training and all(m.p == 0 for m in lm.modules() if isinstance(m, torch.nn.Dropout))
     assert not lm.training and all(math.isclose(m.p, 0.1) for m in lm.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_a_router_loss_the_familys_code_cannot_add_is_refused_at_validate(family_folder, tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "llama-asks"
+    shutil.copytree(family_folder("llama"), folder)
+    meta = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**meta, "output_router_logits": True,
+                                                    "router_aux_loss_coef": 0.01}))
+    with pytest.raises(UserError, match="asks for router logits .* set output_router_logits: false"):
+        check_on_cpu(ModelSpec(name_or_path=str(folder)), {FastPaths(16, "none", False, False)})
