@@ -250,3 +250,34 @@ def test_router_aux_loss_enters_the_step_loss(tmp_path):
         losses[asks] = [s.loss for s in run_trial(cfg, log=None, catch_failures=False).steps]
     assert losses[False][0] == pytest.approx(math.log(2), abs=1e-6) == losses[True][0]
     assert abs(losses[True][1] - losses[False][1]) > 1e-5
+
+
+#: Families whose head transform is not in the checkpoint matrix above: (model_type, config
+#: arguments, the transform their forward applies). HyperCLOVA X multiplies by logits_scaling where
+#: Granite divides: the operator is read from each forward's source.
+_MORE_HEADS = [
+    ("falcon_h1", dict(lm_head_multiplier=0.5, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
+                       mamba_n_groups=1, mamba_chunk_size=16), HeadTransform(scale=0.5)),
+    ("granitemoehybrid", dict(logits_scaling=4.0, num_local_experts=2, num_experts_per_tok=1,
+                              layer_types=["mamba", "attention"], mamba_d_state=8, mamba_n_heads=4, mamba_d_head=32,
+                              mamba_n_groups=1), HeadTransform(scale=0.25)),
+    ("hyperclovax", dict(logits_scaling=0.25), HeadTransform(scale=0.25)),
+    ("cohere2", dict(logit_scale=0.25), HeadTransform(scale=0.25)),
+    ("gemma4_text", dict(final_logit_softcapping=30.0), HeadTransform(softcap=30.0)),
+]
+
+
+@pytest.mark.parametrize("model_type, extra, want", _MORE_HEADS, ids=[c[0] for c in _MORE_HEADS])
+def test_more_families_heads_equal_their_own_forward(model_type, extra, want):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, vocab_size=512, head_dim=16,
+                               bos_token_id=256, eos_token_id=257, pad_token_id=258, **extra)
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        lm.get_output_embeddings().weight.mul_(200)
+    assert head_transform(lm) == want
+    batch = _batch()
+    torch.testing.assert_close(SequenceLogProbs(lm, 8)(*_args(batch))[0], own_forward_logps(lm, batch), **LOGP_TOL)
