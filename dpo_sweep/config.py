@@ -119,8 +119,10 @@ class ModelSpec(_Strict):
         "(bf16 -> bfloat16, otherwise float32 master weights).",
     )
     attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
-        "auto", description="auto: flash_attention_2 when flash-attn imports on a GPU, else sdpa. "
-        "eager is refused with checkpoint levels L2/L3 (see refused_attention)."
+        "auto", description="auto: the one the checkpoint's config.json names where it can run, else the "
+        "fastest the model supports: flash_attention_2 when flash-attn imports on a GPU, then sdpa, then eager. "
+        "One the model does not support is refused; eager is refused with checkpoint levels L2/L3 "
+        "(see refused_attention)."
     )
     liger_kernel: Literal["auto", True, False] = Field(
         "auto",
