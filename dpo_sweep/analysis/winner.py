@@ -165,6 +165,8 @@ def trl_config(trial: TrialConfig, row: pd.Series) -> tuple[dict[str, Any], list
         args["pad_to_multiple_of"] = multiple  # TRL's "auto" pads only on Neuron
     if t.group_by_length:
         args["group_by_length"] = True
+    if t.dropout:  # TRL turns dropout off by default, as the trainer does
+        args["disable_dropout"] = False
     if model.get("liger_kernel") is True:
         args["use_liger_kernel"] = True
     if t.optimizer in _TRL_OPTIM:

@@ -186,3 +186,11 @@ def test_a_lora_winner_with_a_low_bit_adamw_names_its_peft_config_and_optim(tmp_
     full = space_mod.parse(plain).trials[0]
     args, gaps = winner.trl_config(full, load_results(results_for(tmp_path / "full", plain, 0)).iloc[0])
     assert "optim" not in args and not any(g.startswith("adapter") for g in gaps)
+
+
+def test_trl_keeps_dropout_only_where_the_trial_did(tmp_path):
+    row = load_results(results_for(tmp_path, quick_space(tmp_path), 0)).iloc[0]
+    plain = space_mod.parse(quick_space(tmp_path)).trials[0]
+    assert "disable_dropout" not in winner.trl_config(plain, row)[0]  # TRL's default: off, as here
+    kept = space_mod.parse(quick_space(tmp_path, train={"dropout": True})).trials[0]
+    assert winner.trl_config(kept, row)[0]["disable_dropout"] is False
