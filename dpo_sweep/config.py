@@ -43,6 +43,8 @@ OptimizerName = Literal["adamw", "adamw_8bit", "adamw_4bit"]
 #: them, never the lm_head (its weight is the chunked head's, frozen: train/logprobs.py).
 DEFAULT_LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                          "down_proj")
+#: ``train.lora_targets: auto``: the model family's own linear layers (train/family.py).
+LORA_AUTO: tuple[str, ...] = ("auto",)
 #: (field, value) of the levers that run only on a CUDA GPU: torchao's NF4 base weights and its
 #: low-bit AdamW (torchao.optim.AdamW8bit / AdamW4bit).
 CUDA_LEVERS: tuple[tuple[str, str], ...] = (("adapter", "qlora"), ("optimizer", "adamw_8bit"),
@@ -119,8 +121,10 @@ class ModelSpec(_Strict):
         "(bf16 -> bfloat16, otherwise float32 master weights).",
     )
     attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
-        "auto", description="auto: flash_attention_2 when flash-attn imports on a GPU, else sdpa. "
-        "eager is refused with checkpoint levels L2/L3 (see refused_attention)."
+        "auto", description="auto: the one the checkpoint's config.json names where it can run, else the "
+        "fastest the model supports: flash_attention_2 when flash-attn imports on a GPU, then sdpa, then eager. "
+        "One the model does not support is refused; eager is refused with checkpoint levels L2/L3 "
+        "(see refused_attention)."
     )
     liger_kernel: Literal["auto", True, False] = Field(
         "auto",
@@ -321,9 +325,12 @@ class TrainSpec(_Strict):
         description="Dropout on each adapter's input (0: none, and no extra saved tensor per target).",
     )
     lora_targets: tuple[str, ...] = Field(
-        DEFAULT_LORA_TARGETS, min_length=1,
-        description="Module names that get adapters (peft target_modules); default every linear "
-        "layer of the decoder, not the lm_head.",
+        LORA_AUTO, min_length=1,
+        description="Module names that get adapters (peft target_modules). auto: the model family's own "
+        "linear layers of attention and MLP (Llama: q/k/v/o_proj, gate/up/down_proj; Phi-3: qkv_proj, "
+        "o_proj, gate_up_proj, down_proj; GPT-NeoX: query_key_value, dense, dense_h_to_4h, dense_4h_to_h; "
+        "GPT-2: c_attn, c_proj, c_fc), never the lm_head, routers or 3-D expert weights "
+        "(docs/trainer.md's family table).",
     )
     optimizer_in_backward: bool = Field(
         False,
@@ -336,6 +343,13 @@ class TrainSpec(_Strict):
         description="adamw: torch AdamW (fused on CUDA); adamw_8bit / adamw_4bit: torchao's low-bit "
         "AdamW (states in 8 or 4 bits, blockwise scaled; CUDA only).",
     )
+    dropout: bool = Field(
+        False,
+        description="false: every dropout of the policy and the reference is off (nn.Dropout modules and the "
+        "attention dropout the checkpoint's config sets), as TRL's DPOConfig(disable_dropout=True), so "
+        "policy and reference agree at step 1; lora_dropout stays as set. true: the policy keeps the "
+        "checkpoint's dropout (TRL: disable_dropout=False).",
+    )
     seed: int = Field(0, description="Seed for weights, data order and dropout.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
     fail_at_step: int | None = Field(
@@ -347,6 +361,14 @@ class TrainSpec(_Strict):
     )
     fail_rank: int | None = Field(None, description="Test hook: inject only on this worker rank.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _lora_auto(cls, data: Any) -> Any:
+        # ``lora_targets: auto`` in a space file is a string; the field holds names.
+        if isinstance(data, dict) and data.get("lora_targets") == "auto":
+            data = {**data, "lora_targets": LORA_AUTO}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> TrainSpec:
         if self.warmup_steps >= self.steps:
@@ -354,6 +376,9 @@ class TrainSpec(_Strict):
                 f"train.warmup_steps ({self.warmup_steps}) must be smaller than train.steps "
                 f"({self.steps}): at least one step must be measured"
             )
+        if "auto" in self.lora_targets and self.lora_targets != LORA_AUTO:
+            raise ValueError(f"train.lora_targets {list(self.lora_targets)}: auto stands alone (the family's own "
+                             "linear layers), or list module names without it")
         if {"lm_head", "embed_tokens"} & set(self.lora_targets):
             raise ValueError(
                 f"train.lora_targets {list(self.lora_targets)}: lm_head and embed_tokens cannot take "

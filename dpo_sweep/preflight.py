@@ -8,15 +8,17 @@ found by every trial's worker, after Ray has started (one traceback per trial), 
   and tokenizer files, or a hub id; its config and tokenizer load (no weights are read);
 * data: each distinct (data, tokenizer, max_length) of the trials is read and tokenised exactly
   as a worker will, and every trial's micro_batch x workers can be filled from what is left;
-* output: the folder is, or can be created as, a writable directory.
+* output: the folder is, or can be created as, a writable directory;
+* parity: each small model's fast paths (chunked head, checkpoint level, lean ops, padding-free)
+  against its own forward, in float32 on the CPU (dpo_sweep/train/parity.py).
 
-``validate`` checks all three (it writes nothing, so it has no output folder); a memory lever that
+``validate`` checks all four (it writes nothing, so it has no output folder); a memory lever that
 cannot run here (its package missing, or CUDA only on a machine without a GPU) it says and does not
 refuse: it only predicts, and ``run`` and ``trial`` refuse it (:func:`check_levers`). ``run`` makes the
 checks that only read files (:func:`check_files`: the output folder, the checkpoint folders' files,
 the data files' rows) before Ray starts, so such a mistake never starts it, and the rest (the
 tokenizers, the tokenised data, from the rows those checks read) beside Ray's start
-(dpo_sweep/sweep/startup.py). ``trial`` checks the output folder and the models before it trains; its
+(dpo_sweep/sweep/startup.py). ``trial`` checks the output folder, the models and their parity before it trains; its
 data is read once, by the trial itself, whose data errors come before the first step.
 A failed check is a :class:`UserError`: exit 2, the file, line or field named, and the fix.
 """
@@ -140,9 +142,33 @@ def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
         else:
             _require_checkpoint_files(spec)
             vocab_sizes[spec.label()] = getattr(pretrained.load_config(spec), "vocab_size", None)
+            if spec.attn_implementation != "auto":  # auto picks a supported one
+                _, supported, model_class = pretrained.attention_support(spec)
+                if refusal := trial_facts.refused_attention_support(spec.attn_implementation, supported, model_class):
+                    raise UserError(f"{spec.label()}: {refusal}")
         if tokenizer_key(spec) not in tokenizers:
             tokenizers[tokenizer_key(spec)] = load_tokenizer(spec)
+    check_families(trials)
     return CheckedModels(tokenizers, vocab_sizes)
+
+
+def check_families(trials: Iterable[TrialConfig]) -> None:
+    """Each trial's model family takes its checkpoint level and LoRA targets exactly (train/family.py:
+    read from the model's meta-device build): a hybrid model, a level without the region it
+    recomputes, or a LoRA target that is no linear layer is refused here, before any trial."""
+    from dpo_sweep.train.family import refused_trial
+
+    for cfg in trials:
+        try:
+            refused = refused_trial(cfg)
+        except UserError:
+            raise
+        except Exception as err:  # noqa: BLE001 - whatever transformers raises building an unknown family
+            raise UserError(f"{cfg.model.label()}: its model could not be built from its config to read its layers "
+                            f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); check config.json, "
+                            "or model.trust_remote_code for a model with its own code") from None
+        if refused:
+            raise UserError(f"{cfg.model.label()}: {refused}")
 
 
 # --- data -------------------------------------------------------------------------------------
@@ -302,7 +328,18 @@ def check_inputs(trials: tuple[TrialConfig, ...], out_dir: Path | None = None,
     files = check_files(trials, out_dir) if files is None else files
     if levers:  # validate (levers=False) predicts them and says what running them needs instead
         check_levers(trials)
-    return check_data(trials, check_models(trials), files)
+    data = check_data(trials, check_models(trials), files)
+    check_parity(trials)
+    return data
+
+
+def check_parity(trials: Iterable[TrialConfig]) -> None:
+    """The fast paths of the trials (chunked head, checkpoint level, lean ops, padding-free)
+    against each model's own forward, in float32 on the CPU, for every model small enough there
+    (dpo_sweep/train/parity.py); a larger model is checked inside each of its trials."""
+    from dpo_sweep.train.parity import check_trials
+
+    check_trials(tuple(trials))
 
 
 def check_trial(cfg: TrialConfig, out_dir: Path) -> None:
@@ -310,3 +347,4 @@ def check_trial(cfg: TrialConfig, out_dir: Path) -> None:
     check_output_dir(out_dir)
     check_models([cfg])
     check_levers([cfg])
+    check_parity([cfg])

@@ -139,6 +139,7 @@ class TrialResult:
     liger_kernel: bool = False
     lean_ops: bool = False
     pad_multiple: int = 0  # rows padded to a width multiple of (train.pad_to_multiple_of as resolved; 0: not recorded)
+    logp_parity: float = math.nan  # nats: the trainer's log-probs against the model's own forward (train/parity.py)
     # Memory levers (train.adapter, train.optimizer): what was trained and how.
     adapter: str = ""                  # full | lora | qlora
     optimizer: str = ""                # adamw | adamw_8bit | adamw_4bit

@@ -18,7 +18,7 @@ import pandas as pd
 import yaml
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.config import TrialConfig
+from dpo_sweep.config import LORA_AUTO, TrialConfig
 from dpo_sweep.errors import SpaceError
 from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
@@ -169,6 +169,8 @@ def trl_config(trial: TrialConfig, row: pd.Series) -> tuple[dict[str, Any], list
         args["pad_to_multiple_of"] = multiple  # TRL's "auto" pads only on Neuron
     if t.group_by_length:
         args["group_by_length"] = True
+    if t.dropout:  # TRL turns dropout off by default, as the trainer does
+        args["disable_dropout"] = False
     if model.get("liger_kernel") is True:
         args["use_liger_kernel"] = True
     if t.optimizer in _TRL_OPTIM:
@@ -188,10 +190,25 @@ def trl_config(trial: TrialConfig, row: pd.Series) -> tuple[dict[str, Any], list
 _TRL_OPTIM = {"adamw_8bit": "adamw_torch_8bit", "adamw_4bit": "adamw_torch_4bit"}
 
 
-def _peft_gap(t: Any) -> str:
+def _target_modules(trial: TrialConfig) -> list[str] | str:
+    """peft's ``target_modules`` for the trial's ``lora_targets``: ``auto`` as the family's own names
+    where the model's config can be read here, else peft's nearest, ``all-linear`` (which also adapts
+    an MoE's routers and any other linear layer of the decoder)."""
+    if trial.train.lora_targets != LORA_AUTO:
+        return list(trial.train.lora_targets)
+    try:
+        from dpo_sweep.train.family import spec_family
+
+        return list(spec_family(trial.model).linears)
+    except Exception:  # noqa: BLE001 - a folder no longer there, a hub id not cached: peft's own rule
+        return "all-linear"
+
+
+def _peft_gap(trial: TrialConfig) -> str:
     """The adapter as DPOTrainer takes it: a peft config beside DPOConfig, not a field of it."""
+    t = trial.train
     lora = (f"LoraConfig(r={t.lora_r}, lora_alpha={t.lora_alpha}, lora_dropout={t.lora_dropout}, "
-            f"target_modules={list(t.lora_targets)!r}, task_type='CAUSAL_LM')")
+            f"target_modules={_target_modules(trial)!r}, task_type='CAUSAL_LM')")
     text = (f"adapter {t.adapter}: pass DPOTrainer(..., peft_config={lora}); with a peft model and no "
             "ref_model TRL's reference is the model with its adapters off, as here")
     if t.adapter == "qlora":
@@ -204,7 +221,7 @@ def _peft_gap(t: Any) -> str:
 def _trl_gaps(trial: TrialConfig, model: dict[str, Any]) -> list[str]:
     t, gaps = trial.train, []
     if t.adapter != "full":
-        gaps.append(_peft_gap(t))
+        gaps.append(_peft_gap(trial))
     if t.optimizer_in_backward:
         gaps.append("optimizer_in_backward: each parameter stepped in its gradient hook during backward; "
                     "the Trainer steps the optimizer after backward (more gradient memory)")

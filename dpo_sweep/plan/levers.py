@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dpo_sweep import trial_facts
-from dpo_sweep.config import TrialConfig
+from dpo_sweep.config import LORA_AUTO, TrialConfig
 
 #: torchao NF4: 4 bits per value, an int8 scale per 64 values, a float32 scale per 256 of those.
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
@@ -44,17 +44,28 @@ _ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 
 
+def targets_of(s, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The linear layer names ``train.lora_targets`` adapts on the model of shape ``s`` (auto: the
+    family's own, train/family.py)."""
+    return s.auto_targets if names == LORA_AUTO else names
+
+
 def _target_dims(s) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each Llama/Qwen2 decoder linear."""
+    """(in, out) features of each decoder linear, by name (the family's own names, read from its
+    modules; a shape without them has Llama's)."""
+    if s.linear_dims:
+        return {name: (i, o) for name, i, o, _ in s.linear_dims}
     return {"q_proj": (s.hidden, s.q_dim), "k_proj": (s.hidden, s.kv_dim), "v_proj": (s.hidden, s.kv_dim),
             "o_proj": (s.q_dim, s.hidden), "gate_proj": (s.hidden, s.intermediate),
             "up_proj": (s.hidden, s.intermediate), "down_proj": (s.intermediate, s.hidden)}
 
 
-def lora_params(s, targets: tuple[str, ...], r: int) -> int:
+def lora_params(s, names: tuple[str, ...], r: int) -> int:
     """LoRA's A and B over ``targets`` in every layer (names the shape does not know add none)."""
+    if s.linear_dims:  # each name's own count: an MoE's shared expert, a family's dense first layers
+        return r * sum((i + o) * n for name, i, o, n in s.linear_dims if name in targets_of(s, names))
     dims = _target_dims(s)
-    return s.n_layers * r * sum(sum(dims[t]) for t in targets if t in dims)
+    return s.n_layers * r * sum(sum(dims[t]) for t in targets_of(s, names) if t in dims)
 
 
 def trainable_params(cfg: TrialConfig, s) -> int:
@@ -79,13 +90,16 @@ class LeverBytes:
     largest_grad: float = 0.0  # the largest single gradient (optimizer_in_backward: the most alive at once)
 
 
-def _region_targets(level: str) -> tuple[str, ...]:
+def _region_targets(level: str, s) -> tuple[str, ...]:
     """The targets whose adapters run outside a checkpointed region at ``level`` (their saved
-    tensors stay alive until backward)."""
+    tensors stay alive until backward): the family's attention and MLP linears (Llama's names for
+    a shape without them)."""
     regions = trial_facts.regions(level)
     if regions.layer:
         return ()
-    return (() if regions.attention else _ATTENTION_TARGETS) + (() if regions.mlp else _MLP_TARGETS)
+    attention = s.attention_linears or _ATTENTION_TARGETS
+    mlp = tuple(n for n, *_ in s.linear_dims if n not in attention) or _MLP_TARGETS
+    return (() if regions.attention else attention) + (() if regions.mlp else mlp)
 
 
 def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, autocast: bool,
@@ -112,13 +126,14 @@ def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, a
         base = s.n_params * weight_bytes
         cast_params = linears
         transient = 0.0
-    widest = max((max(dims[x]) for x in t.lora_targets if x in dims), default=0)  # of one adapter's A or B
-    kept = [x for x in t.lora_targets if x in _region_targets(cfg.checkpoint_level) and x in dims]
+    names = targets_of(s, t.lora_targets)
+    widest = max((max(dims[x]) for x in names if x in dims), default=0)  # of one adapter's A or B
+    kept = [x for x in names if x in _region_targets(cfg.checkpoint_level, s) and x in dims]
     saved = sum(t.lora_r * activation_bytes + (dims[x][0] * (activation_bytes + 1) if t.lora_dropout else 0)
                 for x in kept)
     regions = trial_facts.regions(cfg.checkpoint_level)
     mlp_kept = not (regions.mlp or regions.layer)  # the MLP's tensors live until backward
-    if lean and mlp_kept and set(_MLP_TARGETS) & set(t.lora_targets):
+    if lean and mlp_kept and set(_MLP_TARGETS) & set(names):
         saved += 2 * activation_bytes * s.intermediate  # the stock MLP's silu(gate) and product
     saved_total = s.n_layers * saved
     if not (lean or liger) and not regions.layer:

@@ -60,12 +60,12 @@ to every head and each layer keeps a ``T x T`` bias per row (:func:`_attention_i
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, fields
 from typing import Mapping
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.levers import lever_bytes
+from dpo_sweep.plan.shape import ModelShape, built_shape, model_shape, shape_key  # noqa: F401 (the planner's names)
 from dpo_sweep.train.lengths import LengthProfile
 from dpo_sweep import trial_facts
 
@@ -75,24 +75,6 @@ CUDA_CONTEXT_GB = 1.449
 #: Reserved above allocated, as a fraction of allocated (median of the committed H200 rows).
 ALLOCATOR_OVERHEAD = 0.030
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the memory model needs of a causal LM's config."""
-
-    n_params: int          # every parameter once (a tied head and embedding count once)
-    n_layers: int
-    hidden: int            # H
-    intermediate: int      # I, the MLP width
-    n_heads: int
-    q_dim: int             # n_heads x head_dim
-    kv_dim: int            # n_kv_heads x head_dim
-    vocab: int
-    tied: bool             # lm_head shares the embedding's weight
-    attn_proj_params: int  # q/k/v/o weights of all layers (what autocast caches under lean ops)
-    mlp_params: int        # gate/up/down weights of all layers
-    arch: str              # the transformers model_type (llama, qwen2, ...)
 
 
 @dataclass(frozen=True)
@@ -118,57 +100,6 @@ class MemoryEstimate:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("total_gb", "peak_at", "tokens")}
 
 
-def _hf_config(spec: ModelSpec):
-    if spec.preset is not None:
-        from dpo_sweep.train.model import preset_config
-
-        return preset_config(spec.preset)
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code)
-
-
-def shape_key(spec: ModelSpec) -> ModelSpec:
-    """What of ``spec`` its shape depends on (the config it is built from): the key of shapes built
-    elsewhere. The storage dtype, attention, kernels and lean ops change no parameter count: a
-    learning trial that drops ``model.dtype`` for bf16-mixed has its configuration's shape (keyed
-    by the whole spec, the H200 user case's driver built it again on the first trial's end,
-    importing torch and transformers: a 10.4 s Tune callback that held back the next trial)."""
-    return ModelSpec(preset=spec.preset, name_or_path=spec.name_or_path, trust_remote_code=spec.trust_remote_code)
-
-
-def model_shape(spec: ModelSpec, known: Mapping[ModelSpec, ModelShape] | None = None) -> ModelShape:
-    """The shape of ``spec``'s model: the one ``known`` gives (shapes built in another process,
-    keyed by :func:`shape_key`: ``dpo-sweep run``'s preflight builds them, so that the sweep's
-    driver never imports torch or transformers), else built here."""
-    key = shape_key(spec)
-    shape = (known or {}).get(key)
-    return shape if shape is not None else built_shape(key)
-
-
-@functools.lru_cache(maxsize=16)  # a cache of a pure function: the meta build costs ~1 s the first time
-def built_shape(spec: ModelSpec) -> ModelShape:
-    """The shape of ``spec``'s model, built on the meta device (no weights are allocated)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    cfg = _hf_config(spec)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, trust_remote_code=spec.trust_remote_code)
-    n_heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    named = dict(model.named_parameters())
-    attn = sum(p.numel() for n, p in named.items() if any(f"self_attn.{k}_proj.weight" in n for k in "qkvo"))
-    mlp = sum(p.numel() for n, p in named.items() if any(f"mlp.{k}_proj.weight" in n for k in ("gate", "up", "down")))
-    return ModelShape(
-        n_params=sum(p.numel() for p in model.parameters()), n_layers=cfg.num_hidden_layers,
-        hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, n_heads=n_heads,
-        q_dim=n_heads * head_dim, kv_dim=getattr(cfg, "num_key_value_heads", n_heads) * head_dim,
-        vocab=cfg.vocab_size, tied=bool(getattr(cfg, "tie_word_embeddings", False)),
-        attn_proj_params=attn, mlp_params=mlp, arch=cfg.model_type,
-    )
-
-
 @dataclass(frozen=True)
 class ElementBytes:
     """Bytes per element: trained weights (and their grads, AdamW state), matmul activations,
@@ -189,42 +120,91 @@ def element_bytes(spec: ModelSpec, precision: str) -> ElementBytes:
 
 
 def _norm_bytes(s: ModelShape, b: ElementBytes, lean: bool, liger: bool) -> float:
-    # Lean and liger RMSNorm save the input and one float32 per token; the stock one a float32
-    # copy of the input and the normalised tensor (lean.py).
-    if lean or liger:
+    """One norm's saved bytes per token. Lean and liger RMSNorm save the input and one float32 per
+    token; the stock one a float32 copy of the input and the normalised tensor (lean.py); torch's
+    LayerNorm its input, mean and rstd; a LayerNorm written in Python (Cohere's) the centred input,
+    the normalised tensor and a float32 copy."""
+    if s.norm_kind == "layer":
+        return b.residual * s.hidden + 8
+    if s.norm_kind == "centered":
+        return (8 + b.residual) * s.hidden + 4
+    if (lean and s.lean_norm) or liger:
         return b.residual * s.hidden + 4
     return (4 + b.residual) * s.hidden
 
 
 def _mlp_internal_bytes(s: ModelShape, b: ElementBytes, lean: bool, liger: bool) -> float:
-    # lean: gate and up; liger's SwiGLU: also the product; stock: gate, silu(gate), up, product.
-    widths = 2 if lean else (3 if liger else 4)
-    return b.activation * widths * s.intermediate
+    """The MLP's saved bytes per token beyond its input. Gated: lean: gate and up; liger's SwiGLU:
+    also the product; stock: gate, act(gate), up, product. Ungated (GPT-2, GPT-NeoX): what the
+    activation saves and its output. An MoE (:func:`_experts_bytes`) adds its routed tokens."""
+    if s.gated_mlp:
+        widths = 2 if (lean and s.lean_mlp) else (3 if liger else 4)
+    else:
+        widths = s.act_saved + 1
+    dense = b.activation * widths * s.intermediate
+    if s.shared_gate:  # the shared expert's output and its sigmoid gate, kept for their product
+        dense += b.activation * s.hidden + 4
+    return dense + _experts_bytes(s, b)
 
 
-def _attention_internal_bytes(s: ModelShape, b: ElementBytes, attn: str, seq_len: int, masked: bool) -> float:
+def _experts_bytes(s: ModelShape, b: ElementBytes) -> float:
+    """An MoE layer's routed tokens, per token: each of the top-k copies keeps its input, gate and up
+    (one tensor), act(gate), their product and its output scaled by the routing weight (2H + 4I),
+    plus the router's float32 probabilities and the int64 orders of the grouped matmuls (as
+    transformers' grouped_mm experts save them)."""
+    if not s.experts_per_token:
+        return 0.0
+    k = s.experts_per_token
+    routed = k * (b.activation * (2 * s.hidden + 4 * s.expert_intermediate) + 4 + 3 * 8)
+    return routed + 4 * s.n_experts + 12 * k + 4
+
+
+def _attention_internal_bytes(s: ModelShape, b: ElementBytes, attn: str, seq_len: int, masked: bool,
+                              lean: bool = False) -> float:
     """What the attention sub-block saves beyond its input, per token. sdpa/flash: q, k, v at
     their GQA sizes, the output (whose storage is the o_proj input) and the float32 log-sum-exp.
     sdpa with a padding mask (``masked``): transformers repeats k and v to every head (the fused
     kernels take GQA only without a mask: ``use_gqa_in_sdpa``), and torch turns the boolean mask
     into a bias of the activations' dtype in every layer's call, ``[rows, 1, T, T]``, which the
-    kernel keeps for its backward: ``seq_len`` elements per token and layer."""
+    kernel keeps for its backward: ``seq_len`` elements per token and layer. A sliding-window layer
+    shorter than the sequence gets such a mask on sdpa too. Family terms: q/k norms keep a float32
+    copy of q and k and their normalised values; a fused q/k/v projection with rotary positions
+    keeps the whole projection (v is a view of it); rotary positions written with ``torch.cat``
+    (partial rotary: Phi-3, GPT-NeoX, StableLM) give q a head-major layout, so the kernel's output
+    is copied once more for the o projection."""
+    extra = 0.0
+    if s.qk_norm:  # lean RMSNorm: the input and one float32 per head row, as for the layer's norms
+        lean_norm = lean and s.lean_norm
+        extra = ((b.residual * (s.q_dim + s.kv_dim) + 4 * (s.q_dim + s.kv_dim) // (s.q_dim // s.n_heads))
+                 if lean_norm else (4 + b.activation) * (s.q_dim + s.kv_dim))
+    if s.fused_qkv and s.rope:
+        extra += b.activation * (s.q_dim + s.kv_dim)
+    if s.rope_cat:
+        extra += b.activation * s.q_dim
     if attn == "eager":  # k/v repeated to every head, float32 softmax output and its bf16 copy
-        return b.activation * (4 * s.q_dim) + (4 + b.activation) * s.n_heads * seq_len
-    if masked and attn != "flash_attention_2":
-        return b.activation * (4 * s.q_dim + seq_len) + 4 * s.n_heads
-    return b.activation * (2 * s.q_dim + 2 * s.kv_dim) + 4 * s.n_heads
+        return extra + b.activation * (4 * s.q_dim) + (4 + b.activation) * s.n_heads * seq_len
+
+    def kernel(with_mask: bool) -> float:
+        if with_mask and attn != "flash_attention_2":
+            return b.activation * (4 * s.q_dim + seq_len) + 4 * s.n_heads
+        return b.activation * (2 * s.q_dim + 2 * s.kv_dim) + 4 * s.n_heads
+
+    windowed = s.sliding_share if (s.sliding_window and seq_len > s.sliding_window) else 0.0
+    return extra + (1 - windowed) * kernel(masked) + windowed * kernel(True)
 
 
 def layer_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
                                 liger: bool = False, attn: str = "sdpa", seq_len: int = 1024,
                                 masked: bool = False) -> float:
     """Bytes autograd keeps per token for one decoder layer between forward and backward
-    (``masked``: the micro-batch has padding, so the attention gets a mask)."""
+    (``masked``: the micro-batch has padding, so the attention gets a mask). Regions wrap the
+    family's own attention and MLP (train/checkpointing.py), so what a family adds inside them
+    (q/k norms, experts) is freed by the level that recomputes them."""
     regions = trial_facts.regions(level)
-    norms = 2 * _norm_bytes(s, b, lean, liger)
-    region_inputs = 2 * b.activation * s.hidden  # the normed inputs of attention and the MLP
-    attention = _attention_internal_bytes(s, b, attn, seq_len, masked)
+    norms = s.norms_per_layer * _norm_bytes(s, b, lean, liger)
+    # The normed inputs of attention and the MLP (one, shared, where one norm feeds both: Cohere).
+    region_inputs = min(2, s.norms_per_layer) * b.activation * s.hidden
+    attention = _attention_internal_bytes(s, b, attn, seq_len, masked, lean)
     if regions.attention:
         # The attention region keeps only the kernel's output and log-sum-exp (checkpointing.py);
         # eager's matmul/softmax are not kernel ops, so all of it is recomputed.
@@ -273,11 +253,21 @@ def model_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, l
     norm, the hidden states the chunked head keeps (every token counted as a response token: the
     worst case), RoPE's cos/sin (shared by the layers; rebuilt under ``full``) and the int64 token
     ids, labels and row indices."""
+    decoder = decoder_saved_bytes_per_token(s, b, level, lean=lean, liger=liger, attn=attn, seq_len=seq_len,
+                                            masked=masked)
+    return decoder + b.activation * s.hidden + 3 * 8
+
+
+def decoder_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, lean: bool = True,
+                                  liger: bool = False, attn: str = "sdpa", seq_len: int = 1024,
+                                  masked: bool = False) -> float:
+    """Bytes autograd keeps per token for the decoder's forward (the base model, to its final
+    norm): the layers, the final norm and RoPE's cos/sin (shared by the layers; rebuilt under
+    ``full``). tests/plan/test_memory_families.py measures it on tiny models of many families."""
     layers = s.n_layers * layer_saved_bytes_per_token(s, b, level, lean=lean, liger=liger, attn=attn,
                                                       seq_len=seq_len, masked=masked)
-    head = _norm_bytes(s, b, lean, liger) + b.activation * s.hidden
     rope = 0 if trial_facts.regions(level).layer else 2 * b.activation * (s.q_dim // s.n_heads)
-    return layers + head + rope + 3 * 8
+    return layers + _norm_bytes(s, b, lean, liger) + rope
 
 
 def _head_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_tokens: int) -> float:

@@ -86,10 +86,32 @@ class DecoderShape:
     def from_config(cls, config: Any) -> DecoderShape:
         """From a transformers model config (only its attributes are read)."""
         n_heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-        return cls(hidden=config.hidden_size, intermediate=config.intermediate_size, n_heads=n_heads,
-                   n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads, head_dim=head_dim,
+        return cls(hidden=config.hidden_size, intermediate=_mlp_width(config), n_heads=n_heads,
+                   n_kv_heads=getattr(config, "num_key_value_heads", None) or n_heads, head_dim=_head_dim(config),
                    n_layers=config.num_hidden_layers, vocab=config.vocab_size)
+
+
+def _head_dim(config: Any) -> int:
+    """The attention heads' width; a per-layer one (Gemma-4's, which transformers refuses to read
+    globally) as the mean of its layers'."""
+    try:
+        return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    except RuntimeError:
+        dims = [getattr(c, "head_dim", None) for c in getattr(config, "per_layer_config", None) or ()]
+        dims = [d for d in dims if d]
+        return round(sum(dims) / len(dims)) if dims else config.hidden_size // config.num_attention_heads
+
+
+def _mlp_width(config: Any) -> int:
+    """The MLP width a token runs through: an MoE's top-k experts (and its shared expert), else the
+    dense width under whichever name the family gives it (GPT-2's ``n_inner``, 4 x hidden when unset)."""
+    top_k = getattr(config, "num_experts_per_tok", None)
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    dense = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * config.hidden_size
+    if top_k and experts:
+        expert = getattr(config, "moe_intermediate_size", None) or dense
+        return top_k * expert + (getattr(config, "shared_expert_intermediate_size", None) or 0)
+    return dense
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@
 
 * ``full`` - every weight is trained; the live reference is a frozen copy (train/setup.py).
 * ``lora`` - peft's ``get_peft_model`` puts adapters on ``train.lora_targets`` and freezes every
-  other weight. The adapters are made in the weights' dtype (``autocast_adapter_dtype=False``:
+  other weight; ``auto`` is the family's own linear layers of attention and MLP (train/family.py:
+  Phi-3's fused ``qkv_proj``, GPT-2's ``Conv1D`` ``c_attn``, ...); an MoE's 3-D expert weights
+  are no linear layer, so they stay frozen (and naming them is refused with that reason). The adapters are made in the weights' dtype (``autocast_adapter_dtype=False``:
   pure bf16 keeps bf16 adapters, as it keeps bf16 weights; fp32 master weights get fp32
   adapters), so an adapter never casts its input to another dtype and saves no second copy of it.
   peft injects the adapters into the model's own modules, so the checkpoint levels, lean ops and
@@ -39,6 +41,7 @@ from torch import nn
 from dpo_sweep.config import TrainSpec
 from dpo_sweep.errors import UserError
 from dpo_sweep.train.checkpointing import decoder_layers
+from dpo_sweep.train.family import family_of, lora_targets, refused_lora_targets
 
 #: torchao's NF4 blocks: one scale per 64 values, the scales quantised in blocks of 256.
 NF4_BLOCK = 64
@@ -60,14 +63,12 @@ def apply_adapter(model: nn.Module, train: TrainSpec) -> Any | None:
     if train.adapter == "full":
         return None
     peft = require_package("peft", f"train.adapter: {train.adapter}")
-    found = {name.rsplit(".", 1)[-1] for layer in decoder_layers(model) for name, m in layer.named_modules()
-             if isinstance(m, nn.Linear)}
-    missing = [t for t in train.lora_targets if t not in found]
-    if missing:
-        raise UserError(f"train.lora_targets: {', '.join(missing)} is no linear layer of the decoder of "
-                        f"{type(model).__name__}; allowed: {', '.join(sorted(found))}")
+    fam = family_of(model)
+    refused = refused_lora_targets(fam, train.lora_targets)
+    if refused:
+        raise UserError(refused)
     lora = peft.LoraConfig(r=train.lora_r, lora_alpha=train.lora_alpha, lora_dropout=train.lora_dropout,
-                           target_modules=list(train.lora_targets), bias="none")
+                           target_modules=list(lora_targets(fam, train.lora_targets)), bias="none")
     peft_model = peft.get_peft_model(model, lora, autocast_adapter_dtype=False)
     if train.adapter == "qlora":
         quantize_base_nf4(model)

@@ -9,16 +9,18 @@ check it for every level). What each level recomputes in backward, for one decod
 level     regions
 ========  ====================================================================================
 none      nothing
-L1        the MLP sub-block (gate/up projections, activation, product, down projection): frees
-          the four ``intermediate_size``-wide tensors per token that dominate a layer's memory
-L2        L1, plus the attention sub-block (q/k/v projections, RoPE, o projection) as a second,
-          separate region. The attention kernel itself is *not* re-run: a selective-checkpoint
-          policy keeps the kernel's outputs (its output and log-sum-exp), so backward recomputes
-          only the projections. Frees q, k, v and the o-projection input
-L3        L2, plus the q, k and v projections each as their own (nested) region inside the
-          attention region. Their outputs are already recomputed under L2, so L3 can only lower
-          the transient peak while one layer's attention backward runs; the benchmarks measure
-          what that is worth
+L1        the MLP sub-block - the family's own MLP forward (gate/up projections, activation,
+          product, down projection; an MoE's router, experts and shared expert): frees the
+          ``intermediate_size``-wide tensors per token that dominate a layer's memory
+L2        L1, plus the attention sub-block - the family's own attention forward (projections,
+          q/k norms, rotary positions, soft-capping, sinks, o projection) - as a second, separate
+          region. The attention kernel itself is *not* re-run: a selective-checkpoint policy
+          keeps the kernel's outputs (its output and log-sum-exp), so backward recomputes
+          everything else. Frees q, k, v and the o-projection input
+L3        L2, plus each input projection of the attention (q, k, v; a fused qkv; MLA's down and
+          up projections) as its own (nested) region inside the attention region. Their outputs
+          are already recomputed under L2, so L3 can only lower the transient peak while one
+          layer's attention backward runs; the benchmarks measure what that is worth
 full      the whole decoder layer (norms included), as Hugging Face's
           ``gradient_checkpointing_enable()`` does
 L4        refused at validation: a boundary inside RMSNorm or softmax (see config.REFUSED_LEVELS)
@@ -29,15 +31,17 @@ custom ops: :data:`KERNEL_OP_NAMES`). Eager attention (matmul, softmax, matmul) 
 L2/L3 at validation (``trial_facts.refused_attention``), and an attention forward under L2/L3 in which
 the policy kept no kernel op raises instead of silently recomputing the attention.
 
-Levels L1-L3 replace the ``forward`` of each layer's ``mlp`` / ``self_attn`` instance; ``full``
-uses the model's own gradient-checkpointing switch. The reference model is never checkpointed.
+Levels L1-L3 wrap the ``forward`` of each layer's MLP and attention instance, found by
+train/family.py in the model's own modules (Llama's ``mlp`` / ``self_attn``, GPT-2's ``mlp`` /
+``attn`` at ``transformer.h``, GPT-NeoX's ``attention``, ...): the family's maths runs unchanged
+inside the regions, so each level is exact for every family it accepts; ``validate`` refuses a level
+whose region a family lacks (``Family.refused_level``). ``full`` uses the model's own
+gradient-checkpointing switch. The reference model is never checkpointed.
 Apply a level after the model is on its device (RNG state is recorded per device).
 """
 from __future__ import annotations
 
 import functools
-import sys
-import types
 from typing import Any, Callable
 
 import torch
@@ -45,6 +49,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from dpo_sweep.config import CHECKPOINT_LEVELS
+from dpo_sweep.train.family import family_of, find_layers, input_projections
 from dpo_sweep.trial_facts import refused_attention, regions
 
 #: Substrings of the attention-kernel operators whose outputs L2/L3 keep instead of re-running:
@@ -83,52 +88,24 @@ def _checkpointed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a Hugging Face causal LM (``model.model.layers`` for Llama/Qwen2)."""
-    layers = getattr(model.base_model, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: no decoder layers found at model.base_model.layers")
-    return layers
+    """The decoder layers of a Hugging Face causal LM (``model.layers``, GPT-2's ``transformer.h``)."""
+    return find_layers(model)[1]
 
 
-def _supports_attention_regions(attn: nn.Module) -> bool:
-    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
-    # Qwen3-style q/k norms sit between projection and RoPE: this forward does not model them.
-    return all(hasattr(attn, n) for n in needed) and not hasattr(attn, "q_norm")
+def _attention_region(original: Callable[..., Any], level: str, attn_implementation: str) -> Callable[..., Any]:
+    """The family's own attention ``forward`` as one region whose attention kernel's outputs are kept
+    (everything else in it - projections, norms, rotary, soft-capping - is recomputed in backward)."""
 
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        kept: list[str] = []
+        out = _checkpointed(original, *args, context_fn=functools.partial(_kernel_kept_context, kept), **kwargs)
+        # Under no_grad checkpoint runs the region plainly (no policy, nothing saved): nothing to check.
+        if torch.is_grad_enabled() and not kept:
+            raise ValueError(_kernel_not_kept(level, attn_implementation))
+        return out
 
-def _attention_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings: Any = None,
-                       attention_mask: torch.Tensor | None = None, *, level: str, **kwargs: Any):
-    """The Llama/Qwen2/Mistral attention forward of transformers, cut into checkpoint regions."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    modeling = sys.modules[type(self).__module__]
-    for k in ("cache", "past_key_values", "past_key_value"):
-        kwargs.pop(k, None)
-    input_shape = hidden_states.shape[:-1]
-    hidden_shape = (*input_shape, -1, self.head_dim)
-    cos, sin = position_embeddings
-    interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-        self.config._attn_implementation, modeling.eager_attention_forward)
-    extra = {"sliding_window": self.sliding_window} if hasattr(self, "sliding_window") else {}
-    dropout = 0.0 if not self.training else self.attention_dropout
-
-    def project(proj: nn.Module, h: torch.Tensor) -> torch.Tensor:
-        out = _checkpointed(proj, h) if regions(level).qkv else proj(h)
-        return out.view(hidden_shape).transpose(1, 2)
-
-    def block(h: torch.Tensor) -> torch.Tensor:
-        q, k, v = project(self.q_proj, h), project(self.k_proj, h), project(self.v_proj, h)
-        q, k = modeling.apply_rotary_pos_emb(q, k, cos, sin)
-        out, _ = interface(self, q, k, v, attention_mask, dropout=dropout, scaling=self.scaling,
-                           **extra, **kwargs)
-        return self.o_proj(out.reshape(*input_shape, -1).contiguous())
-
-    kept: list[str] = []
-    out = _checkpointed(block, hidden_states, context_fn=functools.partial(_kernel_kept_context, kept))
-    # Under no_grad checkpoint runs the region plainly (no policy, nothing saved): nothing to check.
-    if torch.is_grad_enabled() and not kept:
-        raise ValueError(_kernel_not_kept(level, self.config._attn_implementation))
-    return out, None
+    return forward
 
 
 def _wrap_forward(module: nn.Module, **checkpoint_kwargs: Any) -> None:
@@ -155,15 +132,16 @@ def apply_checkpoint_level(model: nn.Module, level: str) -> None:
         return
     if not wrapped.mlp:
         return  # none
-    for i, layer in enumerate(decoder_layers(model)):
-        if not hasattr(layer, "mlp"):
-            raise ValueError(f"{type(layer).__name__} (layer {i}) has no mlp sub-block for {level}; use full")
-        _wrap_forward(layer.mlp)
+    family = family_of(model)
+    refused = family.refused() or family.refused_level(level)
+    if refused:  # validate refuses these before any trial (preflight.check_models)
+        raise ValueError(refused)
+    attn_implementation = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    for layer in decoder_layers(model):
+        _wrap_forward(getattr(layer, family.mlp))
         if wrapped.attention:
-            attn = layer.self_attn
-            if not _supports_attention_regions(attn):
-                raise ValueError(
-                    f"{type(attn).__name__}: {level} needs a Llama/Qwen2/Mistral-style attention "
-                    "(q/k/v/o projections, no q/k norms); use L1 or full for this model"
-                )
-            attn.forward = types.MethodType(functools.partial(_attention_forward, level=level), attn)
+            attn = getattr(layer, family.attention)
+            if wrapped.qkv:
+                for _, proj in input_projections(attn):
+                    _wrap_forward(proj)
+            attn.forward = _attention_region(attn.forward, level, attn_implementation)

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpo_sweep import stability, trial_facts
-from dpo_sweep.config import TrialConfig
+from dpo_sweep.config import LORA_AUTO, TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, config_columns, error_text, failed_result
 from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCounts, TrialClock, dpo_step_flops,
@@ -292,6 +292,9 @@ def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bo
         # Mean over the effective batch: micro_batch x grad_acc pairs here, and DDP/FSDP
         # average over workers, so any split of the same pairs gives the same update.
         loss = losses.sum() / (pairs * grad_acc)
+        if (aux := getattr(setup.policy, "module", setup.policy).aux_loss) is not None:
+            # An MoE's weighted router loss, per micro-batch as TRL adds it to the batch's mean loss.
+            loss = loss + aux / grad_acc
     setup.scaler.scale(loss).backward()
     return metrics.micro_step_sums(losses, chosen_rewards, rejected_rewards, logps, ref_logps.float(), token_counts)
 
@@ -389,7 +392,9 @@ def _lean_mlp_used(cfg: TrialConfig) -> bool:
     """Whether lean ops' MLP runs: not on an MLP with adapters, nor on QLoRA's NF4 weights (lean.py)."""
     if not cfg.model.lean_ops or cfg.train.adapter == "full":
         return cfg.model.lean_ops
-    mlp_adapted = bool({"gate_proj", "up_proj", "down_proj"} & set(cfg.train.lora_targets))
+    # auto adapts the MLP's linears wherever lean ops' MLP could run (a Llama SwiGLU).
+    targets = set(cfg.train.lora_targets)
+    mlp_adapted = cfg.train.lora_targets == LORA_AUTO or bool({"gate_proj", "up_proj", "down_proj"} & targets)
     return cfg.train.adapter == "lora" and not mlp_adapted
 
 
@@ -429,7 +434,7 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
         error=error, mem_source=mem_source, loss_type=cfg.train.loss, precision=cfg.train.precision,
         reference=cfg.train.reference, attn_implementation=setup.built.attn_implementation,
         liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops,
-        pad_multiple=trial_facts.pad_multiple(cfg.train, device.type),
+        pad_multiple=trial_facts.pad_multiple(cfg.train, device.type), logp_parity=setup.parity.logp_diff,
         adapter=cfg.train.adapter,
         optimizer=cfg.train.optimizer, trainable_params=sum(p.numel() for p in setup.params), device=str(device),
         steps=len(records), measured_steps=len(measured), pairs_used=setup.data.usable_pairs,

@@ -176,9 +176,21 @@ def test_a_lora_winner_with_a_low_bit_adamw_names_its_peft_config_and_optim(tmp_
     (peft,) = [g for g in gaps if g.startswith("adapter lora")]
     call = peft[peft.index("LoraConfig("):peft.index(", task_type='CAUSAL_LM')")] + ", task_type='CAUSAL_LM')"
     config = eval(call, {"LoraConfig": LoraConfig})  # the text pastes as peft's own call
-    assert (config.r, config.lora_alpha, set(config.target_modules)) == (8, 16, set(t.train.lora_targets))
+    # lora_targets auto: the Llama preset's own linear layers, named as peft takes them
+    from dpo_sweep.config import DEFAULT_LORA_TARGETS
+
+    assert t.train.lora_targets == ("auto",)
+    assert (config.r, config.lora_alpha, set(config.target_modules)) == (8, 16, set(DEFAULT_LORA_TARGETS))
     (tmp_path / "full").mkdir()
     plain = quick_space(tmp_path / "full")
     full = space_mod.parse(plain).trials[0]
     args, gaps = winner.trl_config(full, load_results(results_for(tmp_path / "full", plain, 0)).iloc[0])
     assert "optim" not in args and not any(g.startswith("adapter") for g in gaps)
+
+
+def test_trl_keeps_dropout_only_where_the_trial_did(tmp_path):
+    row = load_results(results_for(tmp_path, quick_space(tmp_path), 0)).iloc[0]
+    plain = space_mod.parse(quick_space(tmp_path)).trials[0]
+    assert "disable_dropout" not in winner.trl_config(plain, row)[0]  # TRL's default: off, as here
+    kept = space_mod.parse(quick_space(tmp_path, train={"dropout": True})).trials[0]
+    assert winner.trl_config(kept, row)[0]["disable_dropout"] is False

@@ -1,0 +1,124 @@
+"""``dpo-sweep validate`` on checkpoint folders of many model families, as a user saves them:
+every family validates, at every level it accepts, and a level or LoRA target a family cannot take
+exactly is refused here (exit 2) with the reason and the level to use - never at run time."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from dpo_sweep.cli import main
+from family_checkpoints import FAMILIES, HYBRIDS, REFUSED_LEVELS, save_family_checkpoint
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {mt: save_family_checkpoint(mt, root / mt) for mt in (*FAMILIES, *HYBRIDS)}
+
+
+def _space(tmp_path, folder, levels, attn="auto", **train):
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "families", "model": {"name_or_path": str(folder), "attn_implementation": attn},
+        "data": {"synthetic": {"pairs": 8, "prompt_tokens": 8, "response_tokens": 8}},
+        "train": {"steps": 2, "warmup_steps": 1, "max_length": 32, "precision": "fp32", **train},
+        "search": {"micro_batch": [1], "checkpoint_level": list(levels), "grad_acc": [1], "beta": [0.1]},
+    }))
+    return path
+
+
+def _attention(model_type: str) -> str:
+    # Gemma-2's soft-capped attention runs on eager only (transformers refuses sdpa for it).
+    return "eager" if model_type == "gemma2" else "auto"
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_every_family_validates_at_the_levels_it_accepts(model_type, folders, tmp_path, capsys):
+    accepted = [lv for lv in ("none", "L1", "L2", "L3", "full") if (model_type, lv) not in REFUSED_LEVELS]
+    code = main(["validate", str(_space(tmp_path, folders[model_type], accepted, _attention(model_type)))])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert f"valid, {len(accepted)} trial(s)" in out.out
+
+
+@pytest.mark.parametrize(("model_type", "level"), list(REFUSED_LEVELS))
+def test_a_level_a_family_cannot_take_is_refused_at_validate(model_type, level, folders, tmp_path, capsys):
+    code = main(["validate", str(_space(tmp_path, folders[model_type], ["none", level], _attention(model_type)))])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert REFUSED_LEVELS[model_type, level] in err and "L1 or full" in err
+
+
+@pytest.mark.parametrize("model_type", list(HYBRIDS))
+def test_hybrids_are_refused_whole_at_validate(model_type, folders, tmp_path, capsys):
+    code = main(["validate", str(_space(tmp_path, folders[model_type], ["none"]))])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"model_type {model_type} is a hybrid" in err and "state-space or linear attention" in err
+
+
+@pytest.mark.parametrize(("model_type", "targets", "said"), [
+    ("mixtral", ["q_proj", "gate_up_proj"], "3-D expert weight"),
+    ("phi3", ["q_proj"], "q_proj is no linear layer of the decoder of phi3; allowed: down_proj, gate_up_proj"),
+    ("gpt2", ["q_proj"], "auto: c_attn, c_fc, c_proj"),
+])
+def test_lora_targets_a_family_lacks_are_refused_at_validate(model_type, targets, said, folders, tmp_path, capsys):
+    space = _space(tmp_path, folders[model_type], ["none"], adapter="lora", lora_targets=targets)
+    assert main(["validate", str(space)]) == 2
+    assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "gpt_neox", "gpt2", "qwen3_moe"])
+def test_lora_auto_validates_on_fused_and_other_names(model_type, folders, tmp_path, capsys):
+    space = _space(tmp_path, folders[model_type], ["none", "L1"], adapter="lora", lora_targets="auto")
+    assert main(["validate", str(space)]) == 0, capsys.readouterr().err
+
+
+#: The families the issue names as mainstream: each trains through the product at none and full.
+MAINSTREAM = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
+              "cohere", "gpt_neox", "gpt2", "stablelm", "mixtral", "qwen2_moe", "smollm3")
+
+
+@pytest.mark.parametrize("model_type", MAINSTREAM)
+@pytest.mark.parametrize("level", ["none", "full"])
+def test_mainstream_families_train_through_the_product(model_type, level, folders, tmp_path, capsys):
+    space = _space(tmp_path, folders[model_type], ["none"], _attention(model_type), evaluate=False)
+    out = tmp_path / "out"
+    assert main(["trial", str(space), "--set", f"checkpoint_level={level}", "--output", str(out)]) == 0, \
+        capsys.readouterr().err
+    row = (out / "results.csv").read_text().splitlines()
+    assert len(row) == 2 and ",ok," in row[1]
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "gpt2", "gpt_neox", "qwen2_moe", "mixtral", "gemma4_text"])
+def test_the_planner_counts_the_adapters_lora_auto_makes(model_type, folders):
+    """plan/levers.py's LoRA parameters for ``auto`` (from the shape's own linear names and sizes) are
+    the ones peft makes on the family's model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dpo_sweep.config import ModelSpec, TrainSpec
+    from dpo_sweep.plan.levers import lora_params
+    from dpo_sweep.plan.shape import built_shape
+    from dpo_sweep.train.adapters import apply_adapter
+
+    model = AutoModelForCausalLM.from_pretrained(folders[model_type], dtype=torch.float32)
+    apply_adapter(model, TrainSpec(adapter="lora", lora_r=4))
+    made = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    assert made > 0
+    assert lora_params(built_shape(ModelSpec(name_or_path=str(folders[model_type]))), ("auto",), 4) == made
+
+
+def test_a_model_that_cannot_be_built_is_refused_with_its_reason(folders, tmp_path, capsys, monkeypatch):
+    """A config that loads but whose model transformers cannot build (remote code gone wrong, a
+    family newer than the installed transformers): one line and exit 2, not a traceback."""
+    from dpo_sweep.train import family
+
+    def fails(spec):
+        raise RuntimeError("shape mismatch in the family's __init__\nsecond line")
+
+    monkeypatch.setattr(family, "meta_model", fails)
+    assert main(["validate", str(_space(tmp_path, folders["llama"], ["none"]))]) == 2
+    err = capsys.readouterr().err
+    assert "could not be built from its config to read its layers (RuntimeError: shape mismatch" in err
+    assert "Traceback" not in err and "second line" not in err
