@@ -32,7 +32,7 @@ def test_a_stopped_worker_a_bom_an_inserted_value_sigterm_and_a_changed_setting(
     args = ["--output", str(out), "--no-dashboard", "--max-concurrent", "1"]
     # 1. After the first row, every warm worker is stopped: the next trial would wait for ever.
     log = tmp_path / "first.log"
-    first = start_sweep([str(space), *args, "--trial-timeout-s", "15"], env, log, start_new_session=True)
+    first = start_sweep([str(space), *args, "--trial-timeout-s", "30"], env, log, start_new_session=True)
     try:
         _wait_rows(out, 1, first, log)
         # The warm worker: "ray::TrialWorker" when idle, "ray::trial <id>" while it runs one.
