@@ -25,6 +25,7 @@ A failed check is a :class:`UserError`: exit 2, the file, line or field named, a
 from __future__ import annotations
 
 import importlib.util
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,6 +223,10 @@ def _max_token_id(ds: PairDataset) -> int:
                default=-1)
 
 
+#: Rows of a data file from which the preflight says it is tokenising them before it does.
+LARGE_DATA_ROWS = 50_000
+
+
 def check_data(trials: Iterable[TrialConfig], models: CheckedModels,
                files: CheckedFiles | None = None) -> tuple[DataSummary, ...]:
     """Read and tokenise each distinct (data, tokenizer, max_length) once, as the workers will;
@@ -231,7 +236,12 @@ def check_data(trials: Iterable[TrialConfig], models: CheckedModels,
     for cfg in trials:
         key = data_key(cfg)
         if key not in summaries:
-            ds = _read_pairs(cfg, models.tokenizers[key[1]], rows.get(cfg.data.model_dump_json()))
+            source_rows = rows.get(cfg.data.model_dump_json())
+            if source_rows is not None and len(source_rows.rows) >= LARGE_DATA_ROWS:
+                # Tokenising a million pairs takes minutes on a CPU: say what the wait is.
+                print(f"data {source_rows.source}: tokenising {len(source_rows.rows):,} rows with the "
+                      f"{cfg.model.label()} tokenizer (data.max_pairs reads fewer) ...", file=sys.stderr, flush=True)
+            ds = _read_pairs(cfg, models.tokenizers[key[1]], source_rows)
             lengths = LengthProfile.of(ds)
             summaries[key] = DataSummary(ds.source, cfg.model.label(), cfg.train.max_length, len(ds),
                                          ds.truncated, ds.dropped, _max_token_id(ds), key, lengths,
