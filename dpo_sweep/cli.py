@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 
-from dpo_sweep.errors import UserError
+from dpo_sweep.errors import UserError, os_error_line
 from dpo_sweep.results_dir import ResultsDir
 
 
@@ -83,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="change the space file's settings, as validate and trial take them, e.g. "
                    f"--set train.steps=8 --set micro_batch=2, or micro_batch=[2,4] to sweep those (repeatable; "
                    f"DIR/{ResultsDir.SPACE} records the result)")
+    r.add_argument("--trial-timeout-s", type=float, default=None, metavar="S",
+                   help="end a trial as status timeout past max(S, 4x the sweep's estimate of it); "
+                   "--resume runs it again (default 900; 0: no limit)")
     r.add_argument("--full-grid", action="store_true",
                    help="run every configuration in full: no pruning, shared measurements or short accumulation")
     _safety_margin_flag(r)
@@ -179,9 +182,12 @@ def main(argv: list[str] | None = None) -> int:
 
             return cmd_trial(args)
         if args.command == "run":
-            from dpo_sweep.sweep.command import cmd_run
+            from dpo_sweep.sweep.signals import stop_signals_raise
 
-            return cmd_run(args)
+            with stop_signals_raise():  # SIGTERM / SIGHUP as Ctrl-C from here on, imports included
+                from dpo_sweep.sweep.command import cmd_run
+
+                return cmd_run(args)
         if args.command == "compare":
             from dpo_sweep.analysis.compare import cmd_compare
 
@@ -193,9 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except OSError as err:  # a full disk, a read-only folder: said in one line, files replaced whole or not at all
+        print(f"error: {os_error_line(err)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM / SIGHUP during `run` (sweep/signals.py)
         print("interrupted", file=sys.stderr)
-        return 130
+        return 128 + getattr(err, "signum", 2)
     return 1
 
 

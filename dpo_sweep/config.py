@@ -121,8 +121,10 @@ class ModelSpec(_Strict):
         "(bf16 -> bfloat16, otherwise float32 master weights).",
     )
     attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
-        "auto", description="auto: flash_attention_2 when flash-attn imports on a GPU, else sdpa. "
-        "eager is refused with checkpoint levels L2/L3 (see refused_attention)."
+        "auto", description="auto: the one the checkpoint's config.json names where it can run, else the "
+        "fastest the model supports: flash_attention_2 when flash-attn imports on a GPU, then sdpa, then eager. "
+        "One the model does not support is refused; eager is refused with checkpoint levels L2/L3 "
+        "(see refused_attention)."
     )
     liger_kernel: Literal["auto", True, False] = Field(
         "auto",
@@ -347,6 +349,13 @@ class TrainSpec(_Strict):
         "adamw",
         description="adamw: torch AdamW (fused on CUDA); adamw_8bit / adamw_4bit: torchao's low-bit "
         "AdamW (states in 8 or 4 bits, blockwise scaled; CUDA only).",
+    )
+    dropout: bool = Field(
+        False,
+        description="false: every dropout of the policy and the reference is off (nn.Dropout modules and the "
+        "attention dropout the checkpoint's config sets), as TRL's DPOConfig(disable_dropout=True), so "
+        "policy and reference agree at step 1; lora_dropout stays as set. true: the policy keeps the "
+        "checkpoint's dropout (TRL: disable_dropout=False).",
     )
     seed: int = Field(0, description="Seed for weights, data order and dropout.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")

@@ -111,11 +111,16 @@ def gpu_memory_gb(env: Mapping[str, Any] | None) -> float | None:
 # --- a results folder's trial ids -----------------------------------------------------------------
 
 
-def earlier_trial_id(trial_id: str, model_part: str) -> str:
-    """The id that ``trial_id`` of a sweep over several models had when ids did not name the
-    model: ``t000_tiny-llama_mb2_...`` was ``t000_mb2_...`` (``model_part``: ``tiny-llama``)."""
-    index, rest = trial_id.split("_", 1)
-    return f"{index}_{rest.removeprefix(model_part + '_')}"
+def positional_trial_ids(index: int, trial_id: str, model_part: str = "", legacy_model_part: str = "") -> list[str]:
+    """The ids earlier versions gave the trial that is now ``trial_id``: numbered by its place in
+    the expansion (``t003_...``, ``index``) instead of a hash of its knobs, a swept model named
+    by its place when two share a label (``legacy_model_part``: ``tiny-llama-0``), and before
+    that not named at all (``t003_mb2_...``)."""
+    knobs = trial_id.split("_", 1)[1]
+    if not model_part:
+        return [f"t{index:03d}_{knobs}"]
+    rest = knobs.removeprefix(model_part + "_")
+    return [f"t{index:03d}_{legacy_model_part}_{rest}", f"t{index:03d}_{rest}"]
 
 
 # --- a results folder's results.csv ---------------------------------------------------------------

@@ -8,21 +8,24 @@ found by every trial's worker, after Ray has started (one traceback per trial), 
   and tokenizer files, or a hub id; its config and tokenizer load (no weights are read);
 * data: each distinct (data, tokenizer, max_length) of the trials is read and tokenised exactly
   as a worker will, and every trial's micro_batch x workers can be filled from what is left;
-* output: the folder is, or can be created as, a writable directory.
+* output: the folder is, or can be created as, a writable directory;
+* parity: each small model's fast paths (chunked head, checkpoint level, lean ops, padding-free)
+  against its own forward, in float32 on the CPU (dpo_sweep/train/parity.py).
 
-``validate`` checks all three (it writes nothing, so it has no output folder); a memory lever that
+``validate`` checks all four (it writes nothing, so it has no output folder); a memory lever that
 cannot run here (its package missing, or CUDA only on a machine without a GPU) it says and does not
 refuse: it only predicts, and ``run`` and ``trial`` refuse it (:func:`check_levers`). ``run`` makes the
 checks that only read files (:func:`check_files`: the output folder, the checkpoint folders' files,
 the data files' rows) before Ray starts, so such a mistake never starts it, and the rest (the
 tokenizers, the tokenised data, from the rows those checks read) beside Ray's start
-(dpo_sweep/sweep/startup.py). ``trial`` checks the output folder and the models before it trains; its
+(dpo_sweep/sweep/startup.py). ``trial`` checks the output folder, the models and their parity before it trains; its
 data is read once, by the trial itself, whose data errors come before the first step.
 A failed check is a :class:`UserError`: exit 2, the file, line or field named, and the fix.
 """
 from __future__ import annotations
 
 import importlib.util
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +142,10 @@ def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
         else:
             _require_checkpoint_files(spec)
             vocab_sizes[spec.label()] = getattr(pretrained.load_config(spec), "vocab_size", None)
+            if spec.attn_implementation != "auto":  # auto picks a supported one
+                _, supported, model_class = pretrained.attention_support(spec)
+                if refusal := trial_facts.refused_attention_support(spec.attn_implementation, supported, model_class):
+                    raise UserError(f"{spec.label()}: {refusal}")
         if tokenizer_key(spec) not in tokenizers:
             tokenizers[tokenizer_key(spec)] = load_tokenizer(spec)
     check_families(trials)
@@ -216,6 +223,10 @@ def _max_token_id(ds: PairDataset) -> int:
                default=-1)
 
 
+#: Rows of a data file from which the preflight says it is tokenising them before it does.
+LARGE_DATA_ROWS = 50_000
+
+
 def check_data(trials: Iterable[TrialConfig], models: CheckedModels,
                files: CheckedFiles | None = None) -> tuple[DataSummary, ...]:
     """Read and tokenise each distinct (data, tokenizer, max_length) once, as the workers will;
@@ -225,7 +236,12 @@ def check_data(trials: Iterable[TrialConfig], models: CheckedModels,
     for cfg in trials:
         key = data_key(cfg)
         if key not in summaries:
-            ds = _read_pairs(cfg, models.tokenizers[key[1]], rows.get(cfg.data.model_dump_json()))
+            source_rows = rows.get(cfg.data.model_dump_json())
+            if source_rows is not None and len(source_rows.rows) >= LARGE_DATA_ROWS:
+                # Tokenising a million pairs takes minutes on a CPU: say what the wait is.
+                print(f"data {source_rows.source}: tokenising {len(source_rows.rows):,} rows with the "
+                      f"{cfg.model.label()} tokenizer (data.max_pairs reads fewer) ...", file=sys.stderr, flush=True)
+            ds = _read_pairs(cfg, models.tokenizers[key[1]], source_rows)
             lengths = LengthProfile.of(ds)
             summaries[key] = DataSummary(ds.source, cfg.model.label(), cfg.train.max_length, len(ds),
                                          ds.truncated, ds.dropped, _max_token_id(ds), key, lengths,
@@ -312,7 +328,18 @@ def check_inputs(trials: tuple[TrialConfig, ...], out_dir: Path | None = None,
     files = check_files(trials, out_dir) if files is None else files
     if levers:  # validate (levers=False) predicts them and says what running them needs instead
         check_levers(trials)
-    return check_data(trials, check_models(trials), files)
+    data = check_data(trials, check_models(trials), files)
+    check_parity(trials)
+    return data
+
+
+def check_parity(trials: Iterable[TrialConfig]) -> None:
+    """The fast paths of the trials (chunked head, checkpoint level, lean ops, padding-free)
+    against each model's own forward, in float32 on the CPU, for every model small enough there
+    (dpo_sweep/train/parity.py); a larger model is checked inside each of its trials."""
+    from dpo_sweep.train.parity import check_trials
+
+    check_trials(tuple(trials))
 
 
 def check_trial(cfg: TrialConfig, out_dir: Path) -> None:
@@ -320,3 +347,4 @@ def check_trial(cfg: TrialConfig, out_dir: Path) -> None:
     check_output_dir(out_dir)
     check_models([cfg])
     check_levers([cfg])
+    check_parity([cfg])

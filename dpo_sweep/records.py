@@ -13,11 +13,14 @@ import csv
 import io
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from dpo_sweep.errors import UserError
+from dpo_sweep.files import append_text, read_text, write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
+from dpo_sweep.text import excerpt
 
 if TYPE_CHECKING:
     from dpo_sweep.config import TrialConfig
@@ -25,7 +28,10 @@ if TYPE_CHECKING:
 #: The longest ``error`` text a failed row carries from a trainer exception's first line.
 MAX_TRAINER_ERROR_CHARS = 500
 
-STATUSES = ("ok", "oom", "diverged", "error", "pruned")
+#: ``timeout``: the trial ran past its limit (sweep/stopping.py: the planner's estimate, with a floor)
+#: and was ended; like an ``error`` row lost to the machine (``infrastructure_failure``), --resume
+#: runs it again.
+STATUSES = ("ok", "oom", "diverged", "error", "pruned", "timeout")
 #: ``stability`` of a row written when its memory/time measurement ended, before the learning
 #: trial its stability columns come from: they arrive later, by an atomic rewrite of results.csv.
 PENDING = "pending"
@@ -118,6 +124,9 @@ class TrialResult:
     reward_accuracy: float = math.nan
     reward_margin: float = math.nan
     error: str = ""
+    # Lost to the machine, not to the configuration (a trial or worker process that died, a trial
+    # past its time limit): its row says so, and --resume runs the configuration again.
+    infrastructure_failure: bool = False
     # Beyond the contract's minimum: how the numbers were obtained.
     peak_mem_typical_gb: float = math.nan  # the highest peak of the typical measured steps (peak_mem_gb: worst case)
     padding_frac: float = math.nan  # mean share of padding in the typical measured steps
@@ -130,6 +139,7 @@ class TrialResult:
     liger_kernel: bool = False
     lean_ops: bool = False
     pad_multiple: int = 0  # rows padded to a width multiple of (train.pad_to_multiple_of as resolved; 0: not recorded)
+    logp_parity: float = math.nan  # nats: the trainer's log-probs against the model's own forward (train/parity.py)
     # Memory levers (train.adapter, train.optimizer): what was trained and how.
     adapter: str = ""                  # full | lora | qlora
     optimizer: str = ""                # adamw | adamw_8bit | adamw_4bit
@@ -186,9 +196,13 @@ def _row(obj: Any, columns: list[str]) -> dict[str, Any]:
     return {c: d.get(c, "") for c in columns}
 
 
+#: The longest cell text a row's ``error`` is written with (the whole text of a failure is in
+#: DIR/logs/); Python's csv reader refuses cells over 131,072 characters.
+MAX_ERROR_CELL_CHARS = 4000
+
+
 def _header(path: Path) -> list[str]:
-    with path.open(newline="") as fh:
-        return next(csv.reader(fh), [])
+    return next(csv.reader(io.StringIO(read_text(path), newline="")), [])
 
 
 def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append: bool = False) -> list[str]:
@@ -202,12 +216,12 @@ def write_csv(path: str | Path, rows: Iterable[Any], columns: list[str], append:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not (append and path.is_file() and path.stat().st_size > 0):
-        _write(path, [_row(r, columns) for r in rows], columns, mode="w")
+        rewrite_csv(path, [_row(r, columns) for r in rows], columns)
         return []
     header = _header(path)
     added = [c for c in columns if c not in header]
     if not added:  # new rows fit the header (a column only the file has stays empty in them)
-        _write(path, [_row(r, header) for r in rows], header, mode="a", with_header=False)
+        append_text(path, _csv_text([_row(r, header) for r in rows], header, with_header=False))
         return []
     union = columns + [c for c in header if c not in columns]
     rewrite_csv(path, read_csv_rows(path) + [_row(r, union) for r in rows], union)
@@ -218,19 +232,16 @@ def rewrite_csv(path: str | Path, rows: list[dict[str, Any]], columns: list[str]
     """Replace ``path`` with these plain-dict rows under ``columns`` (a missing cell is empty),
     atomically: written beside it, then moved over it, so a kill during the rewrite leaves the
     old file whole."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".rewrite")
-    _write(tmp, rows, columns, mode="w")
-    tmp.replace(path)
+    write_text_atomic(path, _csv_text(rows, columns, with_header=True))
 
 
-def _write(path: Path, rows: list[dict[str, Any]], columns: list[str], *, mode: str,
-           with_header: bool = True) -> None:
-    with path.open(mode, newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=columns, restval="")
-        if with_header:
-            w.writeheader()
-        w.writerows(rows)
+def _csv_text(rows: list[dict[str, Any]], columns: list[str], *, with_header: bool) -> str:
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=columns, restval="")
+    if with_header:
+        w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
 
 
 @dataclass(frozen=True)
@@ -262,16 +273,19 @@ def read_csv_table(path: str | Path) -> CsvTable:
     path = Path(path)
     if not path.is_file() or path.stat().st_size == 0:
         return CsvTable([], [], [])
-    with path.open(newline="") as fh:
-        text = fh.read()
+    text = read_text(path)
     header: list[str] | None = None
     rows: list[dict[str, str]] = []
     damaged: list[DamagedLine] = []
     reader = csv.reader(io.StringIO(text, newline=""))
     start, records = 1, []
-    for record in reader:
-        records.append((start, record))
-        start = reader.line_num + 1
+    try:
+        for record in reader:
+            records.append((start, record))
+            start = reader.line_num + 1
+    except csv.Error as err:
+        raise UserError(f"{path}: line {start} cannot be read as CSV ({excerpt(str(err), 200)}); "
+                        "correct or delete that line, or re-run the sweep to rewrite the file") from None
     for i, (line, record) in enumerate(records):
         if not record or (len(record) == 1 and not record[0].strip()):
             continue
@@ -306,7 +320,7 @@ def write_environment_json(out_dir: str | Path, info: dict[str, Any]) -> Path:
     one its preflight's process collected)."""
     path = ResultsDir(out_dir).environment
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
+    write_text_atomic(path, json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
     return path
 
 
@@ -314,7 +328,8 @@ def write_results(out_dir: str | Path, results: Iterable[TrialResult], append: b
     """The contract columns, then each row's ``extra`` ones (the swept train fields, the same for
     every trial of a sweep: ``TrialConfig.swept_columns``). Returns the columns that appending
     added to an existing results.csv's header (:func:`write_csv`)."""
-    results = list(results)
+    results = [r if len(r.error) <= MAX_ERROR_CELL_CHARS else replace(r, error=excerpt(r.error, MAX_ERROR_CELL_CHARS))
+               for r in results]
     extra = [c for c in dict.fromkeys(k for r in results for k in r.extra) if c not in RESULTS_COLUMNS]
     return write_csv(ResultsDir(out_dir).results, results, RESULTS_COLUMNS + extra, append=append)
 

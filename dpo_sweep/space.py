@@ -10,15 +10,16 @@ listed twice in one dimension is refused: it would run the same trials twice.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
+import json
 import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from dpo_sweep.config import (
     CHECKPOINT_LEVELS,
@@ -34,8 +35,9 @@ from dpo_sweep.config import (
     refused_optimizer_in_backward,
 )
 from dpo_sweep.trial_facts import refused_attention, refused_cuda_lever
-from dpo_sweep import migrate, trl_export, trl_fields
+from dpo_sweep import migrate, space_yaml, trl_export
 from dpo_sweep.errors import SpaceError
+from dpo_sweep.text import excerpt, shown
 
 #: Search dimensions with their own handling; any TrainSpec field may be swept as well.
 CORE_DIMS = ("micro_batch", "checkpoint_level", "grad_acc", "effective_batch", "beta", "model")
@@ -60,6 +62,37 @@ class SweepSpace(BaseModel):
     sampler: SamplerSpec = SamplerSpec()
     objectives: ObjectivesSpec = ObjectivesSpec()
 
+    @field_validator("name")
+    @classmethod
+    def _one_folder_name(cls, name: str) -> str:
+        """The name is the default results folder's last part (reports/<name>/) and is written
+        into recommended.yaml and the report: one printable path segment, so that a sweep never
+        writes outside reports/ and no file or console line carries a control character."""
+        problem = name_problem(name)
+        if problem:
+            raise ValueError(f"{problem}; give one folder name of letters, digits, '-', '_', '.' "
+                             f"(at most {MAX_NAME_CHARS} characters), e.g. name: my-sweep")
+        return name
+
+
+#: The longest sweep name (a folder name, with room for reports/ and a timestamp).
+MAX_NAME_CHARS = 100
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a sweep's name (a folder under reports/), or None."""
+    if not name.strip():
+        return "is empty"
+    if len(name) > MAX_NAME_CHARS:
+        return f"is {len(name)} characters long"
+    if not name.isprintable():
+        return "holds a control character (a line break, tab or terminal escape)"
+    if "/" in name or "\\" in name:
+        return "holds a path separator: the results would be written outside reports/"
+    if name in (".", "..") or name != name.strip():
+        return "is not a folder name of its own ('.', '..' or with spaces at either end)"
+    return None
+
 
 @dataclass(frozen=True)
 class Space:
@@ -69,8 +102,9 @@ class Space:
     trials: tuple[TrialConfig, ...]
     source: str
     renamed: dict[str, str] = field(default_factory=dict)
-    """Trial ids of earlier versions -> this version's, for trials whose id changed (a swept
-    model is named in the id): ``--resume`` renames the rows of an older results dir."""
+    """Trial ids that earlier versions gave these trials (numbered by list position; a swept model
+    not named) -> this version's: ``--resume`` renames the rows of an older results dir (with the
+    ids of its own recorded space, whose list order they were numbered in)."""
     #: The mapping it was parsed from, ``--set`` overrides applied (what DIR/space.yaml records).
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -91,13 +125,13 @@ def _format_validation(source: str, err: ValidationError, prefix: str = "") -> s
         if prefix:
             key = f"{prefix}.{key}" if key != "(top level)" else prefix
         value = e.get("input")
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check its spelling against the space-file reference, docs/space-file.md)"
         elif e["type"] == "missing":
             msg = "is required"
-        shown = "" if e["type"] in ("missing",) or isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {key}: {msg}{shown}")
+        quoted = "" if e["type"] in ("missing",) or isinstance(value, dict) else f" (got {shown(value)})"
+        lines.append(f"  {key}: {excerpt(msg)}{quoted}")
     return "\n".join(lines)
 
 
@@ -115,7 +149,7 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     for p in parts[:-1]:
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise SpaceError(f"--set {dotted}: {p} is not a section")
+            raise SpaceError(f"--set {excerpt(dotted, 80)}: {excerpt(p, 80)} is not a section")
     node[parts[-1]] = value
 
 
@@ -126,10 +160,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     raw = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
-            raise SpaceError(f"--set {item!r}: expected KEY=VALUE, e.g. --set micro_batch=4")
+            raise SpaceError(f"--set {shown(item)}: expected KEY=VALUE, e.g. --set micro_batch=4")
         key, text = item.split("=", 1)
         key = key.strip()
-        value = yaml.safe_load(text) if text.strip() else None
+        value = space_yaml.safe_yaml(text, f"--set {excerpt(key, 80)}") if text.strip() else None
         if "." in key and not key.startswith("search."):
             _set_dotted(raw, key, value)
         else:
@@ -138,7 +172,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 raise SpaceError(f"--set {key}: {migrate.moved_to_sampler(dim)} (--set sampler.{dim}=...)")
             if not _is_dimension(dim):
                 raise SpaceError(
-                    f"--set {key}: unknown dimension; use one of {', '.join(CORE_DIMS)}, a train "
+                    f"--set {excerpt(key, 80)}: unknown dimension; use one of {', '.join(CORE_DIMS)}, a train "
                     "field (e.g. max_length, loss, precision) or a dotted key (train.steps=3)"
                 )
             search = raw.setdefault("search", {}) or {}
@@ -154,10 +188,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def _check_levels(levels: list[Any]) -> None:
     for lv in levels:
         if lv in REFUSED_LEVELS:
-            raise SpaceError(f"search.checkpoint_level: {lv!r}: {REFUSED_LEVELS[lv]}")
+            raise SpaceError(f"search.checkpoint_level: {shown(lv)}: {REFUSED_LEVELS[lv]}")
         if lv not in CHECKPOINT_LEVELS:
             raise SpaceError(
-                f"search.checkpoint_level: {lv!r} is not a checkpoint level; allowed: "
+                f"search.checkpoint_level: {shown(lv)} is not a checkpoint level; allowed: "
                 f"{', '.join(CHECKPOINT_LEVELS)}"
             )
 
@@ -165,7 +199,7 @@ def _check_levels(levels: list[Any]) -> None:
 def _positive_ints(key: str, values: list[Any]) -> list[int]:
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise SpaceError(f"search.{key}: {v!r} is not allowed; give positive integers")
+            raise SpaceError(f"search.{key}: {shown(v)} is not allowed; give positive integers")
     return values
 
 
@@ -175,8 +209,8 @@ def _refuse_repeats(key: str, values: list[Any], same_as: list[Any] | None = Non
     for i, value in enumerate(same_as):
         if value in same_as[:i]:
             first = values[same_as.index(value)]
-            shown = repr(values[i]) if first == values[i] else f"{values[i]!r} (the same as {first!r})"
-            raise SpaceError(f"search.{key}: {shown} is listed twice; every value runs its own trials, "
+            said = shown(values[i]) if first == values[i] else f"{shown(values[i])} (the same as {shown(first)})"
+            raise SpaceError(f"search.{key}: {said} is listed twice; every value runs its own trials, "
                              "so a repeat would run the same trials again: list each value once")
 
 
@@ -209,24 +243,36 @@ def _id_part(name: str, value: Any) -> str:
     return f"{name}-{re.sub(r'[^A-Za-z0-9.+]+', '-', text).strip('-')}"
 
 
-def _trial_id(index: int, point: dict[str, Any], train_over: dict[str, Any], model: str = "") -> str:
-    """``t000_mb2_none_ga1_b0.1_lr-0.0001``; ``model``: the model's id part when the model is
-    swept (``t000_tiny-llama_mb2_...``), so that every swept dimension is in the id."""
+#: Hex digits of the content hash that heads a trial id (the tables' short id: ``t3f2a``).
+ID_HASH_CHARS = 4
+
+
+def _trial_id(point: dict[str, Any], train_over: dict[str, Any], model: str = "") -> str:
+    """``t3f2a_mb2_none_ga1_b0.1_lr-0.0001``: a short hash of the knob part, then the knob part
+    itself (every swept dimension's value; ``model``: the model's part when the model is swept,
+    ``t91c0_tiny-llama_mb2_...``). Both come from the configuration's values alone, never from
+    where they stand in the space file's lists: reordering or inserting a value leaves every
+    other trial's id as it was, which is what ``--resume`` matches rows by."""
     beta = f"{point['beta']:g}"
     swept = "".join(f"_{_id_part(k, v)}" for k, v in train_over.items())
-    return (f"t{index:03d}{'_' + model if model else ''}_mb{point['micro_batch']}_{point['checkpoint_level']}"
-            f"_ga{point['grad_acc']}_b{beta}{swept}")
+    knobs = (f"{model + '_' if model else ''}mb{point['micro_batch']}_{point['checkpoint_level']}"
+             f"_ga{point['grad_acc']}_b{beta}{swept}")
+    return f"t{hashlib.sha256(knobs.encode()).hexdigest()[:ID_HASH_CHARS]}_{knobs}"
 
 
-def _model_id_parts(models: list[ModelSpec]) -> list[str]:
+def _model_id_parts(models: list[ModelSpec], values: list[Any]) -> tuple[list[str], list[str]]:
     """Each swept model's part of the trial ids: its label made path-safe (``tiny-llama``,
-    ``meta-llama-Llama-3.2-1B``), numbered when two share a label; none when one model."""
+    ``meta-llama-Llama-3.2-1B``), with a hash of its ``search.model`` entry when two share a label
+    (``tiny-llama-5d1e``: the entry's content, not its place in the list); none when one model.
+    Also the parts earlier versions numbered by list position (``tiny-llama-0``)."""
     if len(models) < 2:
-        return [""] * len(models)
+        return [""] * len(models), [""] * len(models)
     labels = [re.sub(r"[^A-Za-z0-9.+]+", "-", m.label()).strip("-") for m in models]
-    if len(set(labels)) < len(labels):
-        labels = [f"{label}-{i}" for i, label in enumerate(labels)]
-    return labels
+    if len(set(labels)) == len(labels):
+        return labels, labels
+    digests = [hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:4] for v in values]
+    return ([f"{label}-{d}" for label, d in zip(labels, digests)],
+            [f"{label}-{i}" for i, label in enumerate(labels)])
 
 
 def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
@@ -242,7 +288,7 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
             raise SpaceError(f"search.{key}: {migrate.moved_to_sampler(key)}")
         if not _is_dimension(key):
             raise SpaceError(
-                f"search.{key}: unknown dimension; allowed: {', '.join(CORE_DIMS)} or a train "
+                f"search.{excerpt(str(key), 80)}: unknown dimension; allowed: {', '.join(CORE_DIMS)} or a train "
                 f"field ({', '.join(sorted(TrainSpec.model_fields))})"
             )
     if "grad_acc" in search and "effective_batch" in search:
@@ -264,7 +310,7 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
     betas = _as_list("beta", search.pop("beta", [0.1]))
     for b in betas:
         if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0:
-            raise SpaceError(f"search.beta: {b!r} is not allowed; give positive numbers, e.g. [0.1]")
+            raise SpaceError(f"search.beta: {shown(b)} is not allowed; give positive numbers, e.g. [0.1]")
     dims["beta"] = betas
     for key in ("micro_batch", "checkpoint_level", "grad_acc", "effective_batch", "beta"):
         if key in dims:
@@ -281,9 +327,11 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
         points = rng.sample(points, min(sampler.num_samples, len(points)))
 
     workers = spec.resources.workers_per_trial
-    model_parts = dict(zip((m.model_dump_json() for m in dims["model"]), _model_id_parts(dims["model"])))
+    parts, legacy_parts = _model_id_parts(dims["model"], model_values)
+    keys = [m.model_dump_json() for m in dims["model"]]
+    model_parts, legacy_model_parts = dict(zip(keys, parts)), dict(zip(keys, legacy_parts))
     trials, renamed = [], {}
-    trl = _TrlCheck(source)
+    trl = trl_export.SpaceCheck(source)
     for index, values in enumerate(points):
         p = dict(zip(names, values))
         if "effective_batch" in p:
@@ -315,10 +363,11 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
         if refused:
             raise SpaceError(f"{source}: {refused}")
         swept_values = {k: getattr(train, k) for k in train_over}
-        model_part = model_parts[p["model"].model_dump_json()]
-        trial_id = _trial_id(index, point, swept_values, model_part)
-        if model_part:
-            renamed[migrate.earlier_trial_id(trial_id, model_part)] = trial_id
+        model_key = p["model"].model_dump_json()
+        model_part = model_parts[model_key]
+        trial_id = _trial_id(point, swept_values, model_part)
+        for legacy in migrate.positional_trial_ids(index, trial_id, model_part, legacy_model_parts[model_key]):
+            renamed[legacy] = trial_id
         trial = TrialConfig(space_name=spec.name, trial_id=trial_id, model=p["model"], data=spec.data, train=train,
                             resources=spec.resources, swept_train=tuple(train_over), **point)
         trl.check(trial)
@@ -326,36 +375,6 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
     trl.raise_if_refused()
     return tuple(trials), renamed
 
-
-class _TrlCheck:
-    """Refuses ``train.trainer: trl`` trials that TRL cannot run as configured, every reason of every
-    such trial in one message; reads TRL's fields once, at the first such trial (importing TRL
-    takes seconds)."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.fields: trl_fields.TrlFields | None = None
-        self.refused: dict[str, list[str]] = {}  # reason -> the trials it refuses
-
-    def check(self, trial: TrialConfig) -> None:
-        if trial.train.trainer != "trl":
-            return
-        if self.fields is None:
-            missing = trl_fields.trainer_refusal()
-            if missing:
-                raise SpaceError(f"{self.source}: {missing}")
-            self.fields = trl_fields.from_installed()
-        for reason in trl_export.refusals(trial, self.fields):
-            self.refused.setdefault(reason, []).append(trial.trial_id)
-
-    def raise_if_refused(self) -> None:
-        if not self.refused:
-            return
-        version = self.fields.version if self.fields is not None else "?"
-        reasons = "; ".join(f"{reason} (trial {', '.join(ids[:2])}{' and more' if len(ids) > 2 else ''})"
-                            for reason, ids in self.refused.items())
-        raise SpaceError(f"{self.source}: train.trainer trl cannot run {len(self.refused)} setting(s) in TRL "
-                         f"{version}: {reasons}. Change them, or sweep these settings with trainer: native only")
 
 
 def load_raw(path: str | Path) -> dict[str, Any]:
@@ -389,7 +408,7 @@ def parse(raw: dict[str, Any], source: str = "space") -> Space:
     except ValidationError as err:
         raise SpaceError(_format_validation(source, err)) from None
     except TypeError as err:  # e.g. a section given as a list instead of a mapping
-        raise SpaceError(f"{source}: {err}") from None
+        raise SpaceError(f"{source}: {excerpt(str(err))}") from None
     trials, renamed = expand_with_renames(spec, source)
     return Space(spec=spec, trials=trials, source=source, renamed=renamed, raw=raw)
 
@@ -404,6 +423,9 @@ def parse_section(cls: type[BaseModel], raw: dict[str, Any], key: str, source: s
         return cls.model_validate(value)
     except ValidationError as err:
         raise SpaceError(_format_validation(source, err, prefix=key)) from None
+
+
+load_raw = space_yaml.load_raw  # the file's mapping, read with limits
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> Space:

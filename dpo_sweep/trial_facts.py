@@ -82,12 +82,36 @@ def refused_cuda_lever(train: TrainSpec, resources: ResourcesSpec) -> str | None
 # --- attention ----------------------------------------------------------------------------------
 
 
-def attention(requested: str, device: str, flash_attn: bool) -> str:
-    """The attention implementation a model is built with: ``auto`` is flash_attention_2 on CUDA
-    where flash-attn imports (``flash_attn``), else sdpa; any other as requested."""
+#: The attention implementations a model can be built with, fastest first (model.attn_implementation).
+ATTENTIONS: tuple[str, ...] = ("flash_attention_2", "sdpa", "eager")
+
+
+def attention(requested: str, device: str, flash_attn: bool, named: str | None = None,
+              supported: tuple[str, ...] = ATTENTIONS) -> str:
+    """The attention implementation a model is built with; any but ``auto`` as requested.
+
+    ``auto``: the checkpoint's own choice (``named``: its config.json's ``attn_implementation``)
+    where it can run here, else the fastest of :data:`ATTENTIONS` that the model ``supported``
+    (transformers' ``_supports_flash_attn`` / ``_supports_sdpa``) and that runs here:
+    flash_attention_2 on CUDA where flash-attn imports (``flash_attn``), then sdpa, then eager."""
     if requested != "auto":
         return requested
-    return "flash_attention_2" if device == "cuda" and flash_attn else "sdpa"
+
+    def runs(impl: str) -> bool:
+        return impl in supported and (impl != "flash_attention_2" or (device == "cuda" and flash_attn))
+
+    if named in ATTENTIONS and runs(named):
+        return named
+    return next((impl for impl in ATTENTIONS if runs(impl)), "eager")
+
+
+def refused_attention_support(requested: str, supported: tuple[str, ...], model_class: str) -> str | None:
+    """Why ``model.attn_implementation: requested`` is refused for a model that supports only
+    ``supported``; None when it is supported (or ``auto``, which picks a supported one)."""
+    if requested == "auto" or requested in supported:
+        return None
+    return (f"model.attn_implementation: {requested} is refused: {model_class} does not support it (transformers "
+            f"supports {', '.join(supported)} for it); use auto or one of those")
 
 
 def planned_attention(requested: str) -> str:

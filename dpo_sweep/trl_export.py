@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpo_sweep.config import LORA_AUTO, TrialConfig
+from dpo_sweep.errors import SpaceError
+from dpo_sweep import trl_fields
 from dpo_sweep.trl_fields import TrlFields
 
 #: What each checkpoint level means in TRL terms: only ``none`` and ``full`` exist there.
@@ -103,9 +105,8 @@ def _wanted(trial: TrialConfig, model: dict[str, Any], pad_multiple: int) -> dic
         "precompute_ref_log_probs": t.reference == "precomputed",
         "pad_to_multiple_of": None if t.padding_free or pad_multiple <= 1 else pad_multiple,
         "seed": t.seed,
-        # the sweep trains the policy with the model's own dropout (0 in most checkpoints); TRL's
-        # default turns it off, which changes what a model with dropout saves and computes
-        "disable_dropout": False,
+        # train.dropout: the model's own dropout kept (its masks are saved tensors); TRL's default: off
+        "disable_dropout": not t.dropout,
     }
     if t.padding_free:
         wanted["padding_free"] = True
@@ -287,3 +288,34 @@ def _call(head: str, args: dict[str, Any], width: int) -> list[str]:
         line += ")"
     lines.append(line.rstrip())
     return lines
+
+
+class SpaceCheck:
+    """Refuses ``train.trainer: trl`` trials that TRL cannot run as configured, every reason of every
+    such trial in one message; reads TRL's fields once, at the first such trial (importing TRL
+    takes seconds)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.fields: TrlFields | None = None
+        self.refused: dict[str, list[str]] = {}  # reason -> the trials it refuses
+
+    def check(self, trial: TrialConfig) -> None:
+        if trial.train.trainer != "trl":
+            return
+        if self.fields is None:
+            missing = trl_fields.trainer_refusal()
+            if missing:
+                raise SpaceError(f"{self.source}: {missing}")
+            self.fields = trl_fields.from_installed()
+        for reason in refusals(trial, self.fields):
+            self.refused.setdefault(reason, []).append(trial.trial_id)
+
+    def raise_if_refused(self) -> None:
+        if not self.refused:
+            return
+        version = self.fields.version if self.fields is not None else "?"
+        reasons = "; ".join(f"{reason} (trial {', '.join(ids[:2])}{' and more' if len(ids) > 2 else ''})"
+                            for reason, ids in self.refused.items())
+        raise SpaceError(f"{self.source}: train.trainer trl cannot run {len(self.refused)} setting(s) in TRL "
+                         f"{version}: {reasons}. Change them, or sweep these settings with trainer: native only")

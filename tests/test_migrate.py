@@ -39,6 +39,8 @@ def test_the_note_line_names_the_old_objective_and_how_it_is_read():
         "throughput now)")
 
 
-def test_a_trial_id_before_the_model_was_named_in_it():
-    assert migrate.earlier_trial_id("t003_tiny-llama_mb2_none_ga1_b0.1_lr-0.0001", "tiny-llama") == (
-        "t003_mb2_none_ga1_b0.1_lr-0.0001")
+def test_the_ids_a_trial_had_when_ids_were_numbered_by_place():
+    assert migrate.positional_trial_ids(3, "t9a0c_mb2_none_ga1_b0.1_lr-0.0001") == ["t003_mb2_none_ga1_b0.1_lr-0.0001"]
+    assert migrate.positional_trial_ids(3, "t9a0c_tiny-llama-5d1e_mb2_none_ga1_b0.1", "tiny-llama-5d1e",
+                                        "tiny-llama-1") == ["t003_tiny-llama-1_mb2_none_ga1_b0.1",
+                                                            "t003_mb2_none_ga1_b0.1"]

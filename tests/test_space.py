@@ -162,7 +162,7 @@ def test_trial_writes_swept_train_fields_as_columns(tmp_path, capsys):
     assert list(rows[0]) == RESULTS_COLUMNS + ["seed", "lr", "train_steps"]
     # steps: the steps that ran, the worst-case step after train.steps included
     assert (rows[0]["seed"], rows[0]["lr"], rows[0]["train_steps"], rows[0]["steps"]) == ("3", "0.001", "2", "3")
-    assert rows[0]["trial_id"] == "t000_mb2_none_ga1_b0.1_seed-3_lr-0.001_steps-2"
+    assert rows[0]["trial_id"].split("_", 1)[1] == "mb2_none_ga1_b0.1_seed-3_lr-0.001_steps-2"
 
 
 def test_sweep_rows_carry_swept_train_fields_as_columns(tmp_path):

@@ -3,6 +3,7 @@ recommendation name a swept model (and swept train fields), and --resume renames
 results dir written under the ids that did not name the model."""
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -24,20 +25,37 @@ TWO_MODELS = {"name": "two", "model": {"preset": "tiny-llama"},
 
 def test_a_swept_model_is_in_the_trial_id():
     sp = space_mod.parse(TWO_MODELS)
-    assert [t.trial_id for t in sp.trials] == ["t000_tiny-llama_mb2_none_ga1_b0.1",
-                                              "t001_llama-3.2-1b_mb2_none_ga1_b0.1"]
-    assert sp.renamed == {"t000_mb2_none_ga1_b0.1": "t000_tiny-llama_mb2_none_ga1_b0.1",
-                          "t001_mb2_none_ga1_b0.1": "t001_llama-3.2-1b_mb2_none_ga1_b0.1"}
+    tiny, llama = (t.trial_id for t in sp.trials)
+    assert re.fullmatch(r"t[0-9a-f]{4}_tiny-llama_mb2_none_ga1_b0\.1", tiny), tiny
+    assert re.fullmatch(r"t[0-9a-f]{4}_llama-3\.2-1b_mb2_none_ga1_b0\.1", llama), llama
+    # The ids an earlier version gave them (numbered by place; before that, no model named).
+    assert sp.renamed == {"t000_tiny-llama_mb2_none_ga1_b0.1": tiny, "t000_mb2_none_ga1_b0.1": tiny,
+                          "t001_llama-3.2-1b_mb2_none_ga1_b0.1": llama, "t001_mb2_none_ga1_b0.1": llama}
     one = space_mod.parse({**TWO_MODELS, "search": {"micro_batch": [2]}})
-    assert [t.trial_id for t in one.trials] == ["t000_mb2_none_ga1_b0.1"] and one.renamed == {}
+    assert [t.trial_id.split("_", 1)[1] for t in one.trials] == ["mb2_none_ga1_b0.1"]
     same_label = space_mod.parse({**TWO_MODELS, "search": {"model": ["tiny-llama", {"preset": "tiny-llama",
                                                                                    "dtype": "float32"}]}})
-    assert [t.trial_id for t in same_label.trials] == ["t000_tiny-llama-0_mb1_none_ga1_b0.1",
-                                                      "t001_tiny-llama-1_mb1_none_ga1_b0.1"]
+    a, b = (t.trial_id for t in same_label.trials)
+    assert re.fullmatch(r"t[0-9a-f]{4}_tiny-llama-[0-9a-f]{4}_mb1_none_ga1_b0\.1", a) and a != b
+    # Told apart by content: listed the other way round, each model keeps its id.
+    swapped = space_mod.parse({**TWO_MODELS, "search": {"model": [{"preset": "tiny-llama", "dtype": "float32"},
+                                                                  "tiny-llama"]}})
+    assert [t.trial_id for t in swapped.trials] == [b, a]
+
+
+def test_ids_do_not_depend_on_list_order():
+    def ids(search):
+        return {t.trial_id for t in space_mod.parse({**TWO_MODELS, "search": search}).trials}
+
+    base = ids({"micro_batch": [2, 4], "checkpoint_level": ["none", "L2"], "lr": [1e-4, 1e-3]})
+    assert base == ids({"micro_batch": [4, 2], "checkpoint_level": ["L2", "none"], "lr": [1e-3, 1e-4]})
+    assert base < ids({"micro_batch": [1, 2, 4], "checkpoint_level": ["none", "L2"], "lr": [1e-4, 1e-3]})
+    assert len({i.split("_", 1)[0] for i in base}) == len(base)  # the hash heads tell them apart here
 
 
 def test_resume_renames_rows_written_under_the_old_ids(tmp_path):
     sp = space_mod.parse(TWO_MODELS)
+    tiny = sp.trials[0].trial_id
     space_file = tmp_path / "two.yaml"
     space_file.write_text("name: two\n")
     old = [replace(trial("t000_mb2_none_ga1_b0.1", 5.0, 100.0, 0.02, mb=2), measured_by="t000_mb2_none_ga1_b0.1",
@@ -46,12 +64,11 @@ def test_resume_renames_rows_written_under_the_old_ids(tmp_path):
     write_steps(out, [StepRecord("t000_mb2_none_ga1_b0.1-learning", 1, 0.69, 1.0, 100.0, 5.0, 0.5, 0.0,
                                  -10.0, -11.0, 0.0)])
     done = prepare_output(space_file, out, resume=True, renamed=sp.renamed)
-    assert done == {"t000_tiny-llama_mb2_none_ga1_b0.1"}  # the first trial is not run again
+    assert done == {tiny}  # the first trial is not run again
     row = read_csv_rows(out / "results.csv")[0]
-    assert (row["measured_by"], row["stability_from"]) == ("t000_tiny-llama_mb2_none_ga1_b0.1",
-                                                          "t000_tiny-llama_mb2_none_ga1_b0.1-learning")
+    assert (row["measured_by"], row["stability_from"]) == (tiny, tiny + "-learning")
     assert row["seed"] == "t000_mb2_none_ga1_b0.1"  # only id columns are renamed
-    assert read_csv_rows(out / "steps.csv")[0]["trial_id"] == "t000_tiny-llama_mb2_none_ga1_b0.1-learning"
+    assert read_csv_rows(out / "steps.csv")[0]["trial_id"] == tiny + "-learning"
 
 
 def two_models(tmp_path):

@@ -21,6 +21,7 @@ from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.cards import Card
 from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
+from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.space import SweepSpace
 from dpo_sweep.trl_fields import TrlFields
@@ -163,8 +164,8 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     frontier_path = files.frontier
     floor = noise_floor.noise_floor_markdown(noise_floor.noise_floor(analysed, steps))
     pairs = trainer_switch.pairs_markdown(analysed)
-    frontier_path.write_text(_frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else "")
-                             + (f"\n{pairs}" if pairs else ""), encoding="utf-8")
+    write_text_atomic(frontier_path, _frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else "")
+                      + (f"\n{pairs}" if pairs else ""))
     rec_json = rec.to_json_dict()
     rec_json["trl"] = winner.trl_json()
     datasets = load_data_json(out_dir)
@@ -174,7 +175,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     rec_json.update(forecast_mod.json_entry(fc, why, estimates))
     forecast_lines = forecast_mod.lines(fc, why, estimates)
     rec_path = files.recommendation
-    rec_path.write_text(json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text_atomic(rec_path, json.dumps(rec_json, indent=2, ensure_ascii=False) + "\n")
     report = build_report_data(analysed, rec, objs, steps, env, datasets, winner, state)
     report_path = write_report(files.report, dataclasses.replace(report, recommendation_json=rec_json,
                                                                  forecast=forecast_lines))

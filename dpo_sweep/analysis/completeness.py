@@ -89,6 +89,8 @@ def completeness(out_dir: str | Path, results: pd.DataFrame) -> Completeness:
     if trials is None:
         return Completeness(False if waiting else None, waiting, note)
     missing, seen = [], {}
+    if "infrastructure_failure" in results:  # lost to the machine: --resume measures it again
+        results = results[~results["infrastructure_failure"].fillna(False).astype(bool)]
     for cfg in trials:
         key = _config_key(cfg)
         columns = tuple(k for k, _ in key)

@@ -111,7 +111,7 @@ def exactness_sentence(candidates: pd.DataFrame) -> str:
 
 #: How each failed status reads in a sentence; only ``oom`` gets memory advice.
 _FAILED_AS = {"oom": "ran out of memory", "error": "failed with an error", "diverged": "diverged",
-              "pruned": "were pruned"}
+              "pruned": "were pruned", "timeout": "ran past their time limit"}
 _MEMORY_ADVICE = "try a smaller micro_batch, a stronger checkpoint level (L2, L3, full) or a GPU with more memory"
 
 

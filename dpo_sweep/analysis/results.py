@@ -6,6 +6,7 @@ producers that write them; this module reads and checks what they wrote.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import fields
 from pathlib import Path
@@ -13,8 +14,11 @@ from typing import Any
 
 from dpo_sweep import migrate
 from dpo_sweep.errors import UserError  # standard library only
+from dpo_sweep.config import CHECKPOINT_LEVELS
 from dpo_sweep.records import (RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS, StepRecord, TrialResult, damaged_text,
                                read_csv_table)
+from dpo_sweep.files import read_text
+from dpo_sweep.text import excerpt, shown
 from dpo_sweep.results_dir import ResultsDir
 
 #: Columns without which no frontier can be computed; every other contract column is optional
@@ -47,8 +51,8 @@ def _read_csv(path: Path) -> "Any":
 
     _refuse_damaged(path)
     try:
-        return pd.read_csv(path, dtype={c: "string" for c in _TEXT_COLUMNS}, keep_default_na=False,
-                           na_values=["", "nan", "NaN"])
+        return pd.read_csv(io.StringIO(read_text(path), newline=""), dtype={c: "string" for c in _TEXT_COLUMNS},
+                           keep_default_na=False, na_values=["", "nan", "NaN"])
     except pd.errors.EmptyDataError:
         raise UserError(f"{path} is empty: it needs a header line with the columns "
                           f"{', '.join(ANALYSIS_REQUIRED_COLUMNS)}; re-run the sweep to rewrite it") from None
@@ -72,12 +76,11 @@ def _record_lines(path: Path) -> list[int]:
     """The file line each data row starts on, in pandas' row order: a quoted cell (an error
     message) may span lines, and blank or whitespace-only lines are no rows (pandas skips them)."""
     starts, line = [], 1
-    with path.open(newline="") as fh:
-        reader = csv.reader(fh)
-        for record in reader:
-            if len(record) > 1 or (record and record[0].strip()):
-                starts.append(line)
-            line = reader.line_num + 1
+    reader = csv.reader(io.StringIO(read_text(path), newline=""))
+    for record in reader:
+        if len(record) > 1 or (record and record[0].strip()):
+            starts.append(line)
+        line = reader.line_num + 1
     return starts[1:]  # the header
 
 
@@ -107,6 +110,56 @@ def _convert(raw: "Any", kind: str) -> "Any":
     return pd.to_numeric(raw, errors="coerce")
 
 
+def _refuse_problems(path: Path, df: "Any", problems: list[tuple[int, str]], what: str) -> None:
+    """UserError naming the line and trial of the first problems (``(row index, text)``)."""
+    if not problems:
+        return
+    lines = _record_lines(path)
+    listed = [f"  line {lines[i]}" + (f" (trial {excerpt(str(df.at[i, 'trial_id']), 80)})" if "trial_id" in df.columns else "")
+              + f", {text}" for i, text in sorted(problems, key=lambda p: p[0])[:_SHOWN_PROBLEMS]]
+    more = len(problems) - len(listed)
+    raise UserError(f"{path}: {len(problems)} {what}; correct them (a number may be "
+                    "left empty when it is missing), or re-run the sweep to rewrite the file:\n"
+                    + "\n".join(listed) + (f"\n  ... and {more} more" if more else ""))
+
+
+#: Columns that count or measure something: never below zero (a row's knobs: never below one).
+_AT_LEAST_ONE = ("micro_batch", "grad_acc")
+
+
+def _non_negative(column: str) -> bool:
+    if column == "predicted_peak_gb":
+        return False  # the memory model's prediction (its CPU fit can go below zero), not a measurement
+    return column.endswith(("_gb", "_ms", "_s")) or column in (
+        "tokens_per_s", "mfu", "loss_std", "padding_frac", "steps", "measured_steps", "pairs_used",
+        "pairs_dropped", "trainable_params")
+
+
+def _refuse_nonsense(path: Path, df: "Any") -> None:
+    """UserError for values no trial can have: a negative memory, time or throughput, a knob below
+    one, a checkpoint level that does not exist, a beta not above zero, a trial id twice (the
+    frontier and the recommendation would take such a row at its word)."""
+    problems: list[tuple[int, str]] = []
+    for col in df.columns:
+        if col in _AT_LEAST_ONE:
+            bad, rule = df[col].notna() & (df[col] < 1), "at least 1"
+        elif col == "beta":
+            bad, rule = df[col].notna() & (df[col] <= 0), "above 0"
+        elif _non_negative(col) and col in RESULTS_COLUMNS and col not in _TEXT_COLUMNS:
+            bad, rule = df[col].notna() & (df[col] < 0), "0 or more"
+        else:
+            continue
+        problems += [(i, f"column {col}: {df.at[i, col]:g} is not allowed; it is {rule}") for i in df.index[bad]]
+    levels = df["checkpoint_level"].str.strip()
+    for i in df.index[(levels != "") & ~levels.isin(CHECKPOINT_LEVELS)]:
+        problems.append((i, f"column checkpoint_level: {shown(levels[i], 40)} is not a level; use one of "
+                            f"{', '.join(CHECKPOINT_LEVELS)}"))
+    ids = df["trial_id"].str.strip()
+    for i in df.index[ids.duplicated(keep="first")]:
+        problems.append((i, f"trial id {shown(ids[i], 80)} is given twice (each trial has one row)"))
+    _refuse_problems(path, df, problems, "value(s) that no trial can have")
+
+
 def _refuse_unreadable(path: Path, df: "Any", kinds: dict[str, str],
                        allowed: dict[str, tuple[str, ...]] | None = None) -> None:
     """UserError naming the line, trial and column of every cell that cannot be read, and the fix:
@@ -116,20 +169,12 @@ def _refuse_unreadable(path: Path, df: "Any", kinds: dict[str, str],
     for col, kind in kinds.items():
         if col in df.columns:
             for i in df.index[_bad_cells(df[col], kind)]:
-                problems.append((i, f"column {col}: {str(df.at[i, col]).strip()!r} is not {_KIND_WORDS[kind]}"))
+                problems.append((i, f"column {col}: {shown(str(df.at[i, col]).strip(), 80)} is not {_KIND_WORDS[kind]}"))
     for col, values in (allowed or {}).items():
         text = df[col].fillna("").astype(str).str.strip()
         for i in df.index[~text.str.lower().isin(values)]:
-            problems.append((i, f"column {col}: {text[i]!r} is not allowed; use one of {', '.join(values)}"))
-    if not problems:
-        return
-    lines = _record_lines(path)
-    shown = [f"  line {lines[i]}" + (f" (trial {df.at[i, 'trial_id']})" if "trial_id" in df.columns else "")
-             + f", {what}" for i, what in sorted(problems, key=lambda p: p[0])[:_SHOWN_PROBLEMS]]
-    more = len(problems) - len(shown)
-    raise UserError(f"{path}: {len(problems)} cell(s) cannot be read; correct them (a number may be "
-                    "left empty when it is missing), or re-run the sweep to rewrite the file:\n"
-                    + "\n".join(shown) + (f"\n  ... and {more} more" if more else ""))
+            problems.append((i, f"column {col}: {shown(text[i], 80)} is not allowed; use one of {', '.join(values)}"))
+    _refuse_problems(path, df, problems, "cell(s) cannot be read")
 
 
 def load_results(out_dir: str | Path) -> "Any":
@@ -165,6 +210,7 @@ def load_results(out_dir: str | Path) -> "Any":
     for col in RESULTS_COLUMNS:
         if col not in _TEXT_COLUMNS:
             df[col] = _convert(df[col], kinds.get(col, "float"))
+    _refuse_nonsense(path, df)
     return df.reset_index(drop=True)
 
 

@@ -22,6 +22,7 @@ from dpo_sweep import trl_export as trl_export_mod
 from dpo_sweep.trl_export import TrlExport
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import SpaceError
+from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.trl_fields import TrlFields
 
@@ -83,9 +84,12 @@ def _same(a: Any, b: Any) -> bool:
     return str(a) == str(b)
 
 
-def find_trial(trials: tuple[TrialConfig, ...], row: pd.Series) -> TrialConfig | None:
-    """The trial of ``row``: by id, else the one whose knobs and swept train values it holds."""
+def find_trial(trials: tuple[TrialConfig, ...], row: pd.Series,
+               renamed: dict[str, str] | None = None) -> TrialConfig | None:
+    """The trial of ``row``: by id (``renamed``: an earlier version's ids of these trials, see
+    space.Space.renamed), else the one whose knobs and swept train values it holds."""
     trial_id = str(row.get("trial_id"))
+    trial_id = (renamed or {}).get(trial_id, trial_id)
     for t in trials:
         if t.trial_id == trial_id:
             return t
@@ -172,13 +176,15 @@ def winner_of(results_dir: Path, row: pd.Series | None, objectives: dict[str, An
         return Winner(None, note=f"{path} is absent ({ResultsDir.RESULTS} only), so the winner's other "
                       "settings are unknown")
     try:
-        trials = space_mod.parse(without_step_time(space_mod.load_raw(path)), str(path)).trials
+        space = space_mod.parse(without_step_time(space_mod.load_raw(path)), str(path))
     except SpaceError as err:
         return Winner(None, note=f"{path} no longer validates, so the winner cannot be pinned: "
                       + str(err).splitlines()[-1].strip())
-    trial = find_trial(trials, row)
+    trial = find_trial(space.trials, row, space.renamed)
     if trial is None:
         return Winner(None, note=f"no trial of {path} matches {row.get('trial_id')}: the space file changed")
+    # Named as its row is (a folder of an earlier version numbered its ids by list position).
+    trial = trial.model_copy(update={"trial_id": str(row.get("trial_id"))})
     if objectives and "step_time" in objectives:  # the older time objective, as the analysis read it
         objectives = {**without_step_time({"objectives": objectives})["objectives"], "throughput": "max"}
     text = space_text(pinned_space(trial, row, objectives), trial, results_dir)
@@ -191,6 +197,6 @@ def write_winner(results_dir: Path, winner: Winner) -> Path | None:
     if winner.trial is None:
         path.unlink(missing_ok=True)
         return None
-    path.write_text(winner.space_yaml, encoding="utf-8")
+    write_text_atomic(path, winner.space_yaml)
     return path
 

@@ -17,6 +17,7 @@ pad_to_multiple_of, logp_chunk_tokens,         runs on, how the measurement is t
 precision, reference,
 device, warmup_steps, group_by_length,
 padding_free, worst_case_step
+train.dropout                            yes   dropout's masks are saved tensors
 train.fail_at_step / fail_kind /         yes   test hooks that change the outcome
 fail_rank
 train.seed                               yes*  *except for fixed-length synthetic data: the data
@@ -70,6 +71,7 @@ LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("train", "fail_at_step"), ("train", "fail_kind"), ("train", "fail_rank"),
     ("train", "beta_schedule"), ("train", "adaptive_clip"), ("train", "adaptive_clip_window"),
     ("train", "ema_decay"), ("train", "grad_acc_schedule"),  # the stability knobs (train/knobs.py)
+    ("train", "dropout"),
     ("train", "learning_steps"), ("train", "learning_precision"),
     ("train", "adapter"), ("train", "lora_r"), ("train", "lora_alpha"), ("train", "lora_dropout"),
     ("train", "lora_targets"), ("train", "optimizer"),  # what is trained and how it is stepped

@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 
 from dpo_sweep.report.data import ReportData
+from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
@@ -82,5 +83,5 @@ def render_html(data: ReportData, js: str | None = None) -> str:
 
 def write_report(path: str | Path, data: ReportData) -> Path:
     path = Path(path)
-    path.write_text(render_html(data), encoding="utf-8")
+    write_text_atomic(path, render_html(data))
     return path

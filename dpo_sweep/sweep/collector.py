@@ -57,9 +57,11 @@ class TrialCollector:
             return self._finish(key, ending.failure)
         return None
 
-    def abandon(self, key: str, cfg: TrialConfig, error: str) -> CollectedTrial:
+    def abandon(self, key: str, cfg: TrialConfig, error: str, status: str = "error") -> CollectedTrial:
+        """Close a trial whose process died or was ended (``status`` ``timeout``: past its limit):
+        lost to the machine, so its row is marked for --resume to run again."""
         self._get(key, cfg)
-        return self._finish(key, TrialFailure("error", short_error(error) or "the trial process died"))
+        return self._finish(key, TrialFailure(status, short_error(error) or "the trial process died", infrastructure=True))
 
     def _finish(self, key: str, failure: TrialFailure | None) -> CollectedTrial:
         p = self._pending.pop(key)
@@ -73,5 +75,6 @@ class TrialCollector:
             result = failed_result(p.cfg, failure.status, failure.error, p.steps, failing_peak_gb=failure.peak_mem_gb,
                                    startup_s=p.startup_s, measure_s=p.measure_s)
         # Its configuration's columns again: the outcome crossed as JSON, which turns tuples into lists.
-        result = dataclasses.replace(result, **config_columns(p.cfg))
+        result = dataclasses.replace(result, **config_columns(p.cfg),
+                                     infrastructure_failure=bool(failure is not None and failure.infrastructure))
         return CollectedTrial(result=result, steps=tuple(p.steps), environment=environment)

@@ -38,22 +38,22 @@ import yaml
 from dpo_sweep import preflight
 from dpo_sweep.train.lengths import write_data_json
 from dpo_sweep import space as space_mod
-from dpo_sweep.errors import UserError
+from dpo_sweep.errors import UserError, os_error_line
 from dpo_sweep.results_dir import ResultsDir
+from dpo_sweep.text import excerpt
 from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.folder_lock import FolderLock
 from dpo_sweep.sweep.local_cluster import stop_guard
 from dpo_sweep.sweep.output_dir import default_output_dir, finished_trial_ids, prepare_output, save_environment
+from dpo_sweep.sweep.resume import match_rows, renamed_ids
 from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, connect_ray, print_dashboard,
                                          stop_local_autoscaler)
-from dpo_sweep.sweep import warm_worker
+from dpo_sweep.sweep import signals, warm_worker
 from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
 from dpo_sweep.sweep.startup import BackgroundPreflight, CheckedInputs
 
 if TYPE_CHECKING:
     from dpo_sweep.sweep.tuner import SweepSummary
-
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 
 def import_tune() -> None:
@@ -76,7 +76,7 @@ def _stopping() -> Any:
 
 
 def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None],
-             spec: space_mod.SweepSpace | None = None) -> None:
+             spec: space_mod.SweepSpace | None = None) -> int:
     """What ``dpo-sweep report DIR`` does, on the directory just written: the objectives and the
     emulated card come from ``spec``, the space this run validated (DIR/space.yaml is its copy,
     so the two commands agree); without it, from DIR/space.yaml."""
@@ -85,16 +85,20 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     except ImportError as err:
         out(f"note: the analyser is not available ({err}); results are in {out_dir}/, "
             f"analyse them later with `dpo-sweep report {out_dir}`")
-        return
+        return 0
     try:
         analysis = analyse_dir(out_dir, memory_budget_gb=args.memory_budget_gb,
                                safety_margin=safety_margin_of(args),
                                space=SpaceSettings.from_space(spec) if spec is not None else None,
                                epochs=epochs_of(args), other_cards=getattr(args, "gpu", None) or ())
+    except OSError as err:  # a full disk: the sweep's rows are whole, the analysis files are not written
+        print(f"error: the analysis could not be written ({os_error_line(err)}); the results are in {out_dir}/. "
+              f"Once fixed: dpo-sweep report {out_dir}", file=sys.stderr)
+        return 1
     except Exception as err:  # noqa: BLE001 - the sweep's results are safe on disk either way
-        out(f"note: analysis failed ({type(err).__name__}: {err}); results are in {out_dir}/, "
+        out(f"note: analysis failed ({type(err).__name__}: {excerpt(str(err), 300)}); results are in {out_dir}/, "
             f"retry with `dpo-sweep report {out_dir}`")
-        return
+        return 0
     out("")
     out(str(analysis.frontier_markdown).rstrip())
     out("")
@@ -102,15 +106,20 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     out(analysis.forecast_text)
     out("")
     out(f"report: {analysis.report_path}")
+    return 0
 
 
 def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Path, total: int) -> int:
     """The exit of a sweep that ``stopping`` ended: its one line, and no analysis (what did not run
     is not a result; ``dpo-sweep report DIR`` analyses the rows there are)."""
     stopping = _stopping()
+    if summary.write_error is not None:
+        print(f"error: {summary.write_error}; the sweep stopped, the rows written before are kept. Once fixed, "
+              f"continue with: {stopping.resume_command(args.space, str(out_dir), args.overrides)}", file=sys.stderr)
+        return 1
     if summary.stopped == stopping.INTERRUPTED:
         say(stopping.interrupted_line(summary.finished, total, stopping.resume_command(args.space, str(out_dir), args.overrides)))
-        return EXIT_INTERRUPTED
+        return signals.exit_code(summary.signum)
     print(f"error: the first {summary.ran} trial(s) all failed "
           f"before their first step with the same cause; the sweep stopped, "
           f"{len(summary.not_run)} trial(s) not run. Their rows and logs: {ResultsDir(out_dir).results}, "
@@ -127,13 +136,20 @@ def _space_record(args: argparse.Namespace, sp: space_mod.Space) -> str | None:
     return f"# {args.space} with {sets}\n" + yaml.safe_dump(sp.raw, sort_keys=False)
 
 
-def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs, sp: space_mod.Space) -> set[str]:
+def _timeout_floor(args: argparse.Namespace) -> float:
+    """``--trial-timeout-s`` (stopping.DEFAULT_TRIAL_TIMEOUT_FLOOR_S when not given)."""
+    value = getattr(args, "trial_timeout_s", None)
+    return _stopping().DEFAULT_TRIAL_TIMEOUT_FLOOR_S if value is None else value
+
+
+def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs, sp: space_mod.Space,
+             renamed: dict[str, str]) -> set[str]:
     """After the preflight: its lines and notes, the results directory (earlier results kept or set aside),
     environment.json (the preflight's look at this machine) and data.json; the trial ids to skip."""
     say("\n".join(line for s in checked.data for line in (s.line(), *s.notes())))
     for note in checked.notes:
         say(note)
-    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume), renamed=sp.renamed,
+    done_ids = prepare_output(Path(args.space), out_dir, resume=bool(args.resume), renamed=renamed,
                               space_text=_space_record(args, sp))
     save_environment(out_dir, say, checked.environment)
     write_data_json(out_dir, [s.shape for s in checked.data if s.shape is not None])  # the report's data shape
@@ -189,7 +205,7 @@ class RayRelease:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``dpo-sweep run SPACE.yaml``: see the module doc for the steps and exit codes."""
-    with RayRelease() as release:
+    with signals.stop_signals_raise(), RayRelease() as release:
         return _run(args, release)
 
 
@@ -197,16 +213,27 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
     sp = space_mod.load(args.space, args.overrides)  # UserError -> exit 2, before anything starts
     if args.max_concurrent is not None and args.max_concurrent < 1:
         raise UserError(f"--max-concurrent: {args.max_concurrent} is not allowed; give 1 or more")
+    timeout = getattr(args, "trial_timeout_s", None)
+    if timeout is not None and not timeout >= 0:
+        raise UserError(f"--trial-timeout-s: {timeout} is not allowed; give seconds (0: no limit)")
     out_dir = Path(args.output) if args.output else default_output_dir(sp.name)
     preflight.check_output_dir(out_dir)  # a file given as the folder: said before the lock makes it
-    with FolderLock(out_dir):  # exit 2 when another sweep writes there (folder_lock.py)
-        return _sweep(args, release, sp, out_dir)
+    try:
+        with FolderLock(out_dir):  # exit 2 when another sweep writes there (folder_lock.py)
+            return _sweep(args, release, sp, out_dir)
+    except OSError as err:  # a full disk or a read-only folder, at any step: one line, the rows kept
+        print(f"error: {os_error_line(err)}; the rows written before are kept. Once fixed, continue with: "
+              f"{_stopping().resume_command(args.space, str(out_dir), args.overrides)}", file=sys.stderr)
+        return 1
 
 
 def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, out_dir: Path) -> int:
     total = len(sp.trials)
+    # Exit 2 before anything starts when the space changes what the folder's rows measured.
+    renamed = match_rows(out_dir, sp).renamed if args.resume else {}
     # A resumed sweep with every row written starts no Ray (a look only: prepare_output decides).
-    nothing_to_run = bool(args.resume) and finished_trial_ids(out_dir) >= {t.trial_id for t in sp.trials}
+    nothing_to_run = (bool(args.resume) and renamed_ids(finished_trial_ids(out_dir), renamed)
+                      >= {t.trial_id for t in sp.trials})
     planned = [absolute_paths(t) for t in sp.trials]  # as the trials will see them
     train = not warm_worker.wanted(sp.trials[0])  # its trials run in Ray Train workers
     conn: RayConnection | None = None
@@ -220,33 +247,35 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
             if not nothing_to_run:
                 try:
                     conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
+                    signals.take_stop_signals()  # back from Ray's driver
                     pool = start_warm_workers(planned, trial_slots(sp, ray.cluster_resources(), args.max_concurrent))
                 except Exception:
                     pending.result()  # a refusal of the input comes first
                     raise
             import_tune()
             checked = pending.result()
-        done_ids = _prepare(args, out_dir, checked, sp)
+        done_ids = _prepare(args, out_dir, checked, sp, renamed)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {ResultsDir(out_dir).results}; nothing to run")
-            _analyse(out_dir, args, say, sp.spec)
-            return 0
+            return _analyse(out_dir, args, say, sp.spec)
         if conn is None:  # a resume that looked finished but was not (prepare_output decided)
             conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
+            signals.take_stop_signals()
         print_dashboard(conn, say)
         # The plan's memory model takes the data's lengths and the models' shapes as the
         # preflight's process measured and built them: this process builds no model.
         summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
                             cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)),
-                            lengths=checked.lengths, shapes=checked.shapes, pool=pool)
+                            lengths=checked.lengths, shapes=checked.shapes, pool=pool,
+                            trial_timeout_floor_s=_timeout_floor(args))
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # before the trials start, or a second Ctrl-C: rows on disk are kept
+    except KeyboardInterrupt as err:  # before the trials start, or a second stop signal: rows on disk are kept
         stopping = _stopping()
         say(stopping.interrupted_line(len(finished_trial_ids(out_dir)), total,
                                       stopping.resume_command(args.space, str(out_dir), args.overrides)))
-        return EXIT_INTERRUPTED
+        return signals.exit_code(signals.signum_of(err))
     finally:
         release.start(pool, conn)  # also ends the trials still running when the sweep stopped early
     if summary.stopped is not None:
@@ -254,9 +283,11 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
     files = ResultsDir(out_dir)
     say(f"sweep finished: {summary.ran} configuration(s) in {summary.ray_trials} Ray trial(s), "
         f"{summary.skipped} skipped; results in {files.results}, worker output in {files.logs}/")
-    _analyse(out_dir, args, say, sp.spec)
+    analysed = _analyse(out_dir, args, say, sp.spec)
     if summary.crashed:
         print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "
-              f"infrastructure failure): {', '.join(summary.crashed)}", file=sys.stderr)
+              f"infrastructure failure): {', '.join(summary.crashed)}; their rows are marked "
+              f"infrastructure_failure and --resume runs them again: "
+              f"{_stopping().resume_command(args.space, str(out_dir), args.overrides)}", file=sys.stderr)
         return 1
-    return 0
+    return analysed

@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 
 from dpo_sweep.records import (PENDING, RESULTS_COLUMNS, STEPS_COLUMNS, TrialResult, damaged_text, read_csv_rows,
                                read_csv_table, rewrite_csv, rows_as, write_environment_json)
+from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 
 
@@ -17,9 +18,22 @@ def default_output_dir(space_name: str) -> Path:
 
 
 def finished_trial_ids(out_dir: Path) -> set[str]:
-    """Trial ids whose row in ``DIR/results.csv`` is final (not waiting for a learning trial)."""
+    """Trial ids whose row in ``DIR/results.csv`` is final: not waiting for a learning trial, not
+    lost to the machine (a dead process, a trial past its limit: ``infrastructure_failure``)."""
     return {r["trial_id"] for r in read_csv_rows(ResultsDir(out_dir).results)
-            if r.get("trial_id") and r.get("stability") != PENDING}
+            if r.get("trial_id") and r.get("stability") != PENDING and not _lost(r)}
+
+
+def _lost(row: dict[str, str]) -> bool:
+    return row.get("infrastructure_failure") == "True"
+
+
+def _drop_lost_rows(out_dir: Path) -> None:
+    """Drop the rows lost to the machine (and their trials' steps): their configurations run again."""
+    lost = {r["trial_id"] for r in read_csv_rows(ResultsDir(out_dir).results) if _lost(r)}
+    if lost:
+        drop_rows(out_dir, lost)
+        print(f"resume: {len(lost)} trial(s) lost to an infrastructure failure or a timeout run again")
 
 
 def pending_rows(out_dir: Path) -> list[TrialResult]:
@@ -105,13 +119,15 @@ def prepare_output(space_path: Path, out_dir: Path, resume: bool, renamed: Mappi
     """Create ``out_dir``, copy the space file to ``DIR/space.yaml`` (``space_text``: write that
     instead, the settings ``--set`` changed) and return the trial ids to skip. Without
     ``--resume`` earlier results are moved to ``DIR/previous-<time>/``, not lost; with it, rows
-    under an older version's ids (``renamed``: old -> new) take the new ones."""
+    under an older version's ids or of a configuration the space now names otherwise (``renamed``:
+    old -> new, :func:`dpo_sweep.sweep.resume.match_rows`) take the new ones."""
     out_dir.mkdir(parents=True, exist_ok=True)
     done: set[str] = set()
     if resume:
-        if renamed and rename_trials(out_dir, renamed):
-            print(f"resume: trial ids in {out_dir} renamed to name each swept model")
+        if renamed and (count := rename_trials(out_dir, renamed)):
+            print(f"resume: {count} row(s) in {out_dir} renamed to the ids of their configurations in this space")
         rerun = _drop_damaged_rows(out_dir)
+        _drop_lost_rows(out_dir)
         done = finished_trial_ids(out_dir)
         _drop_orphan_steps(out_dir, (done | referenced_trial_ids(out_dir)) - (rerun - done))
     else:
@@ -124,9 +140,9 @@ def prepare_output(space_path: Path, out_dir: Path, resume: bool, renamed: Mappi
             print(f"earlier results moved to {aside} (use --resume to continue a sweep instead)")
     target = ResultsDir(out_dir).space
     if space_text is not None:
-        target.write_text(space_text)
+        write_text_atomic(target, space_text)
     elif space_path.resolve() != target.resolve():
-        shutil.copyfile(space_path, target)
+        write_text_atomic(target, space_path.read_text(encoding="utf-8-sig"))
     return done
 
 

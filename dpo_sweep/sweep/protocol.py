@@ -85,6 +85,7 @@ class TrialFailure:
     status: str
     error: str
     peak_mem_gb: float = math.nan
+    infrastructure: bool = False  # a process or node of the trial died: not the configuration's result
 
     @staticmethod
     def from_exception(exc: BaseException, *, rank: int | None = None) -> TrialFailure:
@@ -93,7 +94,7 @@ class TrialFailure:
         status, message = classify_failure(exc)
         if rank is not None:
             message = short_error(f"rank {rank}: {message}")
-        return TrialFailure(status, message, failure_peak(exc))
+        return TrialFailure(status, message, failure_peak(exc), infrastructure=is_infrastructure(exc))
 
     @property
     def process_usable(self) -> bool:
@@ -117,7 +118,8 @@ class TrialEnding:
     def to_report(self) -> dict[str, Any]:
         f = self.failure
         data = {"status": self.status, "error": f.error if f else "",
-                "peak_mem_gb": f.peak_mem_gb if f else math.nan, "wall_s": self.wall_s}
+                "peak_mem_gb": f.peak_mem_gb if f else math.nan, "wall_s": self.wall_s,
+                "infrastructure": bool(f and f.infrastructure)}
         return {ENDING_KEY: json.dumps(data)}
 
     @staticmethod
@@ -129,7 +131,8 @@ class TrialEnding:
         wall_s = float(data.get("wall_s", math.nan))
         if status == "finished":
             return TrialEnding(None, wall_s)
-        failure = TrialFailure(status, data.get("error", ""), float(data.get("peak_mem_gb", math.nan)))
+        failure = TrialFailure(status, data.get("error", ""), float(data.get("peak_mem_gb", math.nan)),
+                               bool(data.get("infrastructure", False)))
         return TrialEnding(failure, wall_s)
 
 
@@ -157,6 +160,29 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
     if _is_oom(exc):
         return "oom", short_error(_root_message(exc))
     return "error", short_error(f"{type(exc).__name__}: {exc}")
+
+
+#: Ray's errors for a process, node or object lost under a trial (not the trial's own exception).
+_INFRASTRUCTURE_ERRORS = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError",
+                          "NodeDiedError", "ObjectLostError", "OwnerDiedError", "LocalRayletDiedError",
+                          "RaySystemError")
+
+
+def is_infrastructure(exc: BaseException) -> bool:
+    """Whether a trial's failure is the machine's (a Ray worker, actor or node died, Ray's memory
+    monitor killed a process) rather than the configuration's: any worker failure's exception, or
+    what it wraps, is one of Ray's system errors."""
+    failures = list((getattr(exc, "worker_failures", None) or {}).values()) or [exc]
+    for failure in failures:
+        seen: BaseException | None = failure
+        while seen is not None:
+            names = {c.__name__ for c in type(seen).__mro__}
+            if names & set(_INFRASTRUCTURE_ERRORS) or (
+                    "OutOfMemoryError" in names and type(seen).__module__.startswith("ray")):
+                return True
+            cause = getattr(seen, "cause", None) or seen.__cause__
+            seen = cause if isinstance(cause, BaseException) and cause is not seen else None
+    return False
 
 
 def failure_peak(exc: BaseException) -> float:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import ray
 
@@ -84,6 +85,82 @@ def job_runtime_env(joined: bool, train: bool) -> dict[str, object] | None:
     return env or None
 
 
+#: Seconds the address check waits for a connection and for the GCS's answer: ``ray.init`` itself
+#: retries for 20 s against a cluster that refuses its token and for minutes against a port that
+#: accepts and never answers.
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _token() -> tuple[str | None, str]:
+    """The token Ray's driver would send, and where it comes from (RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        return path.read_text().strip() or None, str(path)
+    except OSError:
+        return None, str(path)
+
+
+def _gcs_answer(address: str, token: str | None) -> Any:
+    """The gRPC status code of the GCS's GetClusterId at ``address`` (OK when it answered)."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    with grpc.insecure_channel(address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=CONNECT_TIMEOUT_S, metadata=metadata)
+        except grpc.RpcError as err:
+            return err.code()
+        return grpc.StatusCode.OK
+
+
+def check_address(address: str) -> None:
+    """Within seconds, InfrastructureError naming why ``address`` (``host:port`` of a Ray
+    cluster's GCS) cannot be joined: nothing listens there, it is not Ray, or its token
+    authentication refuses this process (and the fix). Other forms (``ray://``, ``auto``) are
+    left to ``ray.init``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    host = host.strip("[]")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except ConnectionRefusedError:
+        raise InfrastructureError(f"nothing listens at {address}: is the Ray head running there "
+                                  "(`ray start --head` prints its address), and is the port right (6379 by default)?") from None
+    except (socket.timeout, TimeoutError):
+        raise InfrastructureError(f"no connection to {address} within {CONNECT_TIMEOUT_S:g} s: the host is "
+                                  "unreachable from here, or a firewall drops the port") from None
+    except OSError as err:
+        raise InfrastructureError(f"cannot reach {address}: {err.strerror or err}") from None
+    import grpc
+
+    code = _gcs_answer(address, None)
+    if code == grpc.StatusCode.OK:
+        return
+    if code != grpc.StatusCode.UNAUTHENTICATED:
+        raise InfrastructureError(
+            f"{address} does not answer as a Ray cluster ({code.name}): give the head's GCS address as "
+            "`ray start --head` prints it (port 6379 by default; the dashboard's 8265 is not it)")
+    token, source = _token()
+    sent = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    how = ("export RAY_AUTH_MODE=token and the cluster's token: RAY_AUTH_TOKEN=<token>, or the file "
+           f"~/.ray/auth_token (print it on the head with `{auth_token_command()}`)")
+    if not sent:
+        raise InfrastructureError(f"the Ray cluster at {address} uses token authentication and this process "
+                                  f"sends no token (RAY_AUTH_MODE is not token): {how}")
+    if token is None:
+        raise InfrastructureError(f"the Ray cluster at {address} uses token authentication; RAY_AUTH_MODE=token "
+                                  f"is set but no token was found ({source}): {how}")
+    if _gcs_answer(address, token) == grpc.StatusCode.UNAUTHENTICATED:
+        raise InfrastructureError(f"the Ray cluster at {address} refuses the token this process sends (from "
+                                  f"{source}): it is not that cluster's; {how}")
+
+
 def connect_ray(address: str | None, dashboard: bool, train: bool = True) -> RayConnection:
     """Join ``address`` (or ``RAY_ADDRESS``) or start a new local cluster; reuse this process's
     connection when it already has one (a notebook, or a caller that ran ``ray.init``).
@@ -92,6 +169,8 @@ def connect_ray(address: str | None, dashboard: bool, train: bool = True) -> Ray
         url = ray._private.worker.get_dashboard_url() if dashboard else None  # noqa: SLF001
         return RayConnection(_with_scheme(url), _token_auth_enabled(), started_here=False)
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        check_address(address)
     guard = None
     try:
         runtime_env = job_runtime_env(joined=bool(address), train=train)

@@ -15,6 +15,8 @@ import ray
 from ray import tune
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.errors import os_error_line
+from dpo_sweep.files import unwritable
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import TrialResult, replace_results, widened_line, write_results, write_steps
 from dpo_sweep.results_dir import ResultsDir
@@ -22,7 +24,8 @@ from dpo_sweep.sweep.collector import CollectedTrial, TrialCollector
 from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.estimate import EndedTrial, SweepEstimate
 from dpo_sweep.sweep.output_dir import save_environment
-from dpo_sweep.sweep.stopping import Ending, StopRequest, same_early_failure
+from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, TIMEOUT_FACTOR, Ending, StopRequest,
+                                      same_early_failure, trial_timeout_s)
 
 
 def duration(seconds: float) -> str:
@@ -123,7 +126,8 @@ class SweepRecorder(tune.Callback):
     (a picklable reference: Tune pickles its callbacks with the experiment state)."""
 
     def __init__(self, out_dir: Path, plan: SweepPlan, total: int, already_done: int,
-                 stop: StopRequest | None = None, concurrent: int = 1) -> None:
+                 stop: StopRequest | None = None, concurrent: int = 1,
+                 timeout_floor_s: float = DEFAULT_TRIAL_TIMEOUT_FLOOR_S, pool_name: str | None = None) -> None:
         self.out_dir = out_dir
         # The plan's jobs hold the configs the sweep already validated: a Tune trial's config
         # dict is only looked up here (by its trial id), never validated again.
@@ -142,6 +146,9 @@ class SweepRecorder(tune.Callback):
         self.trial_started: dict[str, float] = {}
         self.estimate = SweepEstimate()
         self.last_end: float | None = None  # when the last Ray trial ended
+        self.timeout_floor_s = timeout_floor_s
+        self.pool_name = pool_name  # the warm workers' pool: a timed-out trial's worker is replaced
+        self.timed_out: dict[str, str] = {}  # job id -> why it was ended (its row's error)
 
     def _cfg(self, trial: Any) -> TrialConfig:
         return self.plan.job(trial.config["trial"]["trial_id"]).cfg
@@ -151,15 +158,23 @@ class SweepRecorder(tune.Callback):
         for note in self.plan.take_notes():  # e.g. a learning trial that falls back to the space's precision
             say(note)
         steps, rows = self.plan.take_output()
-        # Steps first: a kill between the two writes leaves orphan steps, which --resume drops.
-        if steps and (added := write_steps(self.out_dir, steps, append=True)):
-            say(widened_line(ResultsDir(self.out_dir).steps, added))
-        if rows and (added := write_results(self.out_dir, rows, append=True)):
-            say(widened_line(ResultsDir(self.out_dir).results, added))  # --resume into an older results.csv
-        if replaced := self.plan.take_replaced():  # their stability, or a runoff's time, came after them
-            replace_results(self.out_dir, replaced)
-            for line in stability_lines(replaced):
-                say(line)
+        replaced = self.plan.take_replaced()  # their stability, or a runoff's time, came after them
+        if self.stop.write_error is not None:
+            return []  # the disk failed before: nothing more is written, the sweep is stopping
+        try:
+            # Steps first: a kill between the two writes leaves orphan steps, which --resume drops.
+            if steps and (added := write_steps(self.out_dir, steps, append=True)):
+                say(widened_line(ResultsDir(self.out_dir).steps, added))
+            if rows and (added := write_results(self.out_dir, rows, append=True)):
+                say(widened_line(ResultsDir(self.out_dir).results, added))  # --resume into an older results.csv
+            if replaced:
+                replace_results(self.out_dir, replaced)
+        except OSError as err:  # a full disk, a read-only folder: the files stay whole (records.py); stop
+            self.stop.write_error = os_error_line(err)
+            self.stop.reason = self.stop.reason or self.stop.write_error
+            return []
+        for line in stability_lines(replaced):
+            say(line)
         left = self.left_s()  # once per flush: the rows of one flush are all done
         # The rows that ran first: a row pruned for the memory of a trial of the same flush (it ran
         # out) follows that trial's own line. results.csv keeps the plan's order.
@@ -213,7 +228,40 @@ class SweepRecorder(tune.Callback):
             end_running_trials(trials)
             self.stop.trials_ended = True
             return
-        self.heartbeat(time.monotonic())
+        if problem := unwritable(self.out_dir):
+            # Before Ray Tune's own state files fail on it (with tracebacks and a lost cause):
+            # the sweep stops as on Ctrl-C at the next turn, its rows on disk whole.
+            self.stop.write_error = problem
+            self.stop.reason = problem
+            return
+        now = time.monotonic()
+        self.end_overdue(trials, now)
+        self.heartbeat(now)
+
+    def limit_s(self, job_id: str) -> float:
+        """How long the running job may take (stopping.trial_timeout_s of the estimate of it)."""
+        due = self.plan.running_due().get(job_id)
+        return trial_timeout_s(self.estimate.trial_s(due) if due is not None else math.nan, self.timeout_floor_s)
+
+    def end_overdue(self, trials: Iterable[Any], now: float) -> None:
+        """End every running trial past its limit (a hung or stopped worker would hold the sweep
+        for ever, its ETA frozen): its process is killed, its warm worker replaced, and Tune's
+        report of the dead trial becomes a ``timeout`` row (:meth:`on_trial_error`)."""
+        for trial in trials:
+            job_id = trial.config["trial"]["trial_id"]
+            started = self.trial_started.get(job_id)
+            if trial.status != "RUNNING" or started is None or job_id in self.timed_out:
+                continue
+            limit = self.limit_s(job_id)
+            if now - started <= limit:
+                continue
+            self.timed_out[job_id] = (f"no end after {duration(now - started)}, past its limit of {duration(limit)} "
+                                      f"(--trial-timeout-s, or {TIMEOUT_FACTOR:g}x the estimate of the trial): ended")
+            say(f"  trial {job_id}: {self.timed_out[job_id]}; --resume runs it again")
+            self.last_said = now
+            if self.pool_name:
+                ray.get_actor(self.pool_name).abandon.remote(job_id)
+            end_running_trials([trial])
 
     def heartbeat(self, now: float) -> None:
         """After HEARTBEAT_S without a line while trials run: which are running and for how long."""
@@ -238,6 +286,9 @@ class SweepRecorder(tune.Callback):
         if job_id in self.ended or self.stop.reason is not None:
             return  # stopped early: a trial ended by end_running_trials is not run, not failed
         cfg = self._cfg(trial)
+        if job_id in self.timed_out:
+            self._end(self.collector.abandon(trial.trial_id, cfg, self.timed_out[job_id], status="timeout"))
+            return
         self.crashed.append(cfg.trial_id)
         err = getattr(trial, "error_msg", None) or "the Tune trial process failed"
         self._end(self.collector.abandon(trial.trial_id, cfg, str(err)))

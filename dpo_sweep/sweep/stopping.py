@@ -19,6 +19,8 @@ from typing import Iterator, Sequence
 
 from ray import tune
 
+from dpo_sweep.sweep.signals import STOP_SIGNALS
+
 #: Trials that must all fail the same way before their first step to end the sweep (or every
 #: trial, when the sweep has fewer). Two: one failure can be the trial's own; the second with the
 #: same cause says the cause is the sweep's (the model, the data, the machine).
@@ -26,9 +28,23 @@ EARLY_FAILURE_TRIALS = 2
 
 INTERRUPTED = "interrupted"
 
+#: A trial may run this many times the sweep's estimate of it (sweep/estimate.py) before it is
+#: ended as ``timeout``; never less than the floor (``--trial-timeout-s``), which alone applies while
+#: no trial has ended to price it (the first trial pays the imports and the first model load).
+TIMEOUT_FACTOR = 4.0
+DEFAULT_TRIAL_TIMEOUT_FLOOR_S = 900.0
+
+
+def trial_timeout_s(estimate_s: float, floor_s: float = DEFAULT_TRIAL_TIMEOUT_FLOOR_S) -> float:
+    """How long a trial estimated at ``estimate_s`` (NaN: unknown) may run; ``floor_s`` <= 0: for ever."""
+    if floor_s <= 0:
+        return float("inf")
+    return max(floor_s, TIMEOUT_FACTOR * estimate_s) if estimate_s == estimate_s else floor_s
+
 #: Tune's driver-side loggers that report the trials we kill on a stop as failed ("Trial task
-#: failed ... ActorDiedError" with its traceback, "Trials did not complete").
-TUNE_TRIAL_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune")
+#: failed ... ActorDiedError" with its traceback, "Trials did not complete"), and its experiment
+#: state's save, whose traceback a full disk (the stop's own cause, said in one line) would print.
+TUNE_TRIAL_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune", "ray.tune.execution.experiment_state")
 
 
 @dataclass
@@ -39,6 +55,8 @@ class StopRequest:
 
     reason: str | None = None
     trials_ended: bool = False  # the recorder killed the running trials (Tune's stop may go on)
+    signum: int = signal.SIGINT  # the stop signal that interrupted it (signals.STOP_SIGNALS)
+    write_error: str | None = None  # a results file could not be written (a full disk): the sweep stops
 
     @property
     def interrupted(self) -> bool:
@@ -86,19 +104,23 @@ def quiet_tune_once_stopping(request: StopRequest) -> Iterator[None]:
 
 @contextmanager
 def stop_on_sigint(request: StopRequest) -> Iterator[None]:
-    """Within the block the first SIGINT sets ``request`` (the sweep stops at Tune's next turn)
-    and gives SIGINT back to the handler it had, so a second Ctrl-C interrupts at once."""
-    previous = signal.getsignal(signal.SIGINT)
+    """Within the block the first stop signal (SIGINT, SIGTERM or SIGHUP: signals.STOP_SIGNALS)
+    sets ``request`` (the sweep stops at Tune's next turn) and gives the signals back to the
+    handlers they had, so a second one interrupts at once."""
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
 
-    def on_sigint(signum: int, frame: object) -> None:
-        request.reason = INTERRUPTED
-        signal.signal(signal.SIGINT, previous)
+    def on_stop(signum: int, frame: object) -> None:
+        request.reason, request.signum = INTERRUPTED, signum
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
-    signal.signal(signal.SIGINT, on_sigint)
+    for s in STOP_SIGNALS:
+        signal.signal(s, on_stop)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def normalise_cause(error: str, trial_id: str = "") -> str:

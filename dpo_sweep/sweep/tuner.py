@@ -23,13 +23,15 @@ from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.trainable import TRIAL_CPUS, tune_trainable
 from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER
 from dpo_sweep.sweep.console import say
+from dpo_sweep.files import unwritable
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.output_dir import drop_rows, pending_rows
 from dpo_sweep.sweep.ray_cluster import InfrastructureError
 from dpo_sweep.sweep.recorder import SweepRecorder
 from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
 from dpo_sweep.sweep.planner import PlanSearcher, card_memory_gb
-from dpo_sweep.sweep.stopping import StopRequest, SweepStopper, quiet_tune_once_stopping, stop_on_sigint
+from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, StopRequest, SweepStopper,
+                                      quiet_tune_once_stopping, stop_on_sigint)
 
 #: Tune settings of the sweep's driver process (a user's own environment variables win):
 #: - our SIGINT handling (stopping.py) instead of Tune's;
@@ -56,6 +58,8 @@ class SweepSummary:
     not_run: list[str] = field(default_factory=list)  # trials without a row (stopped early)
     finished: int = 0  # trials with a row, earlier runs' included
     ray_trials: int = 0  # Tune trials started for the ``ran`` configurations (the planner's saving)
+    signum: int = 0  # the stop signal of an interrupted sweep
+    write_error: str | None = None  # why a results file could not be written (the sweep stopped)
 
 
 def _trial_dirname(trial: Any) -> str:
@@ -80,7 +84,8 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
               out: Callable[[str], None] = say, full_grid: bool = False,
               lengths: Mapping[str, LengthProfile | None] | None = None,
               shapes: Mapping[ModelSpec, ModelShape] | None = None,
-              pool: warm_worker.WarmPool | None = None) -> SweepSummary:
+              pool: warm_worker.WarmPool | None = None,
+              trial_timeout_floor_s: float = DEFAULT_TRIAL_TIMEOUT_FLOOR_S) -> SweepSummary:
     """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster;
     ``lengths`` / ``shapes``: each trial's data lengths and each model's shape as preflight
     measured and built them (the plan's memory model);
@@ -108,7 +113,8 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
         drop_rows(out_dir, {r.trial_id for r in pending} - kept)  # their groups are measured again
         out(f"resume: {len(kept)} row(s) already measured wait only for their learning trial")
     out(plan.summary_line())
-    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent)
+    recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent,
+                             timeout_floor_s=trial_timeout_floor_s)
     for key, value in TUNE_DRIVER_ENV.items():
         os.environ.setdefault(key, value)
     logging.getLogger(RESULT_GRID_LOGGER).setLevel(logging.ERROR)
@@ -116,6 +122,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     # its preflight runs): their process start and imports overlap Tune's own start.
     own_pool = pool is None
     pool = pool or start_warm_workers(todo, slots, trainer)
+    recorder.pool_name = pool.name if pool is not None else None
     try:
         tuner = tune.Tuner(
             tune.with_resources(tune_trainable, {"CPU": TRIAL_CPUS}),
@@ -141,7 +148,10 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
         with stop_on_sigint(stop), quiet_tune_once_stopping(stop):
             tuner.fit()
     except Exception as err:  # noqa: BLE001
-        raise InfrastructureError(f"Ray Tune failed: {type(err).__name__}: {err}") from err
+        if problem := unwritable(out_dir):  # what Tune met is the disk: say that, not its symptom
+            stop.write_error = stop.reason = problem
+        else:
+            raise InfrastructureError(f"Ray Tune failed: {type(err).__name__}: {err}") from err
     finally:
         if own_pool and pool is not None:
             pool.close()  # their GPUs are free again (a caller's pool: the caller closes it)
@@ -150,7 +160,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     if stop.reason is not None:
         return SweepSummary(out_dir, ran=ran, skipped=total - len(todo), crashed=recorder.crashed,
                             stopped=stop.reason, not_run=missing, finished=recorder.finished,
-                            ray_trials=len(recorder.ended))
+                            ray_trials=len(recorder.ended), signum=stop.signum, write_error=stop.write_error)
     if missing:
         raise InfrastructureError(
             f"Tune ended without a result for {len(missing)} trial(s) ({', '.join(missing[:5])}"

@@ -161,23 +161,38 @@ class WorkerPool:
 
         self._options, self._trainer, self._models, self._data = options, trainer, models, data
         self._free: asyncio.Queue = asyncio.Queue()
+        self._lent: dict[str, Any] = {}
         for worker in workers:
             self._free.put_nowait(worker)
 
     def _new_worker(self) -> Any:
         return new_worker(self._options, self._trainer, self._models, self._data)
 
-    async def acquire(self) -> Any:
-        """A free worker (waits for one: the sweep runs at most as many trials as it has)."""
-        return await self._free.get()
+    async def acquire(self, trial_id: str = "") -> Any:
+        """A free worker (waits for one: the sweep runs at most as many trials as it has), lent to
+        ``trial_id`` until it is released or abandoned."""
+        worker = await self._free.get()
+        self._lent[trial_id] = worker
+        return worker
 
-    async def release(self, worker: Any, replace: bool = False) -> None:
+    async def release(self, worker: Any, replace: bool = False, trial_id: str = "") -> None:
         """Give ``worker`` back; ``replace``: it is not to run another trial (after an error, or
         dead): a new one takes its place."""
+        if trial_id and self._lent.pop(trial_id, None) is None:
+            return  # abandoned already: its replacement is in the queue
         if replace:
             ray.kill(worker, no_restart=True)
             worker = self._new_worker()
         self._free.put_nowait(worker)
+
+    async def abandon(self, trial_id: str) -> None:
+        """End the worker lent to ``trial_id`` (a trial past its time limit, whose process the
+        sweep ended: it never releases it; the worker may be stopped or hung) and put a new one in
+        its place."""
+        worker = self._lent.pop(trial_id, None)
+        if worker is not None:
+            ray.kill(worker, no_restart=True)
+            self._free.put_nowait(self._new_worker())
 
 
 def new_worker(options: dict[str, Any], trainer: str, models: list[Any], data: TrialConfig | None = None) -> Any:
@@ -230,7 +245,8 @@ def run_in_warm_worker(loop_config: dict[str, Any], pool_name: str) -> TrialFail
     from ray import tune
 
     pool = ray.get_actor(pool_name)
-    worker = ray.get(pool.acquire.remote())
+    trial_id = loop_config["trial"].trial_id
+    worker = ray.get(pool.acquire.remote(trial_id))
     failure: TrialFailure | None = None
     try:
         # Named after the trial: the dashboard's task list shows which trial a worker runs.
@@ -241,8 +257,8 @@ def run_in_warm_worker(loop_config: dict[str, Any], pool_name: str) -> TrialFail
             else:
                 tune.report(item)
     except ray.exceptions.RayActorError as exc:
-        failure = TrialFailure("error", short_error(f"the trial's worker process died: {exc}"))
+        failure = TrialFailure("error", short_error(f"the trial's worker process died: {exc}"), infrastructure=True)
     finally:
         # After an error (or a dead actor) a new worker takes this one's place.
-        pool.release.remote(worker, failure is not None and not failure.process_usable)
+        pool.release.remote(worker, failure is not None and not failure.process_usable, trial_id)
     return failure

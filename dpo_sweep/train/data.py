@@ -172,6 +172,9 @@ _READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parque
 def read_file(path: str | Path) -> SourceRows:
     """Rows of a .json (a list of objects, or {"data": [...]}), .jsonl or .parquet file."""
     p = Path(path)
+    if p.exists() and not p.is_file():
+        raise DataError(f"data.path: {path}: not a regular file (a directory, pipe or device); give a .json, "
+                        ".jsonl or .parquet file")
     if not p.is_file():
         raise DataError(f"data.path: {path}: no such file; give an existing .json, .jsonl or .parquet "
                         "file (a relative path is taken from the directory the command runs in)")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.train.data import PairDataset
 from dpo_sweep.train.order import batch_width, pair_length
@@ -106,7 +107,7 @@ def write_data_json(out_dir: str | Path, shapes: Sequence[dict[str, Any]]) -> Pa
     """``data.json``: ``{"datasets": [data_shape, ...]}`` in the results folder."""
     path = ResultsDir(out_dir).data
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"datasets": list(shapes)}, indent=1) + "\n")
+    write_text_atomic(path, json.dumps({"datasets": list(shapes)}, indent=1) + "\n")
     return path
 
 

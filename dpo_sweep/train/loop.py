@@ -296,6 +296,9 @@ def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bo
         # Mean over the effective batch: micro_batch x grad_acc pairs here, and DDP/FSDP
         # average over workers, so any split of the same pairs gives the same update.
         loss = losses.sum() / (pairs * grad_acc)
+        if (aux := getattr(setup.policy, "module", setup.policy).aux_loss) is not None:
+            # An MoE's weighted router loss, per micro-batch as TRL adds it to the batch's mean loss.
+            loss = loss + aux / grad_acc
     setup.scaler.scale(loss).backward()
     return metrics.micro_step_sums(losses, chosen_rewards, rejected_rewards, logps, ref_logps.float(), token_counts)
 
@@ -435,7 +438,7 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
         error=error, mem_source=mem_source, loss_type=cfg.train.loss, precision=cfg.train.precision,
         reference=cfg.train.reference, attn_implementation=setup.built.attn_implementation,
         liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops,
-        pad_multiple=trial_facts.pad_multiple(cfg.train, device.type),
+        pad_multiple=trial_facts.pad_multiple(cfg.train, device.type), logp_parity=setup.parity.logp_diff,
         adapter=cfg.train.adapter,
         optimizer=cfg.train.optimizer, trainer=cfg.train.trainer,
         trainable_params=sum(p.numel() for p in setup.params), device=str(device),

@@ -84,11 +84,20 @@ def flash_attn_imports() -> bool:
         return False
 
 
-def resolve_attn_implementation(requested: str, device: torch.device) -> str:
-    """The attention ``requested`` resolves to on ``device`` (trial_facts.attention); flash-attn
-    is imported only where ``auto`` on CUDA asks for it."""
+def resolve_attn_implementation(requested: str, device: torch.device, spec: ModelSpec | None = None) -> str:
+    """The attention ``requested`` resolves to on ``device`` (trial_facts.attention) for ``spec``'s
+    model (None: one that supports every implementation and names none); flash-attn is imported
+    only where ``auto`` on CUDA asks for it. An implementation the model does not support is a UserError."""
+    from dpo_sweep.errors import UserError
+
+    from dpo_sweep.train.pretrained import attention_support
+
+    named, supported, model_class = attention_support(spec) if spec is not None else (None, trial_facts.ATTENTIONS, "")
+    if refusal := trial_facts.refused_attention_support(requested, supported, model_class):
+        raise UserError(refusal)
     wants_flash = requested == "auto" and device.type == "cuda"
-    return trial_facts.attention(requested, device.type, flash_attn=wants_flash and flash_attn_imports())
+    return trial_facts.attention(requested, device.type, flash_attn=wants_flash and flash_attn_imports(),
+                                 named=named, supported=supported)
 
 
 def weight_dtype(spec: ModelSpec, precision: str) -> torch.dtype:
@@ -112,7 +121,7 @@ def build_model(spec: ModelSpec, precision: str, device: torch.device, seed: int
     from transformers import AutoModelForCausalLM
 
     dtype = weight_dtype(spec, precision)
-    attn = resolve_attn_implementation(spec.attn_implementation, device)
+    attn = resolve_attn_implementation(spec.attn_implementation, device, spec)
     arch = model_arch(spec)
     liger = resolve_liger(spec, device, arch)
     if liger:
@@ -205,6 +214,29 @@ def undo_liger() -> None:
         for key, value in namespace.items():
             setattr(module, key, value)
     _UNPATCHED.clear()
+
+
+#: Words in the name of a module attribute or config key that holds a dropout probability
+#: (``attention_dropout``, ``hidden_dropout``, GPT-2's ``attn_pdrop``, ...).
+_DROPOUT_WORDS = ("dropout", "pdrop")
+
+
+def disable_dropout(model: nn.Module) -> list[tuple[object, str, float]]:
+    """Every dropout of ``model`` off, in training mode too (TRL's ``disable_dropout``): each
+    ``nn.Dropout``'s p, and the float probabilities attention functions read at call time from
+    their module (``self.attention_dropout``) or from the config, set to 0. Returns what it
+    changed, ``(owner, attribute, value before)``, for a caller that puts it back."""
+    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}
+    changed: list[tuple[object, str, float]] = []
+    for owner in [*model.modules(), *configs.values()]:
+        keys = ["p"] if isinstance(owner, nn.Dropout) else [
+            key for key in vars(owner) if any(word in key for word in _DROPOUT_WORDS)]
+        for key in keys:
+            value = getattr(owner, key)
+            if isinstance(value, float) and value > 0:
+                changed.append((owner, key, value))
+                setattr(owner, key, 0.0)
+    return changed
 
 
 def freeze_reference(model: nn.Module) -> nn.Module:

@@ -104,3 +104,30 @@ def load_checkpoint_tokenizer(spec: ModelSpec) -> Any:
         return AutoTokenizer.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code)
     except Exception as err:  # noqa: BLE001 - transformers raises OSError, ValueError, ImportError, ...
         raise _load_error(ckpt, "tokenizer", err) from None
+
+
+def attention_support(spec: ModelSpec) -> tuple[str | None, tuple[str, ...], str]:
+    """(the attention ``spec``'s config.json names or None, the implementations its model class
+    supports of trial_facts.ATTENTIONS, the class name). A preset: none named, all supported."""
+    from dpo_sweep.trial_facts import ATTENTIONS
+
+    if spec.preset is not None:
+        return None, ATTENTIONS, ""
+    cfg = load_config(spec)
+    named = getattr(cfg, "_attn_implementation", None)
+    cls = causal_lm_class(cfg)
+    if cls is None:  # custom modelling code: it says what it supports only once built
+        return named, ATTENTIONS, ""
+    flags = {"flash_attention_2": "_supports_flash_attn", "sdpa": "_supports_sdpa"}
+    supported = tuple(impl for impl in ATTENTIONS if getattr(cls, flags.get(impl, ""), True))
+    return named, supported, cls.__name__
+
+
+def causal_lm_class(cfg: Any) -> type | None:
+    """transformers' CausalLM class of a config (None for a model type it does not ship)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
+    except KeyError:
+        return None

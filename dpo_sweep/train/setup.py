@@ -20,7 +20,7 @@ from torch import nn
 from dpo_sweep.config import TrainSpec, TrialConfig
 from dpo_sweep.errors import DataError
 from dpo_sweep.telemetry import DecoderShape
-from dpo_sweep.train import knobs
+from dpo_sweep.train import knobs, parity
 from dpo_sweep.train.adapters import (AdaptersOff, InBackwardOptimizer, apply_adapter, build_optimizer, reference_view,
                                      refuse_cpu_levers)
 from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, worst_case_batches
@@ -28,7 +28,7 @@ from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
 from dpo_sweep.train.data import PairDataset
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
-from dpo_sweep.train.model import BuiltModel, build_model, freeze_reference
+from dpo_sweep.train.model import BuiltModel, build_model, disable_dropout, freeze_reference
 from dpo_sweep.train.order import padded_width, pair_length, usable_pairs
 from dpo_sweep.train.reference import ReferenceTables, pairs_read, reference_batches, table_key
 from dpo_sweep.train.tokenizer import tokenized_pairs
@@ -71,6 +71,7 @@ class TrialSetup:
     adaptive_clip: knobs.AdaptiveClip | None  # train.adaptive_clip
     ema: knobs.WeightEma | None  # train.ema_decay
     shapes_run: set[tuple[int, ...]]  # micro-batch shapes this process trained on (WarmState.shapes_run)
+    parity: parity.ParityFigures  # the fast paths against the model's own forward, before the first step
 
 
 def configure_device_memory(cfg: TrialConfig, device: torch.device) -> None:
@@ -115,7 +116,13 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
     refuse_cpu_levers(train, device)
     built = build_model(cfg.model, train.precision, device, seed=train.seed)
     policy = built.model
+    if not train.dropout:
+        disable_dropout(policy)  # before the adapters: lora_dropout is the user's own setting
     peft_model = apply_adapter(policy, train)  # LoRA/QLoRA: the reference is the adapters-off policy
+    # The parity check's expectation: the model's own forward, before any fast path is applied.
+    parity_pairs = parity.parity_pairs(policy.get_input_embeddings().weight.shape[0])
+    with parity.dropout_off(policy), autocast(cfg, device):
+        parity_want = parity.expected(policy, parity_pairs, data.pad_token_id)
     reference = ref_table = None
     if train.reference == "live" and peft_model is None:
         frozen = freeze_reference(copy.deepcopy(policy))  # before any checkpoint patching
@@ -135,15 +142,17 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
                                      data, cfg, device, world, rank, say, since, tables)
     apply_checkpoint_level(policy, cfg.checkpoint_level)  # after the model is on its device
     policy.train()
-    policy_logps = _wrap_parallel(cfg, SequenceLogProbs(policy, train.logp_chunk_tokens), device, world)
+    policy_module = SequenceLogProbs(policy, train.logp_chunk_tokens, router_aux_loss=True)
+    parity_figures = check_parity(cfg, policy_module, parity_pairs, parity_want, data.pad_token_id, device)
+    policy_logps = _wrap_parallel(cfg, policy_module, device, world)
     params = tuple(p for p in policy_logps.parameters() if p.requires_grad)
     optimizer = (InBackwardOptimizer(params, train, device) if train.optimizer_in_backward
                  else build_optimizer(params, train, device))
     say(f"[{cfg.trial_id}] model {cfg.model.label()}: {built.n_params / 1e6:.1f}M params, "
         f"{train.precision}, attention {built.attn_implementation}{', liger' if built.liger_kernel else ''}"
         f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "
-        f"reference {train.reference}, {_lever_words(train, params)}, device {device}, {world} worker(s) "
-        f"[{time.perf_counter() - since:.1f} s]")
+        f"reference {train.reference}, {_lever_words(train, params)}, device {device}, {world} worker(s); "
+        f"parity with the model's own forward: {parity_figures.words()} [{time.perf_counter() - since:.1f} s]")
     multiple = pad_multiple(train, device.type)  # the padded batches' width multiple (train.pad_to_multiple_of)
     return TrialSetup(
         cfg=cfg, device=device, world=world, rank=rank, data=data, built=built, policy=policy_logps,
@@ -162,7 +171,23 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         adaptive_clip=knobs.AdaptiveClip(params, train.adaptive_clip_window) if train.adaptive_clip else None,
         ema=knobs.WeightEma(params, train.ema_decay) if train.ema_decay is not None else None,
         shapes_run=warm.shapes_run if warm is not None else set(),
+        parity=parity_figures,
     )
+
+
+def check_parity(cfg: TrialConfig, policy: SequenceLogProbs, pairs: list, want: parity.Expected, pad_id: int,
+                 device: torch.device) -> parity.ParityFigures:
+    """The trial's fast paths against its model's own forward (:mod:`dpo_sweep.train.parity`), in
+    the trial's precision; ParityError (the trial's ``error`` status) when they disagree."""
+    with parity.dropout_off(policy.lm), autocast(cfg, device):
+        got = parity.measured(policy, pairs, cfg.train.padding_free, pad_id, cfg.train.padding_side)
+    figures = parity.compare(want, got)
+    tol = parity.tolerance(policy.lm, autocast=cfg.train.precision in ("bf16-mixed", "fp16"))
+    if not figures.within(tol):
+        model_type = getattr(policy.lm.config, "model_type", type(policy.lm).__name__)
+        raise parity.ParityError(parity.refusal(model_type, parity.FastPaths.of(cfg).describe(), figures, tol)
+                                 + "; the trial is not run")
+    return figures
 
 
 def _lever_words(train: TrainSpec, params: tuple[nn.Parameter, ...]) -> str:

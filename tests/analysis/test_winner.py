@@ -315,3 +315,11 @@ def test_a_trl_winner_has_no_notes_of_the_native_trainers_own_modules(tmp_path):
     (tmp_path / "n").mkdir()
     _, native = export_of(tmp_path / "n", quick_space(tmp_path / "n"))
     assert "lean_ops" in " ".join(native.not_in_trl)
+
+
+def test_trl_keeps_dropout_only_where_the_trial_did(tmp_path):
+    _, plain = export_of(tmp_path, quick_space(tmp_path))
+    assert plain.dpo_config["disable_dropout"] is True  # dropout off, as TRL's default and the trainer's
+    (tmp_path / "kept").mkdir()
+    _, kept = export_of(tmp_path / "kept", quick_space(tmp_path / "kept", train={"dropout": True}))
+    assert kept.dpo_config["disable_dropout"] is False

@@ -163,7 +163,8 @@ def test_learning_key_ignores_the_split_and_level_but_not_the_learning_setup():
     differ = [_cfg(4, micro_batch=2, grad_acc=2), _cfg(5, micro_batch=2, grad_acc=4, beta=0.3),
               _cfg(6, micro_batch=2, grad_acc=4, lr=1e-4), _cfg(7, micro_batch=2, grad_acc=4, loss="hinge"),
               _cfg(8, micro_batch=2, grad_acc=4, precision="bf16"), _cfg(9, micro_batch=2, grad_acc=4, seed=1),
-              _cfg(10, micro_batch=2, grad_acc=4, steps=3), _cfg(11, micro_batch=2, grad_acc=4, lr_schedule="linear")]
+              _cfg(10, micro_batch=2, grad_acc=4, steps=3), _cfg(11, micro_batch=2, grad_acc=4, lr_schedule="linear"),
+              _cfg(12, micro_batch=2, grad_acc=4, dropout=True)]
     assert all(rules.learning_key(c) == rules.learning_key(base) for c in same)
     assert all(rules.learning_key(c) != rules.learning_key(base) for c in differ)
 

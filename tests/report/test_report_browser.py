@@ -55,7 +55,7 @@ def chromium_binary():
 
 
 def test_report_renders_offline_in_chromium(tmp_path, chromium_binary):
-    trials = sweep_trials(model=HOSTILE) + [trial(HOSTILE, 6.0, 500.0, 0.02, level=HOSTILE, error=HOSTILE)]
+    trials = sweep_trials(model=HOSTILE) + [trial(HOSTILE, 6.0, 500.0, 0.02, error=HOSTILE)]  # a level is one of the levels
     steps = [s for t in trials if t.status == "ok" for s in steps_for(t.trial_id, 4, t.peak_mem_gb)]
     env = {"gpu": {"name": HOSTILE, "memory_gb": 20.0}}
     out_dir = write_dir(tmp_path / "results", trials, steps, env=env)

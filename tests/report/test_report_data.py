@@ -133,7 +133,8 @@ def test_figure_data_is_strict_json(tmp_path):
 
 
 def test_data_strings_are_escaped_for_plotly(tmp_path):
-    trials = [trial(HOSTILE, 10.0, 100.0, 0.02, level=HOSTILE, model=HOSTILE, error=HOSTILE),
+    # Every text cell a user can write (a checkpoint level outside the levels is refused on load).
+    trials = [trial(HOSTILE, 10.0, 100.0, 0.02, model=HOSTILE, error=HOSTILE),
               trial("b", 12.0, 90.0, 0.03)]
     _, data = build(tmp_path, trials)
     text = json.dumps([f.spec for f in data.figures])

@@ -8,6 +8,9 @@ from dataclasses import replace
 
 from sweep_frames import trial, write_dir
 
+import yaml
+
+from dpo_sweep import space as space_mod
 from dpo_sweep.analysis.commands import analyse_dir
 from dpo_sweep.cli import main
 
@@ -38,7 +41,8 @@ def test_an_interrupted_sweep_says_so_in_the_json_and_a_banner(tmp_path):
     result = analyse_dir(out, memory_budget_gb=40.0)
     rec = json.loads((out / "recommendation.json").read_text())
     assert rec["sweep_complete"] is False
-    assert rec["still_to_run"] == [{"trial_id": "t002_mb4_none_ga1_b0.1", "missing": "measurement"},
+    mb4 = next(t.trial_id for t in space_mod.parse(yaml.safe_load(SPACE)).trials if t.micro_batch == 4)
+    assert rec["still_to_run"] == [{"trial_id": mb4, "missing": "measurement"},
                                    {"trial_id": "t001_mb2_none_ga1_b0.1", "missing": "stability"}]
     page = result.report_path.read_text()
     assert "This sweep did not finish: 1 configuration(s) of space.yaml have no row" in page

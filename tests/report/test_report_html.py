@@ -50,7 +50,8 @@ def test_plotly_is_inlined_once_and_nothing_is_fetched(tmp_path):
 
 
 def test_hostile_strings_are_escaped(tmp_path):
-    trials = [trial(HOSTILE, 10.0, 100.0, 0.02, level=HOSTILE, model=HOSTILE, error=HOSTILE),
+    # Every text cell a user can write (a checkpoint level outside the levels is refused on load).
+    trials = [trial(HOSTILE, 10.0, 100.0, 0.02, model=HOSTILE, error=HOSTILE),
               trial("ok2", 12.0, 90.0, 0.03, model=HOSTILE),
               trial("oom", status="oom", mb=8, model=HOSTILE, error=f'"quoted" & {HOSTILE}')]
     steps = steps_for(HOSTILE, 3, 10.0)

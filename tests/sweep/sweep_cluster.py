@@ -161,6 +161,23 @@ def start_sweep(args: list[str], env: dict[str, str], log: Path, **popen) -> sub
                             stderr=subprocess.STDOUT, **popen)
 
 
+def session_pids(sid: int, *prefixes: str) -> set[int]:
+    """Live processes of session ``sid`` (a sweep started with ``start_new_session``: its local
+    cluster's processes inherit it) whose command line starts with one of ``prefixes`` (Ray's
+    process titles: ``ray::TrialWorker``, ``ray::trial <id>``, ``ray::WorkerPool``)."""
+    found = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().decode(errors="replace")
+            stat = (cmdline.parent / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) == sid and fields[0] != "Z" and text.startswith(prefixes):
+            found.add(int(cmdline.parent.name))
+    return found
+
+
 def write_space(path: Path, name: str, search: str, train_extra: str = "") -> Path:
     """A small CPU space: tiny-llama, 16 synthetic pairs, 3 steps (1 warm-up), fp32."""
     path.write_text(textwrap.dedent(f"""\

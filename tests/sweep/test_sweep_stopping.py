@@ -65,6 +65,22 @@ def test_first_sigint_requests_the_stop_and_a_second_interrupts():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_as_ctrl_c_does_and_a_second_interrupts(signum):
+    from dpo_sweep.sweep import signals
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with signals.stop_signals_raise():  # what `run` installs from its first import
+        request = StopRequest()
+        with stopping.stop_on_sigint(request):
+            os.kill(os.getpid(), signum)  # handled: the sweep stops at Tune's next turn
+            assert request.interrupted and request.signum == signum
+            with pytest.raises(KeyboardInterrupt) as err:
+                os.kill(os.getpid(), signum)
+        assert signals.exit_code(signals.signum_of(err.value)) == 128 + signum
+    assert signal.getsignal(signum) is signal.SIG_DFL
+
+
 def test_tune_failure_logs_are_dropped_once_stopping(caplog):
     request = StopRequest()
     log = logging.getLogger(stopping.TUNE_TRIAL_LOGGERS[0])
