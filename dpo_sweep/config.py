@@ -211,6 +211,13 @@ class TrainSpec(_Strict):
     """How each trial trains. Fields named here can also be swept under ``search:``."""
 
     steps: int = Field(6, ge=1, description="Optimizer steps per trial.")
+    trainer: Literal["native", "trl"] = Field(
+        "native",
+        description="native: dpo-sweep's own DPO trainer; trl: TRL's DPOTrainer (pip install "
+        "'dpo-sweep[trl]', TRL >= 1.16) on the same model, pairs, precision, reference, adapter and "
+        "padding, measured by the same sampler and step timer (docs/trainer.md). Settings TRL cannot "
+        "express (checkpoint levels L1-L3, schedules of beta or grad_acc, ...) are refused with trl.",
+    )
     warmup_steps: int = Field(
         2, ge=0, description="Steps left out of the time/memory medians (not an LR warm-up)."
     )
@@ -414,11 +421,11 @@ class TrainSpec(_Strict):
 #: another meaning has the name (steps: the steps that ran; device: the torch device used).
 SWEPT_TRAIN_COLUMN: dict[str, str] = {
     "loss": "loss_type", "max_length": "seq_len", "precision": "precision", "reference": "reference",
-    "adapter": "adapter", "optimizer": "optimizer",
+    "adapter": "adapter", "optimizer": "optimizer", "trainer": "trainer",
     "steps": "train_steps", "device": "train_device",
 }
 #: Swept train fields that the result row already carries in its own column.
-_CARRIED_TRAIN_FIELDS = ("loss", "max_length", "precision", "reference", "adapter", "optimizer")
+_CARRIED_TRAIN_FIELDS = ("loss", "max_length", "precision", "reference", "adapter", "optimizer", "trainer")
 
 
 class SamplerSpec(_Strict):

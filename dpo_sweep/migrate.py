@@ -126,5 +126,5 @@ def positional_trial_ids(index: int, trial_id: str, model_part: str = "", legacy
 # --- a results folder's results.csv ---------------------------------------------------------------
 
 #: Columns that rows written before them lack, and the value every such row had: every trial then
-#: trained all weights with torch's AdamW.
-RESULTS_COLUMN_DEFAULTS: dict[str, str] = {"adapter": "full", "optimizer": "adamw"}
+#: trained all weights with torch's AdamW, in the native trainer.
+RESULTS_COLUMN_DEFAULTS: dict[str, str] = {"adapter": "full", "optimizer": "adamw", "trainer": "native"}

@@ -144,6 +144,7 @@ class TrialResult:
     adapter: str = ""                  # full | lora | qlora
     optimizer: str = ""                # adamw | adamw_8bit | adamw_4bit
     trainable_params: int | None = None  # parameters the optimizer steps (LoRA: the adapters only)
+    trainer: str = ""                  # native | trl (train.trainer; "": rows of before the column, native)
     device: str = ""
     steps: int = 0
     measured_steps: int = 0
@@ -387,7 +388,7 @@ def failed_result(cfg: "TrialConfig", status: str, error: str, steps: Iterable[S
         **config_columns(cfg), status=status, error=error,
         peak_mem_gb=peak_up_to_failure_gb((s.peak_mem_gb for s in steps), failing_peak_gb),
         loss_type=cfg.train.loss, precision=cfg.train.precision, reference=cfg.train.reference,
-        adapter=cfg.train.adapter, optimizer=cfg.train.optimizer,
+        adapter=cfg.train.adapter, optimizer=cfg.train.optimizer, trainer=cfg.train.trainer,
         attn_implementation=cfg.model.attn_implementation, steps=len(steps), **timing,
     )
 

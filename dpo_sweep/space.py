@@ -35,7 +35,7 @@ from dpo_sweep.config import (
     refused_optimizer_in_backward,
 )
 from dpo_sweep.trial_facts import refused_attention, refused_cuda_lever
-from dpo_sweep import migrate, space_yaml
+from dpo_sweep import migrate, space_yaml, trl_export
 from dpo_sweep.errors import SpaceError
 from dpo_sweep.text import excerpt, shown
 
@@ -331,6 +331,7 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
     keys = [m.model_dump_json() for m in dims["model"]]
     model_parts, legacy_model_parts = dict(zip(keys, parts)), dict(zip(keys, legacy_parts))
     trials, renamed = [], {}
+    trl = trl_export.SpaceCheck(source)
     for index, values in enumerate(points):
         p = dict(zip(names, values))
         if "effective_batch" in p:
@@ -367,13 +368,31 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
         trial_id = _trial_id(point, swept_values, model_part)
         for legacy in migrate.positional_trial_ids(index, trial_id, model_part, legacy_model_parts[model_key]):
             renamed[legacy] = trial_id
-        trials.append(
-            TrialConfig(
-                space_name=spec.name, trial_id=trial_id, model=p["model"], data=spec.data, train=train,
-                resources=spec.resources, swept_train=tuple(train_over), **point,
-            )
-        )
+        trial = TrialConfig(space_name=spec.name, trial_id=trial_id, model=p["model"], data=spec.data, train=train,
+                            resources=spec.resources, swept_train=tuple(train_over), **point)
+        trl.check(trial)
+        trials.append(trial)
+    trl.raise_if_refused()
     return tuple(trials), renamed
+
+
+
+def load_raw(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if p.is_dir():
+        spaces = sorted(q.name for q in p.glob("*.yaml"))[:3]
+        hint = f" (it holds {', '.join(spaces)})" if spaces else ""
+        raise SpaceError(f"{path}: this is a directory, not a space file; give a YAML file{hint}, "
+                         "e.g. search_spaces/quickstart.yaml")
+    if not p.is_file():
+        raise SpaceError(f"{path}: no such space file")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise SpaceError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise SpaceError(f"{path}: a space file is a mapping with name, model, data, train, search")
+    return raw
 
 
 def parse(raw: dict[str, Any], source: str = "space") -> Space:

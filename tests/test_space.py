@@ -123,7 +123,7 @@ def test_duplicates_exit_2_from_the_cli(tmp_path, capsys):
 
 def test_every_train_field_has_a_results_column_of_its_own():
     carried = {"loss": "loss_type", "max_length": "seq_len", "precision": "precision", "reference": "reference",
-               "adapter": "adapter", "optimizer": "optimizer"}
+               "adapter": "adapter", "optimizer": "optimizer", "trainer": "trainer"}
     for name in TrainSpec.model_fields:
         column = SWEPT_TRAIN_COLUMN.get(name, name)
         if name in carried:

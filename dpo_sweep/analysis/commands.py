@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from dpo_sweep import migrate, space as space_mod
-from dpo_sweep.analysis import forecast as forecast_mod, noise_floor, pareto, results, tables, winner as winner_mod
+from dpo_sweep.analysis import forecast as forecast_mod, noise_floor, pareto, results, tables, trainer_switch, winner as winner_mod
 from dpo_sweep.analysis.completeness import Completeness, completeness
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
@@ -24,6 +24,7 @@ from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
 from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.space import SweepSpace
+from dpo_sweep.trl_fields import TrlFields
 
 @dataclass(frozen=True)
 class AnalysisOutcome:
@@ -137,7 +138,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
                 objectives: Mapping[str, Any] | None = None,
                 safety_margin: float = DEFAULT_SAFETY_MARGIN,
                 space: SpaceSettings | None = None, epochs: float = 1.0,
-                other_cards: Sequence[Card] = ()) -> AnalysisOutcome:
+                other_cards: Sequence[Card] = (), trl: TrlFields | None = None) -> AnalysisOutcome:
     """Analyse DIR/results.csv and (re)write frontier.md, recommendation.json, report.html.
 
     ``memory_budget_gb`` None: the space's emulated card, else the GPU's memory from
@@ -145,6 +146,8 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     min, throughput max, loss std min. ``space``: the sweep's settings when the caller has parsed its space already
     (``dpo-sweep run``); None reads DIR/space.yaml. ``epochs`` and ``other_cards``: the run
     forecast's (:mod:`dpo_sweep.analysis.forecast`), in recommendation.json and the report.
+    ``trl``: the TRL fields the winner is exported to; None: the installed TRL's, else the list
+    recorded with the package.
     """
     from dpo_sweep.report.data import build_report_data
     from dpo_sweep.report.data_shape import load_data_json
@@ -154,14 +157,17 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     files = ResultsDir(out_dir)
     analysed, rec, objs, env, space, state = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
     steps = results.load_steps(out_dir)
-    winner = winner_of(out_dir, analysed, rec, space)
+    winner = winner_of(out_dir, analysed, rec, space, trl)
     recommended_path = winner_mod.write_winner(out_dir, winner)
 
     table = tables.frontier_markdown(analysed)
     frontier_path = files.frontier
     floor = noise_floor.noise_floor_markdown(noise_floor.noise_floor(analysed, steps))
-    write_text_atomic(frontier_path, _frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else ""))
+    pairs = trainer_switch.pairs_markdown(analysed)
+    write_text_atomic(frontier_path, _frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else "")
+                      + (f"\n{pairs}" if pairs else ""))
     rec_json = rec.to_json_dict()
+    rec_json["trl"] = winner.trl_json()
     datasets = load_data_json(out_dir)
     row = _row_of(analysed, rec.trial_id)
     fc, why = forecast_mod.forecast(row, datasets, epochs, env)
@@ -185,9 +191,14 @@ def _row_of(analysed: pd.DataFrame, trial_id: str | None) -> pd.Series | None:
 
 
 def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
-              space: SpaceSettings) -> winner_mod.Winner:
+              space: SpaceSettings, trl: TrlFields | None = None) -> winner_mod.Winner:
     """The recommended trial rebuilt from DIR/space.yaml (:mod:`dpo_sweep.analysis.winner`)."""
-    return winner_mod.winner_of(out_dir, _row_of(analysed, rec.trial_id), space.objectives)
+    row = _row_of(analysed, rec.trial_id)
+    winner = winner_mod.winner_of(out_dir, row, space.objectives, trl)
+    if winner.trl is None:
+        return winner
+    moved = trainer_switch.switch(analysed, row, trainer_switch.predicted_other_gb(winner.trial, row))
+    return dataclasses.replace(winner, switch=trainer_switch.switch_text(row, moved), switch_data=moved)
 
 
 def format_winner(winner: winner_mod.Winner, written: Path | None, write_command: str = "") -> str:
@@ -198,7 +209,7 @@ def format_winner(winner: winner_mod.Winner, written: Path | None, write_command
     where = (f"\n{ResultsDir.RECOMMENDED}: {written} (dpo-sweep validate / dpo-sweep trial it)" if written is not None
              else f"\n{ResultsDir.RECOMMENDED}: not written; `{write_command}` writes this one")
     return (f"{where}\nas TRL DPOConfig arguments:\n"
-            + winner_mod.trl_text(winner.trl_arguments, winner.trl_gaps))
+            + winner.trl_code())
 
 
 def describe_objectives(objs: tuple[pareto.Objective, ...]) -> str:

@@ -30,7 +30,7 @@ ANALYSIS_REQUIRED_COLUMNS: tuple[str, ...] = (
 _TEXT_COLUMNS = ("trial_id", "status", "model", "checkpoint_level", "error", "mem_source",
                  "loss_type", "precision", "reference", "attn_implementation", "device", "stability",
                  "measured_by", "step_time_source", "stability_from",
-                 "stability_precision", "stability_note", "timed_by", "adapter", "optimizer")
+                 "stability_precision", "stability_note", "timed_by", "adapter", "optimizer", "trainer")
 
 
 

@@ -64,6 +64,7 @@ from dataclasses import dataclass, fields
 from typing import Mapping
 
 from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.plan import trl_memory
 from dpo_sweep.plan.levers import lever_bytes
 from dpo_sweep.plan.shape import ModelShape, built_shape, model_shape, shape_key  # noqa: F401 (the planner's names)
 from dpo_sweep.train.lengths import LengthProfile
@@ -279,10 +280,13 @@ def _head_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_tokens: int) 
 
 
 def _reference_forward_bytes(s: ModelShape, b: ElementBytes, tokens: int, chunk_tokens: int, seq_len: int,
-                             attn: str, masked: bool) -> float:
-    """A no-grad forward holds one layer's tensors and the head's logits at a time."""
-    layer = tokens * layer_saved_bytes_per_token(s, b, "none", lean=True, attn=attn, seq_len=seq_len,
+                             attn: str, masked: bool, trl: bool = False) -> float:
+    """A no-grad forward holds one layer's tensors and the head's logits at a time (``trl``: TRL's
+    fused head's tile)."""
+    layer = tokens * layer_saved_bytes_per_token(s, b, "none", lean=not trl, attn=attn, seq_len=seq_len,
                                                  masked=masked)
+    if trl:
+        return layer + trl_memory.fused_head_forward_bytes(tokens, s.vocab, b.activation)
     rows = tokens if chunk_tokens == 0 else min(chunk_tokens, tokens)
     head = rows * s.vocab * ((b.activation + 4 + 4) if chunk_tokens == 0 else (b.activation + 4))
     return layer + head
@@ -313,8 +317,9 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     s = shape or model_shape(cfg.model)
     t = cfg.train
     b = element_bytes(cfg.model, t.precision)
-    lean, attn = cfg.model.lean_ops, trial_facts.planned_attention(cfg.model.attn_implementation)
-    liger = trial_facts.planned_liger(cfg.model.liger_kernel, s.arch, device)
+    trl = t.trainer == "trl"  # TRL's DPOTrainer: stock modules, its fused head (plan/trl_memory.py)
+    lean, attn = cfg.model.lean_ops and not trl, trial_facts.planned_attention(cfg.model.attn_implementation)
+    liger = trial_facts.planned_liger(cfg.model.liger_kernel, s.arch, device) and not trl  # trl_trainer.py: off
     world = cfg.resources.workers_per_trial
     shard = world if (world > 1 and cfg.resources.parallelism == "fsdp") else 1  # FSDP: a rough 1/world
     tokens, seq_len = worst_micro_batch(cfg, lengths, device)
@@ -333,7 +338,9 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     static = weights + optimizer + reference + ema + casts
     per_token = model_saved_bytes_per_token(s, b, cfg.checkpoint_level, **kw) + lev.saved_per_token
     activations = tokens * per_token
-    head = _head_bytes(s, b, tokens, t.logp_chunk_tokens) - (0.0 if lev.lm_head_grad else s.vocab * s.hidden * b.weight)
+    head = ((trl_memory.fused_head_backward_bytes(tokens, s.hidden, s.vocab, b.activation, b.weight) if trl
+             else _head_bytes(s, b, tokens, t.logp_chunk_tokens))
+            - (0.0 if lev.lm_head_grad else s.vocab * s.hidden * b.weight))
     end_transient = max(tokens * last_layer_bytes_per_token(s, b, **kw),
                         s.vocab * s.hidden * b.weight if s.tied and lev.lm_head_grad else 0.0)  # tied: the embedding's grad
     grads_in_step = grads_all if cfg.grad_acc >= 2 else buckets
@@ -346,7 +353,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
         "last layer backward": (grads_in_step, activations + first_backward, head_left),
         "backward end": (grads_all, end_transient, 0.0),
         "reference forward": (grads_in_step, 0.0,
-                              _reference_forward_bytes(s, b, tokens, t.logp_chunk_tokens, seq_len, attn, masked)
+                              _reference_forward_bytes(s, b, tokens, t.logp_chunk_tokens, seq_len, attn, masked, trl)
                               if t.reference == "live" else 0.0),
     }
     peak_at = max(moments, key=lambda k: sum(moments[k]))  # dict order breaks ties: backward start

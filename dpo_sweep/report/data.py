@@ -14,7 +14,7 @@ import pandas as pd
 from dpo_sweep.analysis import effects, noise_floor, tables
 from dpo_sweep.analysis.pareto import Objective
 from dpo_sweep.analysis.recommend import Recommendation
-from dpo_sweep.analysis.winner import Winner, trl_text
+from dpo_sweep.analysis.winner import Winner
 from dpo_sweep.records import STATUSES
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
@@ -372,7 +372,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         use_it=_use_it(winner),
         use_commands=((f"dpo-sweep validate {ResultsDir.RECOMMENDED}", f"dpo-sweep trial {ResultsDir.RECOMMENDED}")
                       if winner and winner.trial else ()),
-        trl_code=trl_text(winner.trl_arguments, winner.trl_gaps) if winner and winner.trial else "",
+        trl_code=winner.trl_code() if winner else "",
         filter_data=filter_data,
         effect_table=_effect_table(analysed) if completed else None,
         effect_note=_effect_note(analysed) if completed else "",

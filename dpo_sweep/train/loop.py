@@ -122,6 +122,10 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
         report(record)
 
     try:
+        if cfg.train.trainer == "trl":
+            from dpo_sweep.train import trl_trainer  # TRL's import (seconds) only where a trial uses it
+
+            return TrialOutcome(*trl_trainer.train(cfg, device, clock, keep, say, warm))
         return _train(cfg, device, clock, keep, say, warm)
     except UserError:
         raise
@@ -436,7 +440,8 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
         liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops,
         pad_multiple=trial_facts.pad_multiple(cfg.train, device.type), logp_parity=setup.parity.logp_diff,
         adapter=cfg.train.adapter,
-        optimizer=cfg.train.optimizer, trainable_params=sum(p.numel() for p in setup.params), device=str(device),
+        optimizer=cfg.train.optimizer, trainer=cfg.train.trainer,
+        trainable_params=sum(p.numel() for p in setup.params), device=str(device),
         steps=len(records), measured_steps=len(measured), pairs_used=setup.data.usable_pairs,
         pairs_dropped=setup.data.pairs.dropped, startup_s=clock.startup_s(), measure_s=clock.measure_s(),
         **clock.startup_split(),

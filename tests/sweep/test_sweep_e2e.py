@@ -67,13 +67,17 @@ def _assert_console_budget(log: str, out, trials: int) -> None:
     # The winner as recommended.yaml and TRL DPOConfig arguments: its own block before the report's path.
     winner = next(i for i, line in enumerate(lines) if line.startswith("recommended.yaml: "))
     report = next(i for i, line in enumerate(lines) if line.startswith("report: "))
-    assert lines[winner + 1] == "as TRL DPOConfig arguments:" and lines[winner + 2].startswith("DPOConfig(")
-    assert all(line.startswith(("          ", "# not in TRL: ")) or not line for line in lines[winner + 3:report])
+    assert lines[winner + 1] == "as TRL DPOConfig arguments:"
+    assert lines[winner + 2].startswith("# Measured with the native trainer; with the trl trainer it is predicted")
+    assert lines[winner + 3].startswith("# TRL ") and lines[winner + 4].startswith("DPOConfig(")
+    block_end = next((i for i in range(winner, report) if lines[i].startswith("forecast ")), report)  # then the forecast
+    assert all(line.startswith(("          ", "# not in TRL: ", "# yours to set: ")) or not line
+               for line in lines[winner + 5:block_end]), "\n".join(lines[winner:report])
     assert len(lines) - end - (report - winner) <= 1 + 1 + 2 + trials + 1 + 4 + 1 + 1 + 1, tail
     ids = [r["trial_id"] for r in read_csv(out / "results.csv")]
     assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(f"{t}.log" for t in ids)
     for tid in ids:
-        assert f"[{tid}] step 1/3" in (out / "logs" / f"{tid}.log").read_text()
+        assert f"[{tid}] step 1/4" in (out / "logs" / f"{tid}.log").read_text()  # 3 steps and the worst case
 
 
 def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(cluster, tmp_path):

@@ -1,0 +1,148 @@
+"""What switching the winner's trainer costs or saves: the winner's configuration under the other
+trainer (``native`` <-> ``trl``), measured where the sweep has that row, else its predicted peak.
+
+recommendation.json's ``"trl"`` holds it as ``"switch"``; the console and the report print it as one
+line under the TRL export, so a native winner says what its TRL export will need, and a TRL winner
+what the native trainer would give.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from dpo_sweep import trial_facts
+from dpo_sweep.analysis.tables import fmt_beta, fmt_float, fmt_int, fmt_sig, is_finite, swept_train_columns, to_markdown
+from dpo_sweep.config import TrialConfig
+from dpo_sweep.trl_export import TRL_CHECKPOINTING
+
+#: Columns that say which configuration a row is, besides the trainer.
+_SAME = ("model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta", "num_workers", "adapter",
+         "optimizer", "loss_type", "precision", "reference")
+
+
+def trainer_of(row: pd.Series) -> str:
+    """``native`` or ``trl`` (rows of before the column: native)."""
+    return str(row.get("trainer") or "native")
+
+
+def twin(analysed: pd.DataFrame, row: pd.Series) -> pd.Series | None:
+    """The row of ``row``'s configuration under the other trainer; None when the sweep has none."""
+    if "trainer" not in analysed:
+        return None
+    other = "trl" if trainer_of(row) == "native" else "native"
+    same = analysed["trainer"].fillna("").replace("", "native") == other
+    for column in (*_SAME, *(c for c in swept_train_columns(analysed) if c != "trainer")):
+        if column in analysed:
+            same &= analysed[column].astype(str) == str(row.get(column))
+    found = analysed[same]
+    return found.iloc[0] if len(found) else None
+
+
+def nearest_other(trial: TrialConfig) -> TrialConfig:
+    """``trial`` under the other trainer; into TRL, a selective checkpoint level becomes ``full``
+    (TRL checkpoints whole layers or nothing: the nearest setting, more recompute, less memory)."""
+    other = "trl" if trial.train.trainer == "native" else "native"
+    level = trial.checkpoint_level if other == "native" or trial.checkpoint_level in TRL_CHECKPOINTING else "full"
+    return trial.model_copy(update={"train": trial.train.model_copy(update={"trainer": other}),
+                                    "checkpoint_level": level})
+
+
+def predicted_other_gb(trial: TrialConfig, row: pd.Series) -> float | None:
+    """The other trainer's peak for ``trial``: its measured peak plus the memory model's difference
+    between the two (plan/memory.py; a difference, so what the model misses of both cancels). None
+    when the model's shape cannot be read here or the row has no measured peak."""
+    from dpo_sweep.plan.memory import predict_peak_gb
+
+    if not is_finite(row.get("peak_mem_gb")):
+        return None
+    device = trial_facts.planned_device(trial)
+    try:
+        own = predict_peak_gb(trial, device=device).total_gb
+        other = predict_peak_gb(nearest_other(trial), device=device).total_gb
+    except (OSError, ValueError, KeyError):
+        return None
+    return float(row["peak_mem_gb"]) + other - own
+
+
+def switch(analysed: pd.DataFrame, row: pd.Series, predicted_other_gb: float | None = None) -> dict[str, Any]:
+    """The winner's configuration under the other trainer: ``{"trainer", "trial_id", "status",
+    "peak_mem_gb", "tokens_per_s", "source"}`` with ``source`` ``measured`` (the sweep's row) or
+    ``predicted`` (``predicted_other_gb``, the memory model's; no throughput) or ``none``."""
+    other = "trl" if trainer_of(row) == "native" else "native"
+    found = twin(analysed, row)
+    if found is not None and str(found.get("status")) == "ok":
+        return {"trainer": other, "trial_id": str(found["trial_id"]), "status": "ok", "source": "measured",
+                "peak_mem_gb": float(found["peak_mem_gb"]), "tokens_per_s": float(found["tokens_per_s"])}
+    if found is not None:
+        return {"trainer": other, "trial_id": str(found["trial_id"]), "status": str(found.get("status")),
+                "source": "measured", "peak_mem_gb": _float(found.get("peak_mem_gb")), "tokens_per_s": None}
+    if predicted_other_gb is not None and math.isfinite(predicted_other_gb):
+        return {"trainer": other, "trial_id": None, "status": None, "source": "predicted",
+                "peak_mem_gb": predicted_other_gb, "tokens_per_s": None,
+                "checkpoint_level": nearest_level(str(row.get("checkpoint_level")), other)}
+    return {"trainer": other, "trial_id": None, "status": None, "source": "none", "peak_mem_gb": None,
+            "tokens_per_s": None}
+
+
+def nearest_level(level: str, trainer: str) -> str:
+    """The checkpoint level ``trainer`` runs for ``level`` (:func:`nearest_other`)."""
+    return "full" if trainer == "trl" and level not in TRL_CHECKPOINTING else level
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if is_finite(value) else None
+
+
+def switch_text(row: pd.Series, moved: dict[str, Any]) -> str:
+    """One sentence: the winner's trainer, and the same configuration under the other one."""
+    own, other = trainer_of(row), moved["trainer"]
+    head = f"Measured with the {own} trainer"
+    mem, rate = float(row["peak_mem_gb"]), float(row["tokens_per_s"])
+    if moved["source"] == "none":
+        return f"{head}; the sweep has no {other} row of this configuration (search: {{trainer: [native, trl]}} adds one)."
+    if moved["source"] == "predicted":
+        level = moved.get("checkpoint_level")
+        at = f" at checkpoint level {level}, its nearest," if level and level != str(row.get("checkpoint_level")) else ""
+        return (f"{head}; with the {other} trainer{at} it is predicted to peak at {moved['peak_mem_gb']:.2f} GB "
+                f"({moved['peak_mem_gb'] - mem:+.2f} GB; predicted by the memory model, not measured: "
+                "search: {trainer: [native, trl]} measures it).")
+    if moved["status"] != "ok":
+        return f"{head}; with the {other} trainer ({moved['trial_id']}) it ended {moved['status']}."
+    return (f"{head}; with the {other} trainer ({moved['trial_id']}, measured) it peaks at "
+            f"{moved['peak_mem_gb']:.2f} GB ({moved['peak_mem_gb'] - mem:+.2f} GB) at {fmt_sig(moved['tokens_per_s'], 4)} "
+            f"tokens/s ({moved['tokens_per_s'] / rate:.2f}x).")
+
+
+def pairs_markdown(analysed: pd.DataFrame) -> str:
+    """frontier.md's section of each configuration measured by both trainers, side by side:
+    peaks, tokens/s and what TRL costs against the native trainer; "" when no configuration has
+    both."""
+    if "trainer" not in analysed:
+        return ""
+    rows = []
+    natives = analysed[analysed["trainer"].fillna("").replace("", "native") == "native"]
+    for _, native in natives.iterrows():
+        found = twin(analysed, native)
+        if found is None:
+            continue
+        both_ok = str(native["status"]) == "ok" and str(found["status"]) == "ok"
+        rows.append([fmt_int(native["micro_batch"]), str(native["checkpoint_level"]), fmt_int(native["grad_acc"]),
+                     fmt_beta(native["beta"]), _cell(native, "peak_mem_gb"), _cell(found, "peak_mem_gb"),
+                     f"{float(found['peak_mem_gb']) - float(native['peak_mem_gb']):+.2f}" if both_ok else "-",
+                     _cell(native, "tokens_per_s"), _cell(found, "tokens_per_s"),
+                     f"{float(found['tokens_per_s']) / float(native['tokens_per_s']):.2f}x" if both_ok else "-"])
+    if not rows:
+        return ""
+    header = ("micro_batch", "checkpoint", "grad_acc", "beta", "native peak (GB)", "trl peak (GB)", "trl - native (GB)",
+              "native tokens/s", "trl tokens/s", "trl / native")
+    return ("## Native and TRL trainers\n\nEach configuration measured by both trainers (`train.trainer`), "
+            "side by side; OOM where a trainer ran out of memory.\n\n" + to_markdown(header, rows))
+
+
+def _cell(row: pd.Series, column: str) -> str:
+    status = str(row.get("status"))
+    if status != "ok":
+        return "OOM" if status == "oom" else status or "-"
+    return fmt_float(row[column], 2) if column == "peak_mem_gb" else fmt_sig(row[column], 4)
