@@ -109,7 +109,7 @@ def run_config(cfg: BenchConfig, scale: Scale, gpu: str, timeout_s: float, work:
         row.update(child_failure(proc, timeout_s))
         return row
     for key, value in results[0].items():
-        if key not in ("trial_id",):
+        if key not in ("trial_id", "trainer"):  # the bench's own trainer label (dpo-sweep or TRL) stays
             row[key] = value
     peak_gb = num(row.get("peak_mem_gb"))
     row["peak_mem_gib"] = to_gib(peak_gb)

@@ -10,7 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pandas as pd
 
@@ -20,11 +20,14 @@ from dpo_sweep.analysis.completeness import Completeness, completeness
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, recommend
 from dpo_sweep.cards import Card
-from dpo_sweep.config import ObjectivesSpec, ResourcesSpec
+from dpo_sweep.config import ModelSpec, ObjectivesSpec, ResourcesSpec
 from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.space import SweepSpace
 from dpo_sweep.trl_fields import TrlFields
+
+if TYPE_CHECKING:
+    from dpo_sweep.plan.shape import ModelShape
 
 @dataclass(frozen=True)
 class AnalysisOutcome:
@@ -138,7 +141,8 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
                 objectives: Mapping[str, Any] | None = None,
                 safety_margin: float = DEFAULT_SAFETY_MARGIN,
                 space: SpaceSettings | None = None, epochs: float = 1.0,
-                other_cards: Sequence[Card] = (), trl: TrlFields | None = None) -> AnalysisOutcome:
+                other_cards: Sequence[Card] = (), trl: TrlFields | None = None,
+                shapes: Mapping[ModelSpec, ModelShape] | None = None) -> AnalysisOutcome:
     """Analyse DIR/results.csv and (re)write frontier.md, recommendation.json, report.html.
 
     ``memory_budget_gb`` None: the space's emulated card, else the GPU's memory from
@@ -147,7 +151,8 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     (``dpo-sweep run``); None reads DIR/space.yaml. ``epochs`` and ``other_cards``: the run
     forecast's (:mod:`dpo_sweep.analysis.forecast`), in recommendation.json and the report.
     ``trl``: the TRL fields the winner is exported to; None: the installed TRL's, else the list
-    recorded with the package.
+    recorded with the package. ``shapes``: the model shapes ``dpo-sweep run``'s preflight built (the
+    memory model's, for the other trainer's predicted peak), so that its driver builds none.
     """
     from dpo_sweep.report.data import build_report_data
     from dpo_sweep.report.data_shape import load_data_json
@@ -157,7 +162,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     files = ResultsDir(out_dir)
     analysed, rec, objs, env, space, state = _analyse_results(out_dir, memory_budget_gb, objectives, safety_margin, space)
     steps = results.load_steps(out_dir)
-    winner = winner_of(out_dir, analysed, rec, space, trl)
+    winner = winner_of(out_dir, analysed, rec, space, trl, shapes)
     recommended_path = winner_mod.write_winner(out_dir, winner)
 
     table = tables.frontier_markdown(analysed)
@@ -191,13 +196,14 @@ def _row_of(analysed: pd.DataFrame, trial_id: str | None) -> pd.Series | None:
 
 
 def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
-              space: SpaceSettings, trl: TrlFields | None = None) -> winner_mod.Winner:
+              space: SpaceSettings, trl: TrlFields | None = None,
+              shapes: Mapping[ModelSpec, ModelShape] | None = None) -> winner_mod.Winner:
     """The recommended trial rebuilt from DIR/space.yaml (:mod:`dpo_sweep.analysis.winner`)."""
     row = _row_of(analysed, rec.trial_id)
     winner = winner_mod.winner_of(out_dir, row, space.objectives, trl)
     if winner.trl is None:
         return winner
-    moved = trainer_switch.switch(analysed, row, trainer_switch.predicted_other_gb(winner.trial, row))
+    moved = trainer_switch.switch(analysed, row, trainer_switch.predicted_other_gb(winner.trial, row, shapes))
     return dataclasses.replace(winner, switch=trainer_switch.switch_text(row, moved), switch_data=moved)
 
 

@@ -8,14 +8,17 @@ what the native trainer would give.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import pandas as pd
 
 from dpo_sweep import trial_facts
 from dpo_sweep.analysis.tables import fmt_beta, fmt_float, fmt_int, fmt_sig, is_finite, swept_train_columns, to_markdown
-from dpo_sweep.config import TrialConfig
+from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.trl_export import TRL_CHECKPOINTING
+
+if TYPE_CHECKING:
+    from dpo_sweep.plan.shape import ModelShape
 
 #: Columns that say which configuration a row is, besides the trainer.
 _SAME = ("model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta", "num_workers", "adapter",
@@ -49,18 +52,21 @@ def nearest_other(trial: TrialConfig) -> TrialConfig:
                                     "checkpoint_level": level})
 
 
-def predicted_other_gb(trial: TrialConfig, row: pd.Series) -> float | None:
+def predicted_other_gb(trial: TrialConfig, row: pd.Series,
+                       shapes: Mapping[ModelSpec, ModelShape] | None = None) -> float | None:
     """The other trainer's peak for ``trial``: its measured peak plus the memory model's difference
     between the two (plan/memory.py; a difference, so what the model misses of both cancels). None
-    when the model's shape cannot be read here or the row has no measured peak."""
-    from dpo_sweep.plan.memory import predict_peak_gb
+    when the model's shape cannot be read here or the row has no measured peak. ``shapes``: model
+    shapes built elsewhere (``dpo-sweep run``'s preflight), so this process need not build one."""
+    from dpo_sweep.plan.memory import model_shape, predict_peak_gb
 
     if not is_finite(row.get("peak_mem_gb")):
         return None
     device = trial_facts.planned_device(trial)
     try:
-        own = predict_peak_gb(trial, device=device).total_gb
-        other = predict_peak_gb(nearest_other(trial), device=device).total_gb
+        shape = model_shape(trial.model, shapes)
+        own = predict_peak_gb(trial, device=device, shape=shape).total_gb
+        other = predict_peak_gb(nearest_other(trial), device=device, shape=shape).total_gb
     except (OSError, ValueError, KeyError):
         return None
     return float(row["peak_mem_gb"]) + other - own

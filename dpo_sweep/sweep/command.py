@@ -76,10 +76,12 @@ def _stopping() -> Any:
 
 
 def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None],
-             spec: space_mod.SweepSpace | None = None) -> int:
+             spec: space_mod.SweepSpace | None = None, checked: CheckedInputs | None = None) -> int:
     """What ``dpo-sweep report DIR`` does, on the directory just written: the objectives and the
     emulated card come from ``spec``, the space this run validated (DIR/space.yaml is its copy,
-    so the two commands agree); without it, from DIR/space.yaml."""
+    so the two commands agree); without it, from DIR/space.yaml. ``checked``: the preflight's
+    answer, whose TRL fields and model shapes the analysis takes (this process imports neither
+    TRL nor torch)."""
     try:
         from dpo_sweep.analysis.commands import SpaceSettings, analyse_dir, epochs_of, safety_margin_of
     except ImportError as err:
@@ -90,7 +92,8 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
         analysis = analyse_dir(out_dir, memory_budget_gb=args.memory_budget_gb,
                                safety_margin=safety_margin_of(args),
                                space=SpaceSettings.from_space(spec) if spec is not None else None,
-                               epochs=epochs_of(args), other_cards=getattr(args, "gpu", None) or ())
+                               epochs=epochs_of(args), other_cards=getattr(args, "gpu", None) or (),
+                               trl=checked.trl if checked else None, shapes=checked.shapes if checked else None)
     except OSError as err:  # a full disk: the sweep's rows are whole, the analysis files are not written
         print(f"error: the analysis could not be written ({os_error_line(err)}); the results are in {out_dir}/. "
               f"Once fixed: dpo-sweep report {out_dir}", file=sys.stderr)
@@ -257,7 +260,7 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         done_ids = _prepare(args, out_dir, checked, sp, renamed)
         if done_ids >= {t.trial_id for t in sp.trials}:
             say(f"resume: all {total} trial(s) are already in {ResultsDir(out_dir).results}; nothing to run")
-            return _analyse(out_dir, args, say, sp.spec)
+            return _analyse(out_dir, args, say, sp.spec, checked)
         if conn is None:  # a resume that looked finished but was not (prepare_output decided)
             conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
             signals.take_stop_signals()
@@ -283,7 +286,7 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
     files = ResultsDir(out_dir)
     say(f"sweep finished: {summary.ran} configuration(s) in {summary.ray_trials} Ray trial(s), "
         f"{summary.skipped} skipped; results in {files.results}, worker output in {files.logs}/")
-    analysed = _analyse(out_dir, args, say, sp.spec)
+    analysed = _analyse(out_dir, args, say, sp.spec, checked)
     if summary.crashed:
         print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "
               f"infrastructure failure): {', '.join(summary.crashed)}; their rows are marked "

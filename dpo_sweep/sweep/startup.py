@@ -36,6 +36,7 @@ from dpo_sweep.config import ModelSpec, TrialConfig, distinct_models
 from dpo_sweep.errors import UserError
 from dpo_sweep.plan.memory import ModelShape, model_shape, shape_key
 from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep import trl_fields
 
 #: Added to the preflight process's niceness (see the module doc).
 PREFLIGHT_NICENESS = 10
@@ -53,6 +54,9 @@ class CheckedInputs:
     shapes: dict[ModelSpec, ModelShape]
     environment: dict[str, Any] | None
     notes: tuple[str, ...] = ()
+    trl: trl_fields.TrlFields | None = None
+    """The TRL fields the winner is exported to (read here: importing TRL takes seconds, which the
+    driver's analysis would otherwise spend after the sweep)."""
 
 
 def model_shapes(trials: Sequence[TrialConfig]) -> dict[ModelSpec, ModelShape]:
@@ -81,7 +85,7 @@ def check_inputs(trials: Sequence[TrialConfig], out_dir: Path, planned: Sequence
     lengths = preflight.lengths_by_trial(trials, data)
     shapes = model_shapes(planned)
     notes = tuple(filter(None, [bytecode.bytecode_note(bytecode.uncached_imports())]))
-    return CheckedInputs(data, lengths, shapes, environment_info(), notes)
+    return CheckedInputs(data, lengths, shapes, environment_info(), notes, trl_fields.load())
 
 
 def _preflight_process(conn: Any, args: tuple) -> None:

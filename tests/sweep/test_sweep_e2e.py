@@ -212,22 +212,22 @@ def test_rows_are_on_disk_when_measured_and_a_kill_during_the_learning_trial_res
 
 
 def test_same_failure_before_the_first_step_stops_the_sweep_with_exit_1(cluster, tmp_path):
-    # liger_kernel: true needs CUDA: preflight cannot see it, every CPU worker fails at model build.
-    space = write_space(tmp_path / "liger.yaml", "liger", """\
+    # A failure no preflight can see (the validate-time checks refuse what they can know, such as
+    # liger-kernel on a CPU): every worker raises in its first step.
+    space = write_space(tmp_path / "broken.yaml", "broken", """\
         micro_batch: [2]
         checkpoint_level: [none, L1, L2, full]
-        """)
-    space.write_text(space.read_text().replace("{preset: tiny-llama}", "{preset: tiny-llama, liger_kernel: true}"))
+        """, train_extra=", fail_at_step: 1, fail_kind: error")
     out = tmp_path / "out"
     done = run_sweep([str(space), "--address", cluster.address, "--output", str(out), "--max-concurrent", "1"],
                      cluster.env, timeout_s=300)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     rows = read_csv(out / "results.csv")
     assert [r["status"] for r in rows] == ["error", "error"], rows
-    assert all("model.liger_kernel: true needs a CUDA GPU" in r["error"] for r in rows)
+    assert all("injected failure at step 1" in r["error"] for r in rows)
     assert read_csv(out / "steps.csv") == []
     assert ("error: the first 2 trial(s) all failed before their first step with the same cause; the "
             "sweep stopped, 2 trial(s) not run.") in done.stderr
-    assert "The cause: rank 0: UserError: model.liger_kernel: true needs a CUDA GPU" in done.stderr
+    assert "The cause: rank 0: InjectedFailure: injected failure at step 1" in done.stderr
     assert "[3/4]" not in done.stdout and "Traceback" not in done.stdout + done.stderr
     assert not (out / "frontier.md").exists()  # nothing ran to analyse

@@ -61,7 +61,7 @@ def _run(monkeypatch, path, out) -> dict[str, dict[str, str]]:
     monkeypatch.setattr(command, "connect_ray", lambda address, dashboard, train=True: RayConnection(None, False, False))
     monkeypatch.setattr(command, "print_dashboard", lambda conn, out: None)
     monkeypatch.setattr(command, "ray", SimpleNamespace(cluster_resources=lambda: {"CPU": 4.0}, shutdown=lambda: None))
-    monkeypatch.setattr(command, "_analyse", lambda *a, **k: None)  # the analysis is not under test
+    monkeypatch.setattr(command, "_analyse", lambda *a, **k: 0)  # the analysis is not under test
     monkeypatch.setattr(tuner.tune, "Tuner", FakeTuner)
     assert main(["run", str(path), "--output", str(out), "--no-dashboard"]) == 0
     return {r["trial_id"]: r for r in read_csv_rows(out / "results.csv")}

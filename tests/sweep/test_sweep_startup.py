@@ -70,7 +70,7 @@ class Stand:
         monkeypatch.setattr(command, "connect_ray", connect)
         monkeypatch.setattr(command, "start_warm_workers", pool)
         monkeypatch.setattr(command, "run_sweep", sweep)
-        monkeypatch.setattr(command, "_analyse", lambda *a, **k: None)
+        monkeypatch.setattr(command, "_analyse", lambda *a, **k: 0)
         monkeypatch.setattr(command, "ray", SimpleNamespace(cluster_resources=lambda: {"CPU": 4.0},
                                                             shutdown=lambda: self.mark("ray shutdown")))
 
@@ -227,7 +227,7 @@ def test_the_analysis_runs_beside_rays_shutdown_and_the_command_waits_for_it(tmp
         stand.mark("ray down")
 
     monkeypatch.setattr(command, "ray", SimpleNamespace(cluster_resources=lambda: {"CPU": 4.0}, shutdown=slow_shutdown))
-    monkeypatch.setattr(command, "_analyse", lambda *a, **k: stand.mark("analysis"))
+    monkeypatch.setattr(command, "_analyse", lambda *a, **k: stand.mark("analysis") or 0)
     assert _run(tmp_path) == 0
     stand.mark("returned")
     # the analysis did not wait for Ray to go down; the command did
