@@ -210,7 +210,14 @@ def json_entry(fc: Forecast | None, reason: str, estimates: Sequence[CardEstimat
 
 
 def _h(hours: float) -> str:
-    return f"{hours:.2f} h" if hours >= 0.1 else f"{hours * 60:.1f} min"
+    """Hours in the unit that shows them: h, min, or s for a run of under a minute."""
+    if hours >= 0.1:
+        return f"{hours:.2f} h"
+    return f"{hours * 60:.1f} min" if hours * 60 >= 1 else f"{hours * 3600:.0f} s"
+
+
+def _gpu_hours(value: float) -> str:
+    return f"{value:.2f}" if value >= 0.01 else f"{value:.1g}"
 
 
 def lines(fc: Forecast | None, reason: str, estimates: Sequence[CardEstimate] = ()) -> list[str]:
@@ -225,7 +232,7 @@ def _forecast_lines(fc: Forecast | None, reason: str) -> list[str]:
     lo, hi = fc.hours_interval
     return [f"forecast for the whole run ({fc.trial_id}, {fc.epochs:g} epoch(s) of {fc.pairs:,} pairs): "
            f"{fc.steps:,} optimizer steps at effective batch {fc.effective_batch}, {_h(fc.hours)} "
-           f"(p10-p90: {_h(lo)} to {_h(hi)}), {fc.gpu_hours:.2f} GPU-hours ({fc.num_workers} worker(s) x hours)",
+           f"(p10-p90: {_h(lo)} to {_h(hi)}), {_gpu_hours(fc.gpu_hours)} GPU-hours ({fc.num_workers} worker(s) x hours)",
            f"  from {fc.basis}"]
 
 
