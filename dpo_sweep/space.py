@@ -376,25 +376,6 @@ def expand_with_renames(spec: SweepSpace, source: str = "space") -> tuple[tuple[
     return tuple(trials), renamed
 
 
-
-def load_raw(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if p.is_dir():
-        spaces = sorted(q.name for q in p.glob("*.yaml"))[:3]
-        hint = f" (it holds {', '.join(spaces)})" if spaces else ""
-        raise SpaceError(f"{path}: this is a directory, not a space file; give a YAML file{hint}, "
-                         "e.g. search_spaces/quickstart.yaml")
-    if not p.is_file():
-        raise SpaceError(f"{path}: no such space file")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        raise SpaceError(f"{path}: not valid YAML: {err}") from None
-    if not isinstance(raw, dict):
-        raise SpaceError(f"{path}: a space file is a mapping with name, model, data, train, search")
-    return raw
-
-
 def parse(raw: dict[str, Any], source: str = "space") -> Space:
     """Validate a raw mapping (as read from YAML) and expand it."""
     raw = dict(raw)
