@@ -70,6 +70,7 @@ def test_sigterm_and_sighup_stop_as_ctrl_c_does_and_a_second_interrupts(signum):
     from dpo_sweep.sweep import signals
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    before = signal.getsignal(signum)  # SIG_DFL, or what an earlier test's ray.init left installed
     with signals.stop_signals_raise():  # what `run` installs from its first import
         request = StopRequest()
         with stopping.stop_on_sigint(request):
@@ -78,7 +79,7 @@ def test_sigterm_and_sighup_stop_as_ctrl_c_does_and_a_second_interrupts(signum):
             with pytest.raises(KeyboardInterrupt) as err:
                 os.kill(os.getpid(), signum)
         assert signals.exit_code(signals.signum_of(err.value)) == 128 + signum
-    assert signal.getsignal(signum) is signal.SIG_DFL
+    assert signal.getsignal(signum) is before
 
 
 def test_tune_failure_logs_are_dropped_once_stopping(caplog):
