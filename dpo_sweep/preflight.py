@@ -169,6 +169,29 @@ def check_families(trials: Iterable[TrialConfig]) -> None:
                             "or model.trust_remote_code for a model with its own code") from None
         if refused:
             raise UserError(f"{cfg.model.label()}: {refused}")
+        if refused := _auto_attention_refusal(cfg):
+            raise UserError(f"{cfg.model.label()}: {refused}")
+
+
+def _auto_attention_refusal(cfg: TrialConfig) -> str | None:
+    """Why ``cfg``'s level cannot go with the attention ``auto`` resolves to for its model (the
+    space's check sees only ``auto``): a model whose config names eager, or that supports no fused
+    kernel, runs L2/L3's attention region on separate ops. None where it goes, or where flash
+    attention may be chosen on the trial's GPU (its trial says whether flash-attn is there)."""
+    from dpo_sweep.train import pretrained
+
+    if cfg.model.attn_implementation != "auto" or not trial_facts.regions(cfg.checkpoint_level).attention:
+        return None
+    named, supported, model_class = pretrained.attention_support(cfg.model)
+    device = trial_facts.planned_device(cfg)
+    resolved = trial_facts.attention("auto", device, flash_attn=device == "cuda", named=named, supported=supported)
+    if resolved in trial_facts.KERNEL_ATTENTION:
+        return None
+    why = (f"its config.json names attn_implementation {named}" if named == resolved
+           else f"transformers supports only {', '.join(supported)} for {model_class}")
+    return (f"checkpoint_level {cfg.checkpoint_level} is refused: attn_implementation auto resolves to {resolved} "
+            f"for this model ({why}), whose separate matmul and softmax ops {cfg.checkpoint_level}'s "
+            "selective-checkpoint policy cannot keep; use checkpoint_level L1 or full")
 
 
 # --- data -------------------------------------------------------------------------------------

@@ -122,3 +122,17 @@ def test_a_model_that_cannot_be_built_is_refused_with_its_reason(folders, tmp_pa
     err = capsys.readouterr().err
     assert "could not be built from its config to read its layers (RuntimeError: shape mismatch" in err
     assert "Traceback" not in err and "second line" not in err
+
+
+def test_a_level_auto_attention_cannot_keep_is_refused_with_the_level_to_use(folders, tmp_path, capsys):
+    # Gemma-2 supports no fused attention kernel but flash-attn in transformers: on the CPU, auto
+    # resolves to eager, which L2 cannot keep. The refusal says so and names L1 or full, not the
+    # parity check's generic advice. (On a GPU, flash-attn may be chosen: the trial says.)
+    space = _space(tmp_path, folders["gemma2"], ["none", "L2"])
+    raw = yaml.safe_load(space.read_text())
+    space.write_text(yaml.safe_dump({**raw, "resources": {"use_gpu": False}}))
+    code = main(["validate", str(space)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "attn_implementation auto resolves to eager" in err and "use checkpoint_level L1 or full" in err
+    assert "none or full" not in err
