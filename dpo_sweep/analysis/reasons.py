@@ -44,7 +44,7 @@ def tie_sentence(winner: pd.Series, faster: pd.DataFrame) -> str:
     return (f" A tie decided: {ids} measured more tokens/s ({rates} vs {amount(winner['tokens_per_s'])}) "
             f"but inside the step-time noise (p10-p90 throughput intervals overlapping this one's, "
             f"{interval(winner)}), and ties go to less peak memory, then the stability verdict, then the "
-            "space's order.")
+            "most tokens/s, then the trial id.")
 
 
 def _setting(row: pd.Series, columns: list[str]) -> str:
@@ -72,7 +72,7 @@ def shared_measurement_sentence(winner: pd.Series, sharing: pd.DataFrame) -> str
     the space is named: choose beta by your own evaluation.`` ``sharing``: the qualifying rows
     (winner included) with the winner's memory/time measurement; "" when they are one learning
     set-up."""
-    sharing = sharing.sort_values("trial_id", kind="mergesort")  # the space's order
+    sharing = sharing.sort_values("trial_id", kind="mergesort")  # never the rows' order
     sets = sharing[~same_maths_key(sharing).duplicated()]
     if len(sets) < 2:
         return ""

@@ -6,7 +6,7 @@ tokens/s, with throughput compared within its measured noise (:mod:`dpo_sweep.no
 every candidate whose p10-p90 throughput interval overlaps that of the candidate with the highest
 median tokens/s is tied with it, and the tie goes to the least peak memory, then the stability
 verdict (``stable`` before ``noisy`` before none; ``diverging`` never qualifies), then the most
-tokens/s, then the trial id: the space's order (so the answer never depends on row order). Not to
+tokens/s, then the trial id (so the answer never depends on row order). Not to
 the loss std: between learning set-ups (other betas, lrs) each measured by one learning trial, a
 loss std difference is not evidence (on the H200 three betas' single 5-step trials swapped their
 order between two runs); the loss std only filters, through the sweep's normal range. For the same

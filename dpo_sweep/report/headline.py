@@ -132,6 +132,6 @@ def banners(analysed: pd.DataFrame, rec: Recommendation, state: Completeness) ->
             out.append(Banner("noisy", f"This machine's step times are too noisy to separate the top {len(tied)} "
                               f"configurations: their p10-p90 throughput intervals overlap (the winner's spans "
                               f"{amount(low)}-{amount(high)} tokens/s). The tie-break chose among them (less memory, then the "
-                              "stability verdict, then the space's order); time them again on a quieter machine (or "
+                              "stability verdict, then the most tokens/s, then the trial id); time them again on a quieter machine (or "
                               "with more steps) to rank them."))
     return out

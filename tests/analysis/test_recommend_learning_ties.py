@@ -1,5 +1,5 @@
 """The recommendation's tie rule between learning set-ups: rows tied on
-throughput go to less memory, then the stability verdict, then the space's order - never to the
+throughput go to less memory, then the stability verdict, then the trial id - never to the
 loss std of single learning trials - and the reason says when one measurement stands for several
 learning set-ups."""
 from __future__ import annotations
