@@ -174,7 +174,7 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     rec_json = rec.to_json_dict()
     rec_json["trl"] = winner.trl_json()
     datasets = load_data_json(out_dir)
-    row = _row_of(analysed, rec.trial_id)
+    row = tables.row_of(analysed, rec.trial_id)
     fc, why = forecast_mod.forecast(row, datasets, epochs, env)
     estimates = forecast_mod.card_estimates(row, fc, env, other_cards, safety_margin)
     rec_json.update(forecast_mod.json_entry(fc, why, estimates))
@@ -190,16 +190,11 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
                            "\n".join(forecast_lines), state)
 
 
-def _row_of(analysed: pd.DataFrame, trial_id: str | None) -> pd.Series | None:
-    rows = analysed[analysed["trial_id"].astype(str) == str(trial_id)] if trial_id is not None else analysed[:0]
-    return rows.iloc[0] if len(rows) else None
-
-
 def winner_of(out_dir: Path, analysed: pd.DataFrame, rec: Recommendation,
               space: SpaceSettings, trl: TrlFields | None = None,
               shapes: Mapping[ModelSpec, ModelShape] | None = None) -> winner_mod.Winner:
     """The recommended trial rebuilt from DIR/space.yaml (:mod:`dpo_sweep.analysis.winner`)."""
-    row = _row_of(analysed, rec.trial_id)
+    row = tables.row_of(analysed, rec.trial_id)
     winner = winner_mod.winner_of(out_dir, row, space.objectives, trl)
     if winner.trl is None:
         return winner

@@ -380,3 +380,9 @@ def stability_source(analysed: pd.DataFrame) -> str | None:
         why.append(f"{len(notes)} learning trial(s) ran in the space's precision instead: {notes[0]}")
     return (f"Stability columns (loss std, stability and its signals) from {_counted(groups)}"
             + (": " + "; ".join(why) if why else "") + ".")
+
+
+def row_of(analysed: pd.DataFrame, trial_id: str | None) -> pd.Series | None:
+    """The row of ``trial_id`` in an analysed table (None: no such trial, or no id)."""
+    rows = analysed[analysed["trial_id"].astype(str) == str(trial_id)] if trial_id is not None else analysed[:0]
+    return rows.iloc[0] if len(rows) else None

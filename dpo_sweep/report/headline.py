@@ -17,7 +17,7 @@ from dpo_sweep import noise
 from dpo_sweep.analysis.completeness import Completeness
 from dpo_sweep.analysis.reasons import amount, tied_faster
 from dpo_sweep.analysis.recommend import Recommendation
-from dpo_sweep.analysis.tables import fmt_setting, is_finite, short_id
+from dpo_sweep.analysis.tables import fmt_setting, is_finite, row_of, short_id
 from dpo_sweep.records import PENDING
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD
@@ -33,11 +33,6 @@ class Banner:
 
     kind: str
     text: str
-
-
-def _row(analysed: pd.DataFrame, trial_id: str | None) -> pd.Series | None:
-    rows = analysed[analysed["trial_id"].astype(str) == str(trial_id)] if trial_id is not None else analysed[:0]
-    return rows.iloc[0] if len(rows) else None
 
 
 def short_config(row: pd.Series | dict[str, Any], varying: tuple[str, ...] = ()) -> str:
@@ -58,7 +53,7 @@ def _qualifying(analysed: pd.DataFrame, rec: Recommendation) -> pd.DataFrame:
 
 def headline_bullets(analysed: pd.DataFrame, rec: Recommendation) -> list[str]:
     """3-4 bullets: room to spare, why it won, the runner-up's cost, what to watch ([] without a winner)."""
-    win = _row(analysed, rec.trial_id)
+    win = row_of(analysed, rec.trial_id)
     if win is None:
         return []
     peak = float(win["peak_mem_gb"]) if is_finite(win["peak_mem_gb"]) else None
@@ -117,7 +112,7 @@ def banners(analysed: pd.DataFrame, rec: Recommendation, state: Completeness) ->
             f"This sweep did not finish: stability pending for {waiting} row(s)")
         out.append(Banner("pending", f"{lead}: their learning trials did not run, so their loss std and stability "
                           "verdict are missing; `dpo-sweep run SPACE --output DIR --resume` runs them."))
-    win = _row(analysed, rec.trial_id)
+    win = row_of(analysed, rec.trial_id)
     if win is not None and win.get("step_time_source") == "extrapolated":
         out.append(Banner("extrapolated", f"The recommended trial's step time and tokens/s are extrapolated from a "
                           f"shorter gradient accumulation, not measured at grad_acc {fmt_setting(win.get('grad_acc'))}."))
