@@ -8,9 +8,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "dpo_sweep"
 PRODUCERS = ("train", "sweep", "telemetry")
 CONSUMERS = ("dpo_sweep.analysis", "dpo_sweep.report")
-#: `dpo-sweep run` ends by analysing the directory it wrote, as `dpo-sweep report` would: that is a
-#: CLI command calling the consumer on purpose, so its file (and only it) may import the analyser.
-EXEMPT = {PACKAGE / "sweep" / "command.py"}
 
 
 def imported_modules(source: str) -> list[str]:
@@ -41,14 +38,8 @@ def test_the_check_sees_both_kinds_of_import():
 
 
 def test_producers_do_not_import_consumers():
-    found = {str(p.relative_to(PACKAGE)): consumer_imports(p)
-             for p in _producer_files() if p not in EXEMPT}
+    found = {str(p.relative_to(PACKAGE)): consumer_imports(p) for p in _producer_files()}
     assert {k: v for k, v in found.items() if v} == {}
-
-
-def test_the_exempt_file_exists():
-    # An exemption for a file that was renamed away would silently exempt nothing.
-    assert all(p.is_file() for p in EXEMPT)
 
 
 def _import_graph() -> dict[str, set[str]]:

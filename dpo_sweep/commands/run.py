@@ -83,7 +83,7 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     answer, whose TRL fields and model shapes the analysis takes (this process imports neither
     TRL nor torch)."""
     try:
-        from dpo_sweep.analysis.commands import SpaceSettings, analyse_dir, epochs_of, safety_margin_of
+        from dpo_sweep.commands.report import SpaceSettings, analyse_dir, epochs_of, safety_margin_of
     except ImportError as err:
         out(f"note: the analyser is not available ({err}); results are in {out_dir}/, "
             f"analyse them later with `dpo-sweep report {out_dir}`")
