@@ -1,4 +1,6 @@
-"""Command line: ``dpo-sweep run | validate | report | recommend | compare | trial``.
+"""Command line: ``dpo-sweep run | validate | report | recommend | compare | trial``: the arguments
+parsed, then the command's body called (:mod:`dpo_sweep.commands`, one module each), and its
+exceptions turned into exit codes.
 
 Exit codes: 0 done (OOM or diverged trials are results), 1 infrastructure failure (or ``run``'s
 first trials all failing the same way before a step), 2 invalid input (the message names the

@@ -1,4 +1,5 @@
-"""``dpo-sweep compare DIR1 DIR2``: two sweeps side by side.
+"""Two sweeps side by side, as data and as the text ``dpo-sweep compare DIR1 DIR2`` prints
+(:mod:`dpo_sweep.commands.compare`).
 
 The configurations both folders measured (matched by their settings, not their ids: the ids of
 two spaces differ when their value lists do), each one's peak memory and tokens/s in both runs and

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 
+from dpo_sweep import preflight
+from dpo_sweep import space as space_mod
+from dpo_sweep.budget import DEFAULT_SAFETY_MARGIN
 from dpo_sweep.errors import UserError
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from dpo_sweep import preflight
-    from dpo_sweep import space as space_mod
-
+    """``dpo-sweep validate SPACE.yaml [--set KEY=VALUE ...] [--gpu NAME[,NAME...]]``: see the module doc."""
     sp = space_mod.load(args.space, args.overrides)
     data = preflight.check_inputs(sp.trials, levers=False)  # the data, model and tokenizer too, not only the file
     print(f"{args.space}: valid, {len(sp.trials)} trial(s)")
@@ -21,8 +22,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(summary.line())
         for note in summary.notes():
             print(note)
-    from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (README)
+    # Imported once the inputs passed: the plan's labels import pandas (through the schedule), which
+    # a refused file need not wait for. predicted_peak_label: the planner's memory model (README).
+    from dpo_sweep.plan.fit import FitPlanner, fit_text, predictor
     from dpo_sweep.plan.labels import plan_labels
+    from dpo_sweep.plan.memory import predicted_peak_label
 
     lengths = preflight.lengths_by_trial(sp.trials, data)  # the worst micro-batch of each trial's own data
     header = ["trial_id", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",
@@ -36,10 +40,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
     if args.gpu:
-        from dpo_sweep.plan.fit import FitPlanner, fit_text, predictor
-
-        from dpo_sweep.budget import DEFAULT_SAFETY_MARGIN
-
         margin = DEFAULT_SAFETY_MARGIN if args.safety_margin is None else args.safety_margin
         if not 0.0 <= margin < 1.0:
             raise UserError(f"--safety-margin is {margin}; give a fraction in [0, 1), e.g. 0.05 for 5%")
