@@ -1,6 +1,6 @@
 """Where a sweep's trials run on the connected Ray cluster: GPU or CPU, how many at once, and the
 warm workers that run them (:mod:`~dpo_sweep.sweep.warm_worker`). No Tune here: ``dpo-sweep run``
-starts the warm workers as soon as Ray is up, before it imports Tune (:mod:`~dpo_sweep.sweep.command`)."""
+starts the warm workers as soon as Ray is up, before it imports Tune (:mod:`~dpo_sweep.commands.run`)."""
 from __future__ import annotations
 
 import os

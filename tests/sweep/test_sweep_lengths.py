@@ -19,7 +19,8 @@ from dpo_sweep.plan.memory import predict_peak_gb
 from dpo_sweep.trial_facts import planned_device
 from dpo_sweep.plan.rules import BUDGET_MARGIN
 from dpo_sweep.records import StepRecord, TrialResult, read_csv_rows
-from dpo_sweep.sweep import command, tuner
+from dpo_sweep.commands import run as command
+from dpo_sweep.sweep import tuner
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding
 from dpo_sweep.sweep.ray_cluster import RayConnection
 

@@ -12,7 +12,7 @@ import pytest
 import ray
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.sweep.tuner import run_sweep
 from sweep_cluster import read_csv, write_space
 

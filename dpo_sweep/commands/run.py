@@ -15,8 +15,8 @@ directory and print the frontier table and the recommendation, while the warm wo
 shut down beside it (:class:`RayRelease`). Ctrl-C and a failure that every
 trial meets the same way end the sweep early (:mod:`~dpo_sweep.sweep.stopping`).
 
-This is the one producer-side file that imports the analyser: a command that ends with what
-``dpo-sweep report`` does, on purpose (tests/test_layering.py exempts exactly this file).
+A command, the top layer: it imports the sweep's producers and, at its end, the analyser
+(:mod:`~dpo_sweep.commands.report`, what ``dpo-sweep report`` does).
 
 Exit codes: 0 the sweep finished (OOM and diverged trials are results), 1 infrastructure
 failure (Ray could not start, Tune failed, a trial process died) or the first trials all failed
@@ -30,7 +30,7 @@ import shlex
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import ray
 import yaml
@@ -53,7 +53,10 @@ from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slot
 from dpo_sweep.sweep.startup import BackgroundPreflight, CheckedInputs
 
 if TYPE_CHECKING:
+    from dpo_sweep.config import ModelSpec
+    from dpo_sweep.plan.shape import ModelShape
     from dpo_sweep.sweep.tuner import SweepSummary
+    from dpo_sweep.train.lengths import LengthProfile
 
 
 def import_tune() -> None:
@@ -62,11 +65,15 @@ def import_tune() -> None:
     import dpo_sweep.sweep.tuner  # noqa: F401
 
 
-def run_sweep(*args: Any, **kwargs: Any) -> SweepSummary:
-    """:func:`dpo_sweep.sweep.tuner.run_sweep` (see :func:`import_tune`)."""
+def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None, done_ids: set[str],
+              cluster: dict[str, float], full_grid: bool, lengths: Mapping[str, LengthProfile | None],
+              shapes: Mapping[ModelSpec, ModelShape], pool: warm_worker.WarmPool | None,
+              trial_timeout_floor_s: float) -> SweepSummary:
+    """:func:`dpo_sweep.sweep.tuner.run_sweep`, imported when called (see :func:`import_tune`)."""
     from dpo_sweep.sweep.tuner import run_sweep as run
 
-    return run(*args, **kwargs)
+    return run(sp, out_dir, max_concurrent=max_concurrent, done_ids=done_ids, cluster=cluster, full_grid=full_grid,
+               lengths=lengths, shapes=shapes, pool=pool, trial_timeout_floor_s=trial_timeout_floor_s)
 
 
 def _stopping() -> Any:
@@ -83,7 +90,7 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     answer, whose TRL fields and model shapes the analysis takes (this process imports neither
     TRL nor torch)."""
     try:
-        from dpo_sweep.analysis.commands import SpaceSettings, analyse_dir, epochs_of, safety_margin_of
+        from dpo_sweep.commands.report import SpaceSettings, analyse_dir, epochs_of, safety_margin_of
     except ImportError as err:
         out(f"note: the analyser is not available ({err}); results are in {out_dir}/, "
             f"analyse them later with `dpo-sweep report {out_dir}`")
