@@ -143,7 +143,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(summary.line())
         for note in summary.notes():
             print(note)
-    from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (README)
+    from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (docs/planner.md#planner)
     from dpo_sweep.plan.labels import plan_labels
 
     lengths = preflight.lengths_by_trial(sp.trials, data)  # the worst micro-batch of each trial's own data

@@ -41,7 +41,7 @@ for ipo), so every threshold is relative to a scale the configuration fixes:
   spike above :data:`NOISY_GRAD_SPIKE`;
 * ``stable``: otherwise; ``""`` (no verdict) with fewer than :data:`MIN_VERDICT_STEPS` finite steps.
 
-How the thresholds were chosen (README "Stability"): on the H200, splits of one effective batch
+How the thresholds were chosen (docs/stability.md#stability): on the H200, splits of one effective batch
 (the same maths) gave loss_std 0.0028-0.023 at a step-1 loss of ln 2, bf16 rounding: at most 3.3%
 of the scale. The 1B learning runs there (reports/examples/llama-3.2-1b-learning-*-h200, 16-20
 steps) hold ln 2 for one pass over the pairs and drop to ~0 within a step or two once the pairs

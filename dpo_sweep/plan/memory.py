@@ -113,7 +113,7 @@ class ElementBytes:
 
 
 def element_bytes(spec: ModelSpec, precision: str) -> ElementBytes:
-    """The README's precision table in bytes."""
+    """The precision table (docs/trainer.md#precision) in bytes."""
     weight = _BYTES[spec.dtype] if spec.dtype else (2 if precision == "bf16" else 4)
     autocast = precision in ("bf16-mixed", "fp16")
     activation = 2 if autocast else weight
