@@ -210,7 +210,7 @@ def truncate_keeping_bos(prompt: list[int], chosen: list[int], rejected: list[in
 
 
 #: Rows tokenized per tokenizer call: a fast tokenizer encodes a list of texts in one call in
-#: Rust, instead of one call per text (1,500 chat pairs on the 2-core CPU: 1.9 -> 1.3 s to load).
+#: Rust, instead of one call per text (a third off the load: benchmarks/README.md#trial-costs).
 ENCODE_BATCH_ROWS = 512
 
 
