@@ -128,3 +128,16 @@ def test_every_file_the_package_names_exists():
 def test_the_contract_s_own_links_reach_their_sections():
     for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", CONTRACTS.read_text()):
         assert anchor in anchors(CONTRACTS.parent / target if target else CONTRACTS), f"{target}#{anchor}"
+
+
+def test_recommendation_json_keys_and_the_frontier_header_are_the_code_s():
+    import dataclasses
+
+    from dpo_sweep.analysis.forecast import json_entry
+    from dpo_sweep.analysis.recommend import Recommendation
+    from dpo_sweep.analysis.tables import FRONTIER_HEADER
+
+    text = section("frontier.md and recommendation.json")
+    keys = [f.name for f in dataclasses.fields(Recommendation)] + ["trl", *json_entry(None, "")]
+    assert [k for k in keys if f"`{k}`" not in text] == []
+    assert f"`{' | '.join(FRONTIER_HEADER)}`" in " ".join(text.split())
