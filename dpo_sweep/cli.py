@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The ``dpo-sweep`` command and ``python -m dpo_sweep``: :func:`main`, then the process ends
     without the interpreter's teardown of every module it loaded. After a sweep (torch,
-    transformers, Ray, pandas, plotly) that teardown took 1.3 s on the 2-core machine, after the
-    report was written and nothing was left to do. What an exit does that matters still happens:
+    transformers, Ray, pandas, plotly) that teardown takes over a second, after the report is
+    written and nothing is left to do. What an exit does that matters still happens:
     threads that are not daemons are waited for, the atexit handlers run (logging's flush, Ray's
     shutdown when it is still up), the output is flushed. Tests call :func:`main` itself."""
     rc = main()

@@ -1,5 +1,5 @@
 """The results folder's layout: the one place that spells its file names (the results-directory
-contract in ../shared/DESIGN.md).
+contract in docs/contracts.md#the-results-folder).
 
 Producers (the sweep, the trainer, the preflight) write these files and consumers (the analyser,
 the report) read them, so the module imports nothing of the package: either side may import it.

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 
 def import_tune() -> None:
-    """Tune and the sweep's Tune side (:mod:`~dpo_sweep.sweep.tuner`; 0.9 s on the H200), imported
+    """Tune and the sweep's Tune side (:mod:`~dpo_sweep.sweep.tuner`; most of a second), imported
     once Ray is up and the warm workers import: not before ``ray.init``, which waited for them."""
     import dpo_sweep.sweep.tuner  # noqa: F401
 
@@ -168,9 +168,9 @@ def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs, sp
 
 class RayRelease:
     """Ends the sweep's warm workers and the local Ray it started, in a thread, so that what the
-    command does after its trials (the analysis and the report) runs beside Ray's shutdown (0.4 s
-    on the 2-core machine with the autoscaler's monitor stopped first, :func:`stop_local_autoscaler`;
-    the analysis 0.5 s) instead of after it. Leaving the ``with`` block
+    command does after its trials (the analysis and the report) runs beside Ray's shutdown (the
+    autoscaler's monitor stopped first, :func:`stop_local_autoscaler`; each takes about half a
+    second: benchmarks/README.md#start-up-and-shutdown) instead of after it. Leaving the ``with`` block
     waits for it (and starts it if nothing did): the command never returns with Ray still up.
 
     While Ray shuts down, no Ray handle may be freed in this process: an actor handle or object

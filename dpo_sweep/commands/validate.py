@@ -23,7 +23,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for note in summary.notes():
             print(note)
     # Imported once the inputs passed: the plan's labels import pandas (through the schedule), which
-    # a refused file need not wait for. predicted_peak_label: the planner's memory model (README).
+    # a refused file need not wait for. predicted_peak_label: the planner's memory model (docs/planner.md#planner).
     from dpo_sweep.plan.fit import FitPlanner, fit_text, predictor
     from dpo_sweep.plan.labels import plan_labels
     from dpo_sweep.plan.memory import predicted_peak_label

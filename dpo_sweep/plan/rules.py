@@ -215,7 +215,7 @@ def prune_after_oom(oom_cfg: TrialConfig, pending: Sequence[TrialConfig]) -> lis
 
 
 #: Prune over budget only when the prediction exceeds it by this fraction. The memory model
-#: over-predicts the committed H200 NVML peaks by at most +2.4 % (and under-predicts by up to
+#: over-predicts the committed GPU NVML peaks by at most +2.4 % (and under-predicts by up to
 #: -6.8 %; benchmarks/memory_model_check.py), and repeated runs of one configuration differ by up
 #: to 1.6 % (8B mb 4 full: 84.49 vs 83.12 GB). 5 % is twice the worst over-prediction: a
 #: configuration it prunes would have needed more than the budget in every committed case.

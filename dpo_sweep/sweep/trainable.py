@@ -46,7 +46,7 @@ from dpo_sweep.sweep.protocol import TrialEnding, TrialFailure
 from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER, import_trainer, output_to_file, run_and_report, worker_log_path
 
 #: CPUs the Tune trial process itself holds: it only waits on ``fit()``. Kept small so that on a
-#: 2-core machine the trial and its workers (0.5 CPU each by default) fit together.
+#: machine of few cores the trial and its workers (0.5 CPU each by default) fit together.
 TRIAL_CPUS = 0.1
 
 

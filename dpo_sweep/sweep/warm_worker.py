@@ -1,8 +1,8 @@
 """Warm trial workers: a one-worker trial runs in a long-lived Ray actor instead of a fresh process.
 
 A fresh Ray Train worker per trial pays, every trial, for a Train controller, a worker process,
-``import torch`` and transformers and a CUDA context: on the H200 ~23 s before the first optimizer
-step of a trial whose steps take 4 s. Here a trial runs in one of the sweep's
+``import torch`` and transformers and a CUDA context, often longer than the trial's own steps
+(benchmarks/README.md#start-up-and-shutdown). Here a trial runs in one of the sweep's
 :class:`TrialWorker` actors, each holding one trial's GPU (or its CPUs); a worker imports the
 trainer once, when it is created, and runs trial after trial:
 
@@ -63,7 +63,7 @@ class TrialWorker:
     :class:`WorkerPool`; a plain object in tests."""
 
     def __init__(self, trainer: str = DEFAULT_TRAINER, models: list[Any] = (), data: TrialConfig | None = None):
-        started = time.time()  # no Ray Train here: importing it cost 2.1 s on the H200
+        started = time.time()  # no Ray Train here: importing it costs seconds
         with unused_packages_hidden():
             self._run_trial = import_trainer(trainer)
             from dpo_sweep.train.model import prepare_imports  # the trainer's own modules: imported with it
@@ -75,7 +75,7 @@ class TrialWorker:
         self._warm = WarmState()
         # What the imports made lives as long as the process: out of the collector's sight, so
         # that the full collection after every trial walks only what trials made (with all of it
-        # imported, one collection took 0.15 s on the 2-core machine).
+        # imported, each collection would walk every module's objects).
         gc.freeze()
         #: When the import ran: the part that overlaps the first trial is that trial's ``import``
         #: phase (the trial that started this worker waited for it; later trials do not).
