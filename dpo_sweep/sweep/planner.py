@@ -14,15 +14,22 @@ from ray.tune.search import Searcher
 from dpo_sweep.nvml_session import nvml_session
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.sweep.recorder import SweepRecorder
+from dpo_sweep.sweep.task import TrialTask
+from dpo_sweep.train.faults import FaultRule, fault_for
 
 
 class PlanSearcher(Searcher):
-    """Suggests the plan's jobs, one Tune trial each, until the plan has none left."""
+    """Suggests the plan's jobs, one Tune trial each, until the plan has none left: each as its
+    :class:`~dpo_sweep.sweep.task.TrialTask` (``task``: what every trial's task shares; ``faults``:
+    tests only, :mod:`~dpo_sweep.train.faults`)."""
 
-    def __init__(self, plan: SweepPlan, recorder: SweepRecorder) -> None:
+    def __init__(self, plan: SweepPlan, recorder: SweepRecorder, task: TrialTask,
+                 faults: tuple[FaultRule, ...] = ()) -> None:
         super().__init__()
         self.plan = plan
         self.recorder = recorder
+        self.task = task
+        self.faults = faults
 
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict, **spec: Any) -> bool:
         return True  # the plan is the search space; Tune's param_space holds only fixed values
@@ -33,7 +40,7 @@ class PlanSearcher(Searcher):
         if job is None:
             # None: nothing to start until a running trial ends; FINISHED: the sweep is done.
             return None if self.plan.running() else Searcher.FINISHED
-        return {"trial": job.cfg.model_dump(mode="json")}
+        return self.task.for_trial(job.cfg, fault_for(self.faults, job.cfg)).as_config()
 
     def save(self, checkpoint_path: str) -> None:
         """Nothing to save: ``--resume`` rebuilds the plan from the rows in results.csv (and Tune

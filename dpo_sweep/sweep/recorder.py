@@ -24,6 +24,7 @@ from dpo_sweep.sweep.collector import CollectedTrial, TrialCollector
 from dpo_sweep.sweep.console import say
 from dpo_sweep.sweep.estimate import EndedTrial, SweepEstimate
 from dpo_sweep.sweep.output_dir import save_environment
+from dpo_sweep.sweep.task import trial_id_of
 from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, TIMEOUT_FACTOR, Ending, StopRequest,
                                       same_early_failure, trial_timeout_s)
 
@@ -151,7 +152,7 @@ class SweepRecorder(tune.Callback):
         self.timed_out: dict[str, str] = {}  # job id -> why it was ended (its row's error)
 
     def _cfg(self, trial: Any) -> TrialConfig:
-        return self.plan.job(trial.config["trial"]["trial_id"]).cfg
+        return self.plan.job(trial_id_of(trial.config)).cfg
 
     def flush(self) -> list[TrialResult]:
         """Write what the plan has ready and say it; the rows written."""
@@ -248,7 +249,7 @@ class SweepRecorder(tune.Callback):
         for ever, its ETA frozen): its process is killed, its warm worker replaced, and Tune's
         report of the dead trial becomes a ``timeout`` row (:meth:`on_trial_error`)."""
         for trial in trials:
-            job_id = trial.config["trial"]["trial_id"]
+            job_id = trial_id_of(trial.config)
             started = self.trial_started.get(job_id)
             if trial.status != "RUNNING" or started is None or job_id in self.timed_out:
                 continue
@@ -272,17 +273,17 @@ class SweepRecorder(tune.Callback):
         self.last_said = now
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.trial_started[trial.config["trial"]["trial_id"]] = time.monotonic()
+        self.trial_started[trial_id_of(trial.config)] = time.monotonic()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if trial.config["trial"]["trial_id"] in self.ended:
+        if trial_id_of(trial.config) in self.ended:
             return  # a report after the trial's last one: the plan no longer holds its job
         done = self.collector.add(trial.trial_id, self._cfg(trial), result)
         if done is not None:
             self._end(done)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        job_id = trial.config["trial"]["trial_id"]
+        job_id = trial_id_of(trial.config)
         if job_id in self.ended or self.stop.reason is not None:
             return  # stopped early: a trial ended by end_running_trials is not run, not failed
         cfg = self._cfg(trial)

@@ -262,7 +262,7 @@ def test_tune_keeps_its_trial_process_between_trials():
 
     cfg = tune_config(3)
     assert cfg.reuse_actors is True and cfg.max_concurrent_trials == 3
-    trial = type("T", (), {"config": {"trial": {"trial_id": "t007_mb2_L1_ga1_b0.1"}}})()
+    trial = type("T", (), {"config": {"trial_id": "t007_mb2_L1_ga1_b0.1"}})()
     assert cfg.trial_dirname_creator(trial) == "t007_mb2_L1_ga1_b0.1"
 
 
@@ -294,7 +294,7 @@ def test_recorder_looks_configs_up_instead_of_validating_them(tmp_path, capsys):
     plan = SweepPlan([cfg])
     assert plan.next_job().cfg.trial_id == "t006"
     rec = recorder.SweepRecorder(tmp_path, plan, total=1, already_done=0)
-    trial = type("T", (), {"trial_id": "tune-6", "config": {"trial": {"trial_id": "t006"}}})()
+    trial = type("T", (), {"trial_id": "tune-6", "config": {"trial_id": "t006"}})()
     rec.on_trial_result(0, [], trial, TrialEnding(TrialFailure("oom", "OOM")).to_report())
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert [(r["trial_id"], r["status"], r["micro_batch"]) for r in rows] == [("t006", "oom", str(cfg.micro_batch))]

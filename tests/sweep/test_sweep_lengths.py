@@ -22,6 +22,7 @@ from dpo_sweep.records import StepRecord, TrialResult, read_csv_rows
 from dpo_sweep.sweep import command, tuner
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding
 from dpo_sweep.sweep.ray_cluster import RayConnection
+from dpo_sweep.sweep.task import task_of
 
 #: A 1B model's shapes (nothing is trained: the stand-in Tuner runs no worker) on long-tailed
 #: synthetic data far below max_length: the worst micro-batch is a fraction of 2 x 8 x 4096 tokens.
@@ -39,13 +40,13 @@ class FakeTuner:
 
     started: list[dict] = []
 
-    def __init__(self, trainable, *, param_space, tune_config, run_config) -> None:
+    def __init__(self, trainable, *, tune_config, run_config) -> None:
         self.searcher, self.recorder = tune_config.search_alg, run_config.callbacks[0]
 
     def fit(self) -> None:
         while (config := self.searcher.suggest(f"tune-{len(self.started)}")) not in (None, Searcher.FINISHED):
             trial = SimpleNamespace(trial_id=f"tune-{len(self.started)}", config=config)
-            FakeTuner.started.append(config["trial"])
+            FakeTuner.started.append(task_of(config).cfg)
             cfg = self.recorder._cfg(trial)
             step = StepRecord(trial_id=cfg.trial_id, step=1, loss=0.7, grad_norm=1.0, step_time_ms=200.0,
                               peak_mem_gb=1.0, reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-1.0,
@@ -117,4 +118,4 @@ def test_a_configuration_that_fits_with_its_real_lengths_is_not_pruned(tmp_path,
     assert not any(p.startswith("pruned") for p in plans.values())
     rows = _run(monkeypatch, path, tmp_path / "out")
     assert {r["status"] for r in rows.values()} == {"ok"}, [r["error"] for r in rows.values()]
-    assert {t["trial_id"] for t in FakeTuner.started} == set(est)
+    assert {t.trial_id for t in FakeTuner.started} == set(est)

@@ -12,6 +12,7 @@ from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, Tri
 from dpo_sweep.sweep.output_dir import prepare_output
 from dpo_sweep.sweep.planner import PlanSearcher
 from dpo_sweep.sweep.recorder import SweepRecorder
+from dpo_sweep.sweep.task import TrialTask, task_of
 from testkit import make_cfg
 
 
@@ -32,7 +33,7 @@ def test_searcher_runs_fewer_trials_than_configurations_and_writes_every_row(tmp
               for i, (mb, lv, b) in enumerate((mb, lv, b) for mb in (1, 2) for lv in ("none", "L1") for b in (0.1, 0.2))]
     plan = SweepPlan(trials)
     rec = SweepRecorder(tmp_path, plan, total=len(trials), already_done=0)
-    searcher = ConcurrencyLimiter(PlanSearcher(plan, rec), max_concurrent=1)  # as tune.TuneConfig wraps it
+    searcher = ConcurrencyLimiter(PlanSearcher(plan, rec, TrialTask(trials[0])), max_concurrent=1)  # as tune.TuneConfig wraps it
     started, running, waited = [], [], 0
     while True:
         config = searcher.suggest(f"tune-{len(started)}")
@@ -41,12 +42,12 @@ def test_searcher_runs_fewer_trials_than_configurations_and_writes_every_row(tmp
             break
         if config is not None:  # Tune starts it; ask again
             trial = type("T", (), {"trial_id": f"tune-{len(started)}", "config": config})()
-            started.append(config["trial"])
+            started.append(task_of(config).cfg)
             running.append(trial)
             continue
         waited += 1  # None: nothing can start until a running trial ends; end the oldest
         trial = running.pop(0)
-        for report in _reports(rec._cfg(trial), "oom" if trial.config["trial"]["micro_batch"] == 2 else "ok"):
+        for report in _reports(rec._cfg(trial), "oom" if task_of(trial.config).cfg.micro_batch == 2 else "ok"):
             rec.on_trial_result(0, [], trial, report)
         searcher.on_trial_complete(trial.trial_id, result={})
     assert waited >= 1

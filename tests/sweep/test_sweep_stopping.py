@@ -93,7 +93,7 @@ def test_tune_failure_logs_are_dropped_once_stopping(caplog):
 
 
 def _trial(tune_id: str, trial_id: str):
-    return type("T", (), {"trial_id": tune_id, "config": {"trial": {"trial_id": trial_id}}})()
+    return type("T", (), {"trial_id": tune_id, "config": {"trial_id": trial_id}})()
 
 
 def _fail(rec: recorder.SweepRecorder, tune_id: str, trial_id: str, error: str) -> None:
