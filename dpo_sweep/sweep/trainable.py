@@ -28,7 +28,9 @@ The story of one trial, top to bottom:
    memory sampler attaches it; Ray pickles it along with the exception).
 5. In the sweep's driver process :class:`~dpo_sweep.sweep.collector.TrialCollector` (fed by the
    recorder, the sweep's Tune callback) turns the stream of reports of one trial into one
-   ``TrialResult`` and its ``StepRecord`` rows, ready to be appended to the results files.
+   ``TrialResult`` and its ``StepRecord`` rows; when Tune ends the trial the planner's Searcher
+   hands them to the plan (:mod:`~dpo_sweep.sweep.planner`), and the recorder appends the rows
+   the plan then has ready to the results files.
 
 The trial's ``TrialConfig`` travels validated, in the task (validated once, when the space was
 loaded). The reports are the typed messages of :mod:`~dpo_sweep.sweep.protocol`. This module imports

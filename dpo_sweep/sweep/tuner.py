@@ -31,7 +31,7 @@ from dpo_sweep.sweep.ray_cluster import InfrastructureError
 from dpo_sweep.sweep.recorder import SweepRecorder
 from dpo_sweep.sweep.slots import TrialSlots, start_warm_workers
 from dpo_sweep.sweep.planner import PlanSearcher, card_memory_gb
-from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, StopRequest, SweepStopper,
+from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, SameFailureStop, StopRequest, SweepStopper,
                                       quiet_tune_once_stopping, stop_on_sigint)
 
 #: Tune settings of the sweep's driver process (a user's own environment variables win):
@@ -129,11 +129,14 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfi
     task = TrialTask(todo[0], use_gpu=use_gpu, storage_path=storage, log_dir=str(ResultsDir(out_dir).logs.resolve()),
                      warm_pool=pool.name if pool is not None else None, trainer=trainer)
     faults = fault_rules()  # tests only (train/faults.py)
+    # Once the plan knows a trial's outcome: the ETA prices it, and the same-failure early stop.
+    searcher = PlanSearcher(plan, recorder, task, faults,
+                            end_hooks=(recorder.pricing.trial_ended, SameFailureStop(stop, total).trial_ended))
     try:
         tuner = tune.Tuner(
             tune.with_resources(tune_trainable, {"CPU": TRIAL_CPUS}),
             # A measure trial per configuration at most, and a learning trial per configuration.
-            tune_config=tune_config(concurrent, PlanSearcher(plan, recorder, task, faults), num_samples=2 * len(todo)),
+            tune_config=tune_config(concurrent, searcher, num_samples=2 * len(todo)),
             run_config=tune.RunConfig(
                 name=time.strftime(f"{sp.name}-%Y%m%d-%H%M%S"),
                 storage_path=storage,

@@ -19,7 +19,9 @@ from dpo_sweep.errors import UserError
 from dpo_sweep.sweep import output_dir, protocol, recorder, slots, trainable
 from dpo_sweep.sweep.collector import TrialCollector
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, TrialFailure
-from testkit import make_cfg
+from dpo_sweep.sweep.planner import PlanSearcher
+from dpo_sweep.sweep.task import TrialTask, trial_id_of
+from testkit import end_trial, make_cfg
 
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 
@@ -292,10 +294,11 @@ def test_recorder_looks_configs_up_instead_of_validating_them(tmp_path, capsys):
     validated (here the JSON holds only the id, which no TrialConfig validation would accept)."""
     cfg = make_cfg(trial_id="t006", steps=3)
     plan = SweepPlan([cfg])
-    assert plan.next_job().cfg.trial_id == "t006"
     rec = recorder.SweepRecorder(tmp_path, plan, total=1, already_done=0)
+    searcher = PlanSearcher(plan, rec, TrialTask(cfg))
+    assert trial_id_of(searcher.suggest("tune-6")) == "t006"
     trial = type("T", (), {"trial_id": "tune-6", "config": {"trial_id": "t006"}})()
-    rec.on_trial_result(0, [], trial, TrialEnding(TrialFailure("oom", "OOM")).to_report())
+    end_trial(rec, searcher, trial, [TrialEnding(TrialFailure("oom", "OOM")).to_report()])
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert [(r["trial_id"], r["status"], r["micro_batch"]) for r in rows] == [("t006", "oom", str(cfg.micro_batch))]
     assert "[1/1] t006" in capsys.readouterr().out

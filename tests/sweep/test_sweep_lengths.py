@@ -23,6 +23,7 @@ from dpo_sweep.sweep import command, tuner
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding
 from dpo_sweep.sweep.ray_cluster import RayConnection
 from dpo_sweep.sweep.task import task_of
+from testkit import end_trial
 
 #: A 1B model's shapes (nothing is trained: the stand-in Tuner runs no worker) on long-tailed
 #: synthetic data far below max_length: the worst micro-batch is a fraction of 2 x 8 x 4096 tokens.
@@ -52,9 +53,8 @@ class FakeTuner:
                               peak_mem_gb=1.0, reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-1.0,
                               logps_rejected=-1.0, kl=0.0, micro_step_ms=90.0, optimizer_ms=20.0)
             row = TrialResult(trial_id=cfg.trial_id, status="ok", **cfg.knobs(), peak_mem_gb=1.0, step_time_ms=200.0)
-            for report in (StepReport(step).to_report(), OutcomeReport(row).to_report(), TrialEnding().to_report()):
-                self.recorder.on_trial_result(0, [], trial, report)
-            self.searcher.on_trial_complete(trial.trial_id, result={})
+            end_trial(self.recorder, self.searcher, trial,
+                      (StepReport(step).to_report(), OutcomeReport(row).to_report(), TrialEnding().to_report()))
 
 
 def _run(monkeypatch, path, out) -> dict[str, dict[str, str]]:

@@ -13,7 +13,7 @@ from dpo_sweep.sweep.output_dir import prepare_output
 from dpo_sweep.sweep.planner import PlanSearcher
 from dpo_sweep.sweep.recorder import SweepRecorder
 from dpo_sweep.sweep.task import TrialTask, task_of
-from testkit import make_cfg
+from testkit import end_trial, make_cfg
 
 
 def _reports(cfg, status: str) -> list[dict]:
@@ -47,9 +47,7 @@ def test_searcher_runs_fewer_trials_than_configurations_and_writes_every_row(tmp
             continue
         waited += 1  # None: nothing can start until a running trial ends; end the oldest
         trial = running.pop(0)
-        for report in _reports(rec._cfg(trial), "oom" if task_of(trial.config).cfg.micro_batch == 2 else "ok"):
-            rec.on_trial_result(0, [], trial, report)
-        searcher.on_trial_complete(trial.trial_id, result={})
+        end_trial(rec, searcher, trial, _reports(rec._cfg(trial), "oom" if task_of(trial.config).cfg.micro_batch == 2 else "ok"))
     assert waited >= 1
     rows = {r["trial_id"]: r for r in read_csv_rows(tmp_path / "results.csv")}
     assert set(rows) == {t.trial_id for t in trials} and len(started) < len(trials)
