@@ -17,12 +17,12 @@ from ray import tune
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import os_error_line
 from dpo_sweep.files import unwritable
+from dpo_sweep.plan.jobs import Job
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import TrialResult, replace_results, widened_line, write_results, write_steps
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.collector import CollectedTrial, TrialCollector
 from dpo_sweep.sweep.console import say
-from dpo_sweep.plan.jobs import Job
 from dpo_sweep.sweep.estimate import TrialPricing
 from dpo_sweep.sweep.output_dir import save_environment
 from dpo_sweep.sweep.task import trial_id_of
@@ -254,7 +254,7 @@ class SweepRecorder(tune.Callback):
     def end_overdue(self, trials: Iterable[Any], now: float) -> None:
         """End every running trial past its limit (a hung or stopped worker would hold the sweep
         for ever, its ETA frozen): its process is killed, its warm worker replaced, and Tune's
-        report of the dead trial becomes a ``timeout`` row (:meth:`on_trial_error`)."""
+        report of the dead trial becomes a ``timeout`` row (:meth:`outcome`)."""
         for trial in trials:
             job_id = trial_id_of(trial.config)
             started = self.trial_started.get(job_id)

@@ -71,7 +71,7 @@ def task_of(config: dict[str, Any]) -> TrialTask:
 
 
 def trial_id_of(config: dict[str, Any]) -> str:
-    """The trial id in a dict Ray passed on (a Tune trial's ``config``), without unpickling its task."""
+    """The trial id in a dict Ray passed on (a Tune trial's ``config``)."""
     return config[TRIAL_ID_KEY]
 
 

@@ -90,10 +90,12 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfi
     """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster;
     ``trials``: the space's trials as they run (:func:`~dpo_sweep.sweep.slots.absolute_paths`),
     ``slots``: where and how many at a time (:func:`~dpo_sweep.sweep.slots.trial_slots`);
-    ``trainer``: a stand-in for the trainer (tests), None: the real one; ``lengths`` / ``shapes``: each trial's data lengths and each model's shape as preflight
-    measured and built them (the plan's memory model);
+    ``trainer``: a stand-in for the trainer (tests), None: the real one; ``lengths`` / ``shapes``:
+    each trial's data lengths and each model's shape as preflight measured and built them (the
+    plan's memory model);
     ``pool``: warm workers the caller started (:func:`start_warm_workers`) and closes."""
 
+    faults = fault_rules()  # tests only (train/faults.py); a bad value is said before anything starts
     todo = [t for t in trials if t.trial_id not in done_ids]
     total = len(trials)
     if done_ids:
@@ -128,7 +130,6 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfi
     # What every trial's task shares; the planner's Searcher puts in each trial's configuration.
     task = TrialTask(todo[0], use_gpu=use_gpu, storage_path=storage, log_dir=str(ResultsDir(out_dir).logs.resolve()),
                      warm_pool=pool.name if pool is not None else None, trainer=trainer)
-    faults = fault_rules()  # tests only (train/faults.py)
     # Once the plan knows a trial's outcome: the ETA prices it, and the same-failure early stop.
     searcher = PlanSearcher(plan, recorder, task, faults,
                             end_hooks=(recorder.pricing.trial_ended, SameFailureStop(stop, total).trial_ended))

@@ -65,3 +65,23 @@ def test_searcher_runs_fewer_trials_than_configurations_and_writes_every_row(tmp
     space.write_text("name: x\n")
     prepare_output(space, tmp_path, resume=True)
     assert {s["trial_id"] for s in read_csv_rows(tmp_path / "steps.csv")} >= learning
+
+
+def test_the_plan_learns_a_trials_outcome_in_the_searcher_and_the_recorder_then_writes_it(tmp_path):
+    # Tune's order when a trial ends: the Searcher's on_trial_complete, then the callbacks' hook.
+    cfg = make_cfg(trial_id="t0", grad_acc=1, learning_steps=2)  # its own learning trial: its row is final
+    plan = SweepPlan([cfg], full_grid=True)
+    rec = SweepRecorder(tmp_path, plan, total=1, already_done=0)
+    ended = []
+    searcher = PlanSearcher(plan, rec, TrialTask(cfg), end_hooks=(lambda job, done: ended.append(job.job_id),))
+    config = searcher.suggest("tune-0")
+    trial = type("T", (), {"trial_id": "tune-0", "config": config})()
+    for report in _reports(cfg, "ok"):
+        rec.on_trial_result(0, [], trial, report)
+    assert plan.running() and not (tmp_path / "results.csv").exists()  # the reports alone: nothing learnt
+    searcher.on_trial_complete("tune-0", result={})
+    assert not plan.running() and ended == ["t0"]  # the plan knows, the end hooks ran
+    assert not (tmp_path / "results.csv").exists()
+    rec.on_trial_complete(0, [], trial)
+    assert [r["trial_id"] for r in read_csv_rows(tmp_path / "results.csv")] == ["t0"]
+    assert searcher.suggest("tune-1") == Searcher.FINISHED
