@@ -13,9 +13,10 @@ trainer once, when it is created, and runs trial after trial:
    its imports made out of the garbage collector's walks (``gc.freeze``). Then it tokenises the
    sweep's data in a thread (``WarmState.prefetch``): the first trial finds it made.
 1. :func:`run_in_warm_worker` (in the Tune trial process) takes a free one and hands it the trial's
-   :class:`~dpo_sweep.sweep.task.TrialTask`; the actor runs :func:`~dpo_sweep.sweep.trial_run.run_and_report` in a thread and
-   streams each report back (a Ray streaming generator), which the trial process forwards with
-   ``tune.report`` - the same keys, in the same order, as a Ray Train worker's.
+   :class:`~dpo_sweep.sweep.task.TrialTask`; the actor runs
+   :func:`~dpo_sweep.sweep.trial_run.run_and_report` in a thread and streams each report back (a
+   Ray streaming generator), which the trial process forwards with ``tune.report`` - the same
+   keys, in the same order, as a Ray Train worker's.
 2. A failure is classified inside the actor, as :func:`~dpo_sweep.sweep.trainable.tune_trainable`
    classifies a Train worker's (``oom`` / ``error``, the peak up to the failure), and only its
    text leaves: the exception and its traceback, which hold the failed step's tensors, are

@@ -290,8 +290,8 @@ def test_steps_travel_once_in_their_own_reports():
 
 
 def test_recorder_looks_configs_up_instead_of_validating_them(tmp_path, capsys):
-    """Tune hands the callback each trial's config as JSON; the recorder uses the config the sweep
-    validated (here the JSON holds only the id, which no TrialConfig validation would accept)."""
+    """Tune hands the callback each trial's config; the recorder looks up by its trial id the config
+    the sweep validated (here the config holds only the id, which no TrialConfig would accept)."""
     cfg = make_cfg(trial_id="t006", steps=3)
     plan = SweepPlan([cfg])
     rec = recorder.SweepRecorder(tmp_path, plan, total=1, already_done=0)
