@@ -358,14 +358,6 @@ class TrainSpec(_Strict):
     )
     seed: int = Field(0, description="Seed for weights, data order and dropout.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
-    fail_at_step: int | None = Field(
-        None, ge=1, description="Test hook: inject a failure at this optimizer step (1-based)."
-    )
-    fail_kind: Literal["error", "oom", "nan"] = Field(
-        "error", description="Test hook: what fail_at_step injects (an exception, a torch "
-        "OutOfMemoryError, or a NaN loss)."
-    )
-    fail_rank: int | None = Field(None, description="Test hook: inject only on this worker rank.")
 
     @model_validator(mode="before")
     @classmethod

@@ -30,7 +30,7 @@ import shlex
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import ray
 import yaml
@@ -49,11 +49,11 @@ from dpo_sweep.sweep.resume import match_rows, renamed_ids
 from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, connect_ray, print_dashboard,
                                          stop_local_autoscaler)
 from dpo_sweep.sweep import signals, warm_worker
-from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
+from dpo_sweep.sweep.slots import TrialSlots, absolute_paths, start_warm_workers, trial_slots
 from dpo_sweep.sweep.startup import BackgroundPreflight, CheckedInputs
 
 if TYPE_CHECKING:
-    from dpo_sweep.config import ModelSpec
+    from dpo_sweep.config import ModelSpec, TrialConfig
     from dpo_sweep.plan.shape import ModelShape
     from dpo_sweep.sweep.tuner import SweepSummary
     from dpo_sweep.train.lengths import LengthProfile
@@ -65,14 +65,14 @@ def import_tune() -> None:
     import dpo_sweep.sweep.tuner  # noqa: F401
 
 
-def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None, done_ids: set[str],
-              cluster: dict[str, float], full_grid: bool, lengths: Mapping[str, LengthProfile | None],
+def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfig], slots: TrialSlots,
+              done_ids: set[str], full_grid: bool, lengths: Mapping[str, LengthProfile | None],
               shapes: Mapping[ModelSpec, ModelShape], pool: warm_worker.WarmPool | None,
               trial_timeout_floor_s: float) -> SweepSummary:
     """:func:`dpo_sweep.sweep.tuner.run_sweep`, imported when called (see :func:`import_tune`)."""
     from dpo_sweep.sweep.tuner import run_sweep as run
 
-    return run(sp, out_dir, max_concurrent=max_concurrent, done_ids=done_ids, cluster=cluster, full_grid=full_grid,
+    return run(sp, out_dir, trials=trials, slots=slots, done_ids=done_ids, full_grid=full_grid,
                lengths=lengths, shapes=shapes, pool=pool, trial_timeout_floor_s=trial_timeout_floor_s)
 
 
@@ -248,6 +248,7 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
     train = not warm_worker.wanted(sp.trials[0])  # its trials run in Ray Train workers
     conn: RayConnection | None = None
     pool: warm_worker.WarmPool | None = None
+    slots: TrialSlots | None = None
     try:
         # startup.py: the file checks (exit 2, nothing started), then the rest of the preflight
         # (exit 2, before anything is written) in its own process while Ray and the warm workers
@@ -258,7 +259,8 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
                 try:
                     conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
                     signals.take_stop_signals()  # back from Ray's driver
-                    pool = start_warm_workers(planned, trial_slots(sp, ray.cluster_resources(), args.max_concurrent))
+                    slots = trial_slots(sp, ray.cluster_resources(), args.max_concurrent)
+                    pool = start_warm_workers(planned, slots)
                 except Exception:
                     pending.result()  # a refusal of the input comes first
                     raise
@@ -274,8 +276,9 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         print_dashboard(conn, say)
         # The plan's memory model takes the data's lengths and the models' shapes as the
         # preflight's process measured and built them: this process builds no model.
-        summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
-                            cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)),
+        slots = slots or trial_slots(sp, ray.cluster_resources(), args.max_concurrent)
+        summary = run_sweep(sp, out_dir, trials=planned, slots=slots, done_ids=done_ids,
+                            full_grid=bool(getattr(args, "full_grid", False)),
                             lengths=checked.lengths, shapes=checked.shapes, pool=pool,
                             trial_timeout_floor_s=_timeout_floor(args))
     except InfrastructureError as err:

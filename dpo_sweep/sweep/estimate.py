@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.plan.jobs import Due, JobKind
+from dpo_sweep.plan.jobs import Due, Job, JobKind
 from dpo_sweep.records import StepRecord, TrialResult
+from dpo_sweep.sweep.collector import CollectedTrial
 from dpo_sweep.trial_facts import memory_order
 
 #: A reference pass (one forward, no gradients, batched by tokens) of one step's pairs, as a share
@@ -161,6 +163,28 @@ class SweepEstimate:
         rest = [self.trial_s(d) - ran for d, ran in running]
         total = sum(self.trial_s(d) for d in due) + sum(r if math.isnan(r) else max(0.0, r) for r in rest)
         return total / max(1, concurrent)
+
+
+class TrialPricing:
+    """What feeds the estimate: when each trial started (``started``, by job id: the recorder's
+    ``on_trial_start``) and, once the plan knows a trial's outcome (:meth:`trial_ended`, an end
+    hook of the planner's Searcher), its share of the sweep's wall, priced in."""
+
+    def __init__(self, concurrent: int = 1) -> None:
+        self.estimate = SweepEstimate()
+        self.concurrent = concurrent
+        self.started: dict[str, float] = {}
+        self.last_end: float | None = None  # when the last Ray trial ended
+
+    def trial_ended(self, job: Job, done: CollectedTrial) -> None:
+        now = time.monotonic()
+        started = self.started.pop(job.job_id, None)
+        if started is not None:
+            # One trial at a time: its share of the wall runs from the last one's end (Tune's wait
+            # to start it included); several at a time: from its own start.
+            since = max(started, self.last_end) if self.concurrent == 1 and self.last_end is not None else started
+            self.estimate.add(EndedTrial.of(job.kind, job.cfg, done.result, now - since, done.steps))
+        self.last_end = now
 
 
 def _distance(ended: EndedTrial, cfg: TrialConfig) -> tuple[float, int]:
