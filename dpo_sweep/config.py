@@ -1,18 +1,23 @@
 """Typed configuration: the search-space file's sections and one resolved trial.
 
-Every field carries a short doc; cross-field checks live in the model validators. The search
-space file (``search_spaces/*.yaml``) is parsed into :class:`dpo_sweep.space.SweepSpace`; each point of its
-search grid becomes one :class:`TrialConfig`, which is all a trainer worker needs.
+Every field carries a short doc and says what it can change (``json_schema_extra=affects(...)``:
+peak memory and step time, the loss trajectory; :mod:`dpo_sweep.field_effects`); cross-field
+checks live in the model validators, refusals of combinations in :mod:`dpo_sweep.refusals`. The
+train section and the resolved trial are here, the other sections in :mod:`dpo_sweep.sections`
+(imported here too). The search space file (``search_spaces/*.yaml``) is parsed into
+:class:`dpo_sweep.space.SweepSpace`; each point of its search grid becomes one
+:class:`TrialConfig`, which is all a trainer worker needs.
 """
 from __future__ import annotations
 
 from typing import Any, Iterable, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from dpo_sweep.field_effects import Memory, affects
 from dpo_sweep.results_dir import ResultsDir
-
-from dpo_sweep import migrate
+from dpo_sweep.sections import (MODEL_PRESETS, DataSpec, ModelPreset, ModelSpec,  # noqa: F401 (imported from here)
+                                ObjectivesSpec, ResourcesSpec, SamplerSpec, SyntheticData, _Strict)
 
 #: From most activations kept to fewest (none > L1 > L2 >= L3 > full): the order the planner prunes
 #: weaker levels in after an OOM (trial_facts.memory_order) and the tables list them in.
@@ -27,16 +32,6 @@ REFUSED_LEVELS: dict[str, str] = {
     ),
 }
 
-
-def refused_adaptive_clip(train: TrainSpec, resources: ResourcesSpec) -> str | None:
-    """Why ``train.adaptive_clip`` is refused with these resources; None when they go together."""
-    if not (train.adaptive_clip and resources.parallelism == "fsdp" and resources.workers_per_trial > 1):
-        return None
-    return ("train.adaptive_clip: true with resources.parallelism: fsdp is refused: each worker holds a "
-            "shard of every parameter, so a per-parameter gradient norm would be a shard's; use "
-            "parallelism: ddp, one worker, or adaptive_clip: false")
-
-
 Adapter = Literal["full", "lora", "qlora"]
 OptimizerName = Literal["adamw", "adamw_8bit", "adamw_4bit"]
 #: The decoder's linear layers (Llama/Qwen2/Mistral names) that LoRA adapts by default: all of
@@ -45,46 +40,6 @@ DEFAULT_LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj",
                                          "down_proj")
 #: ``train.lora_targets: auto``: the model family's own linear layers (train/family.py).
 LORA_AUTO: tuple[str, ...] = ("auto",)
-#: (field, value) of the levers that run only on a CUDA GPU: torchao's NF4 base weights and its
-#: low-bit AdamW (torchao.optim.AdamW8bit / AdamW4bit).
-CUDA_LEVERS: tuple[tuple[str, str], ...] = (("adapter", "qlora"), ("optimizer", "adamw_8bit"),
-                                            ("optimizer", "adamw_4bit"))
-#: The packages each lever needs (what the preflight names in its pip install), by (field, value).
-LEVER_PACKAGES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("adapter", "lora"): ("peft",), ("adapter", "qlora"): ("peft", "torchao"),
-    ("optimizer", "adamw_8bit"): ("torchao",), ("optimizer", "adamw_4bit"): ("torchao",),
-}
-
-
-def refused_optimizer_in_backward(train: TrainSpec, grad_acc: int, resources: ResourcesSpec) -> str | None:
-    """Why ``train.optimizer_in_backward`` is refused here; None when it is off or goes together."""
-    if not train.optimizer_in_backward:
-        return None
-    conflicts = [what for what, bad in (
-        (f"grad_acc {grad_acc} (each micro-step's gradients would be stepped on alone)", grad_acc > 1),
-        ("train.grad_acc_schedule: seed (it accumulates)", train.grad_acc_schedule != "constant"),
-        (f"train.max_grad_norm {train.max_grad_norm} (a global clip needs every gradient at once)",
-         train.max_grad_norm is not None),
-        ("train.adaptive_clip (it clips before the step)", train.adaptive_clip),
-        ("train.precision: fp16 (the loss scaler unscales every gradient before the step)",
-         train.precision == "fp16"),
-        (f"resources.workers_per_trial {resources.workers_per_trial} (the gradients are all-reduced "
-         "after backward)", resources.workers_per_trial > 1)) if bad]
-    if not conflicts:
-        return None
-    return (f"train.optimizer_in_backward: true is refused with {'; '.join(conflicts)}; use grad_acc 1, "
-            "max_grad_norm: null, adaptive_clip: false, a precision other than fp16 and one worker, or "
-            "optimizer_in_backward: false")
-
-
-def cuda_levers(train: TrainSpec) -> list[str]:
-    """``field: value`` of each of ``train``'s levers that needs a CUDA GPU (CUDA_LEVERS)."""
-    return [f"{field}: {getattr(train, field)}" for field, value in CUDA_LEVERS
-            if getattr(train, field) == value]
-
-
-
-
 LossType = Literal["sigmoid", "ipo", "hinge"]
 LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 Precision = Literal["fp32", "bf16", "bf16-mixed", "fp16"]
@@ -95,186 +50,99 @@ LearningPrecision = Literal["auto", "fp32", "bf16", "bf16-mixed", "fp16"]
 #: trigger fires after several steps and a random-init model's loss stays at ln 2 until the synthetic
 #: pairs repeat, so 5 steps show neither (benchmarks/README.md#stability-thresholds).
 DEFAULT_LEARNING_STEPS = 16
-ModelPreset = Literal["tiny-llama", "llama-3.2-1b", "llama-3-8b", "qwen2-7b"]
-MODEL_PRESETS: tuple[str, ...] = get_args(ModelPreset)
-
-
-class _Strict(BaseModel):
-    """Unknown keys are errors: a typo in a space file must not be silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelSpec(_Strict):
-    """Which model to train: a random-initialised preset, or a real checkpoint."""
-
-    preset: ModelPreset | None = Field(
-        None, description="Build a random-initialised model of this shape (no download)."
-    )
-    name_or_path: str | None = Field(
-        None, description="Local directory or hub id of a real checkpoint and its tokenizer."
-    )
-    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        None,
-        description="Storage dtype of the weights. Default: derived from train.precision "
-        "(bf16 -> bfloat16, otherwise float32 master weights).",
-    )
-    attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = Field(
-        "auto", description="auto: the one the checkpoint's config.json names where it can run, else the "
-        "fastest the model supports: flash_attention_2 when flash-attn imports on a GPU, then sdpa, then eager. "
-        "One the model does not support is refused; eager is refused with checkpoint levels L2/L3 "
-        "(see refused_attention)."
-    )
-    liger_kernel: Literal["auto", True, False] = Field(
-        "auto",
-        description="liger-kernel's fused Triton RMSNorm/RoPE (and SwiGLU when lean_ops is off) for "
-        "Llama/Qwen2 models. auto: on when CUDA is in use and liger-kernel imports; never on CPU.",
-    )
-    lean_ops: bool = Field(
-        True,
-        description="Memory-lean autograd for RMSNorm and SwiGLU MLPs (same maths, fewer saved "
-        "tensors; see dpo_sweep/train/lean.py). false: the stock modules.",
-    )
-    trust_remote_code: bool = Field(False, description="Allow custom modelling code from the checkpoint.")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> ModelSpec:
-        if (self.preset is None) == (self.name_or_path is None):
-            raise ValueError(
-                "give exactly one of model.preset (one of: " + ", ".join(MODEL_PRESETS) + ") "
-                "or model.name_or_path (a local directory or hub id)"
-            )
-        return self
-
-    def label(self) -> str:
-        """Short name used in results tables."""
-        return self.preset or self.name_or_path or "?"
-
-
-class SyntheticData(_Strict):
-    """Deterministic generated preference pairs made of token ids (no text, no download)."""
-
-    pairs: int = Field(256, ge=1, description="Number of preference pairs.")
-    prompt_tokens: int = Field(64, ge=1, description="Tokens per prompt.")
-    response_tokens: int = Field(64, ge=1, description="Tokens per chosen/rejected response "
-                                 "(the median with lengths: lognormal).")
-    lengths: Literal["fixed", "lognormal"] = Field(
-        "fixed",
-        description="fixed: every prompt and response has its length above; lognormal: each "
-        "prompt, chosen and rejected length is drawn as round(median x exp(sigma x z)), z ~ N(0, 1), "
-        "a long tail as in real preference sets (truncation to train.max_length still applies).",
-    )
-    sigma: float = Field(
-        0.8, gt=0, le=3,
-        description="Spread of lognormal lengths (log-space standard deviation); unused with fixed.",
-    )
-    seed: int = Field(0, description="Seed of the generator.")
-
-
-class DataSpec(_Strict):
-    """Where the preference pairs come from: exactly one of synthetic, path, hf."""
-
-    synthetic: SyntheticData | None = None
-    path: str | None = Field(None, description="Local .json, .jsonl or .parquet file of pairs.")
-    hf: str | None = Field(None, description="Dataset name for datasets.load_dataset.")
-    hf_config: str | None = Field(None, description="Dataset configuration name (optional).")
-    split: str = Field("train", description="Split to read from a hf dataset.")
-    columns: dict[str, str] = Field(
-        default_factory=dict,
-        description="Rename columns: {prompt: question, chosen: good, rejected: bad}.",
-    )
-    max_pairs: int | None = Field(None, ge=1, description="Use at most this many pairs.")
-    min_prompt_tokens: int = Field(
-        16, ge=1, description="Truncation never cuts a prompt below this many tokens (its end is kept)."
-    )
-    min_response_tokens: int = Field(
-        8, ge=1,
-        description="A pair whose truncated response keeps fewer tokens than this is dropped.",
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DataSpec:
-        given = [k for k in ("synthetic", "path", "hf") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(
-                "give exactly one of data.synthetic, data.path (a .json/.jsonl/.parquet file) or "
-                f"data.hf (a dataset name); got {given or 'none'}"
-            )
-        bad = set(self.columns) - {"prompt", "chosen", "rejected"}
-        if bad:
-            raise ValueError(f"data.columns keys must be prompt, chosen, rejected; got {sorted(bad)}")
-        return self
 
 
 class TrainSpec(_Strict):
     """How each trial trains. Fields named here can also be swept under ``search:``."""
 
-    steps: int = Field(6, ge=1, description="Optimizer steps per trial.")
+    steps: int = Field(6, ge=1, description="Optimizer steps per trial.",
+                       json_schema_extra=affects(Memory.NONE, learning=True))
     trainer: Literal["native", "trl"] = Field(
         "native",
         description="native: dpo-sweep's own DPO trainer; trl: TRL's DPOTrainer (pip install "
         "'dpo-sweep[trl]', TRL >= 1.16) on the same model, pairs, precision, reference, adapter and "
         "padding, measured by the same sampler and step timer (docs/trainer.md). Settings TRL cannot "
         "express (checkpoint levels L1-L3, schedules of beta or grad_acc, ...) are refused with trl.",
+        json_schema_extra=affects(Memory.CHANGES, learning=False),
     )
     warmup_steps: int = Field(
-        2, ge=0, description="Steps left out of the time/memory medians (not an LR warm-up)."
+        2, ge=0, description="Steps left out of the time/memory medians (not an LR warm-up).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
-    lr: float = Field(5.0e-6, gt=0, description="Peak AdamW learning rate.")
-    lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up from 0 over this many steps.")
+    lr: float = Field(5.0e-6, gt=0, description="Peak AdamW learning rate.",
+                      json_schema_extra=affects(Memory.NONE, learning=True))
+    lr_warmup_steps: int = Field(0, ge=0, description="Linear LR warm-up from 0 over this many steps.",
+                                 json_schema_extra=affects(Memory.NONE, learning=True))
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
-        "constant", description="LR after warm-up: constant, or decay to 0 at the last step."
+        "constant", description="LR after warm-up: constant, or decay to 0 at the last step.",
+        json_schema_extra=affects(Memory.NONE, learning=True),
     )
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.",
+                                json_schema_extra=affects(Memory.NONE, learning=True))
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.",
+                                            json_schema_extra=affects(Memory.NONE, learning=True))
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.",
+                            json_schema_extra=affects(Memory.NONE, learning=True))
     max_grad_norm: float | None = Field(
-        1.0, description="Clip the total gradient norm to this (null: no clipping)."
+        1.0, description="Clip the total gradient norm to this (null: no clipping).",
+        json_schema_extra=affects(Memory.NONE, learning=True),
     )
-    max_length: int = Field(256, ge=8, description="Tokens per sequence (prompt + response).")
-    loss: LossType = Field("sigmoid", description="DPO loss type: sigmoid, ipo or hinge.")
+    max_length: int = Field(256, ge=8, description="Tokens per sequence (prompt + response).",
+                            json_schema_extra=affects(Memory.GROWS, learning=True))
+    loss: LossType = Field("sigmoid", description="DPO loss type: sigmoid, ipo or hinge.",
+                           json_schema_extra=affects(Memory.NONE, learning=True))
     label_smoothing: float = Field(
         0.0, ge=0.0, lt=0.5,
         description="Conservative DPO (cDPO) label smoothing, sigmoid loss only (refused with ipo "
         "or hinge). TRL's sigmoid ignores this field: compare with TRL at 0.",
+        json_schema_extra=affects(Memory.NONE, learning=True),
     )
     precision: Precision = Field(
         "bf16",
         description="fp32 | bf16 (weights, grads, AdamW state in bf16) | bf16-mixed (fp32 master, "
         "bf16 autocast) | fp16 (fp32 master, fp16 autocast, GradScaler).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
     reference: Literal["live", "precomputed"] = Field(
         "live",
         description="live: a frozen copy of the policy runs every step; precomputed: reference "
         "log-probs computed once before training by the untrained policy (no reference copy).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
     logp_chunk_tokens: int = Field(
         1024, ge=0,
         description="Tokens per chunk of the lm_head + log-softmax (recomputed in backward); "
         "0 = naive full-vocabulary logits for the whole batch.",
+        json_schema_extra=affects(Memory.CHANGES, learning=False),
     )
     beta_schedule: Literal["constant", "seed"] = Field(
         "constant",
         description="constant: beta every step; seed: the DPO-stability article's schedule "
         "(0.1 -> 0.3 over the first 10% of steps, 0.2 + 0.1 cos(2 pi step / steps), 0.15 for the "
         "last 5%), scaled by beta / 0.1 (train/knobs.py).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
     adaptive_clip: bool = Field(
         False, description="Clip each parameter's gradient at the P90 of its own norms over the last "
-        "adaptive_clip_window steps (before the max_grad_norm clip)."
+        "adaptive_clip_window steps (before the max_grad_norm clip).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
-    adaptive_clip_window: int = Field(20, ge=2, description="Steps of gradient-norm history per parameter.")
+    adaptive_clip_window: int = Field(20, ge=2, description="Steps of gradient-norm history per parameter.",
+                                      json_schema_extra=affects(Memory.CHANGES, learning=True))
     ema_decay: float | None = Field(
         None, gt=0, lt=1,
         description="Exponential moving average of the weights (e.g. 0.99), updated every step; the "
         "averaged weights are the trial's final weights (eval_loss). null: no EMA.",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
     grad_acc_schedule: Literal["constant", "seed"] = Field(
         "constant",
         description="constant: grad_acc every step; seed: grad_acc until KL is stable, then grad_acc/2, "
         "grad_acc/8 for the last 10% of steps (32, 16, 4 at grad_acc 32).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
-    padding_side: Literal["right", "left"] = Field("right", description="Where batches are padded.")
+    padding_side: Literal["right", "left"] = Field("right", description="Where batches are padded.",
+                                                   json_schema_extra=affects(Memory.CHANGES, learning=False))
     pad_to_multiple_of: int | Literal["auto"] = Field(
         "auto",
         description="Round the width of a micro-batch that has padding up to a multiple of this many "
@@ -283,52 +151,63 @@ class TrainSpec(_Strict):
         "micro-step of a width not seen before took ~200 ms more (a 3B model at micro_batch 1, "
         "~300 ms a micro-step), so on long-tailed lengths nearly every micro-step paid it; 64 bounds "
         "the widths at max_length / 64. TRL: DPOConfig(pad_to_multiple_of=...).",
+        json_schema_extra=affects(Memory.CHANGES, learning=False),
     )
     group_by_length: bool = Field(
         False,
         description="Cut each epoch's pairs, sorted by length, into effective batches and shuffle "
         "their order: micro-batches of similar length, less padding. Deterministic by seed; every "
         "split of the same effective batch still sees the same pairs per step.",
+        json_schema_extra=affects(Memory.CHANGES, learning=False),
     )
     padding_free: bool = Field(
         False,
         description="Pack the chosen and rejected sequences of a micro-batch into one row without "
         "padding (position_ids restart per sequence; transformers masks across sequences).",
+        json_schema_extra=affects(Memory.CHANGES, learning=False),
     )
     worst_case_step: bool = Field(
         True,
         description="After the steps, run one more step on the longest pairs (two micro-steps, the "
         "longest micro-batch the run can meet last, while the first one's gradients are alive): its "
         "peak is peak_mem_gb; it is left out of step times, tokens/s and the loss statistics.",
+        json_schema_extra=affects(Memory.CHANGES, learning=False),
     )
     evaluate: bool = Field(
         True,
         description="After the steps, the final weights' DPO loss on a held batch (eval_loss). The "
         "planner turns it off in the trials that only time or measure a configuration, whose rows "
         "take eval_loss from their learning trial.",
+        json_schema_extra=affects(Memory.NONE, learning=False),
     )
     learning_steps: int | None = Field(
         None, ge=1,
         description="Optimizer steps of the planner's learning trials (<trial_id>-learning), which give "
         "every row its stability columns. null: max(steps, DEFAULT_LEARNING_STEPS = 16).",
+        json_schema_extra=affects(Memory.NONE, learning=True),
     )
     learning_precision: LearningPrecision = Field(
         "auto",
         description="Precision of the planner's learning trials. auto: pure bf16 becomes bf16-mixed "
         "(fp32 master weights and AdamW state, bf16 autocast: updates of lr ~1e-5 round away in pure "
         "bf16), any other precision stays.",
+        json_schema_extra=affects(Memory.NONE, learning=True),
     )
     adapter: Adapter = Field(
         "full",
         description="full: every weight trained; lora: peft LoRA adapters on lora_targets, the base "
         "frozen, the reference the same model with its adapters disabled (no copy); qlora: lora on a "
         "base whose decoder linear weights are torchao NF4 (4-bit), compute in bf16 (CUDA only).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
-    lora_r: int = Field(16, ge=1, description="LoRA rank (adapter: lora or qlora).")
-    lora_alpha: float = Field(32.0, gt=0, description="LoRA scale numerator: updates scaled by alpha / r.")
+    lora_r: int = Field(16, ge=1, description="LoRA rank (adapter: lora or qlora).",
+                        json_schema_extra=affects(Memory.CHANGES, learning=True))
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA scale numerator: updates scaled by alpha / r.",
+                              json_schema_extra=affects(Memory.CHANGES, learning=True))
     lora_dropout: float = Field(
         0.0, ge=0.0, lt=1.0,
         description="Dropout on each adapter's input (0: none, and no extra saved tensor per target).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
     lora_targets: tuple[str, ...] = Field(
         LORA_AUTO, min_length=1,
@@ -337,17 +216,20 @@ class TrainSpec(_Strict):
         "o_proj, gate_up_proj, down_proj; GPT-NeoX: query_key_value, dense, dense_h_to_4h, dense_4h_to_h; "
         "GPT-2: c_attn, c_proj, c_fc), never the lm_head, routers or 3-D expert weights "
         "(docs/trainer.md's family table).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
     optimizer_in_backward: bool = Field(
         False,
         description="Step each parameter in its post-accumulate-grad hook, so gradients are never all "
         "alive at once. Needs grad_acc 1, max_grad_norm null, no adaptive_clip, no fp16 loss scaling, "
         "one worker; the step's grad_norm is still reported.",
+        json_schema_extra=affects(Memory.CHANGES, learning=False),
     )
     optimizer: OptimizerName = Field(
         "adamw",
         description="adamw: torch AdamW (fused on CUDA); adamw_8bit / adamw_4bit: torchao's low-bit "
         "AdamW (states in 8 or 4 bits, blockwise scaled; CUDA only).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
     dropout: bool = Field(
         False,
@@ -355,9 +237,12 @@ class TrainSpec(_Strict):
         "attention dropout the checkpoint's config sets), as TRL's DPOConfig(disable_dropout=True), so "
         "policy and reference agree at step 1; lora_dropout stays as set. true: the policy keeps the "
         "checkpoint's dropout (TRL: disable_dropout=False).",
+        json_schema_extra=affects(Memory.CHANGES, learning=True),
     )
-    seed: int = Field(0, description="Seed for weights, data order and dropout.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.")
+    seed: int = Field(0, description="Seed for weights, data order and dropout.",
+                      json_schema_extra=affects(Memory.CHANGES, learning=True))
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.",
+                                                   json_schema_extra=affects(Memory.CHANGES, learning=True))
 
     @model_validator(mode="before")
     @classmethod
@@ -419,89 +304,27 @@ SWEPT_TRAIN_COLUMN: dict[str, str] = {
 _CARRIED_TRAIN_FIELDS = ("loss", "max_length", "precision", "reference", "adapter", "optimizer", "trainer")
 
 
-class SamplerSpec(_Strict):
-    """Which points of the search grid become trials."""
-
-    mode: Literal["grid", "random"] = Field(
-        "grid", description="grid: every point; random: num_samples points drawn without replacement."
-    )
-    num_samples: int | None = Field(
-        None, ge=1, description="Points drawn in random mode (every point when the grid has fewer)."
-    )
-    seed: int = Field(0, description="Seed of the random draw (the training seed is train.seed).")
-
-    @model_validator(mode="after")
-    def _check(self) -> SamplerSpec:
-        if self.mode == "random" and self.num_samples is None:
-            raise ValueError("sampler.num_samples: mode random needs the number of points to draw, "
-                             "a positive integer")
-        if self.mode == "grid" and self.num_samples is not None:
-            raise ValueError(f"sampler.num_samples ({self.num_samples}) is only used with mode: random; "
-                             "set sampler.mode: random or drop num_samples")
-        return self
-
-
-class ResourcesSpec(_Strict):
-    """What each trial runs on."""
-
-    workers_per_trial: int = Field(1, ge=1, description="Ray Train workers (one per GPU) per trial.")
-    use_gpu: Literal["auto", True, False] = Field("auto", description="auto: use GPUs when present.")
-    gpu_memory_gb: float | None = Field(
-        None, gt=0, description="Cap each worker's allocator to emulate a smaller card (GB = 1e9 B)."
-    )
-    cpus_per_worker: float = Field(0.5, gt=0, description="CPUs reserved per Ray Train worker.")
-    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="How several workers share a trial.")
-    sync_every_micro_step: bool = Field(
-        False,
-        description="All-reduce gradients on every accumulation micro-step instead of once per "
-        "optimizer step (no_sync on the others). Only for measuring what that costs.",
-    )
-    warm_workers: bool = Field(
-        True,
-        description="One-worker trials run in a long-lived Ray actor per concurrent trial (per GPU) "
-        "that imports the trainer once and runs trial after trial, its memory released and peak "
-        "counters reset in between (sweep/warm_worker.py); false: a fresh Ray Train worker process "
-        "per trial. Multi-worker trials always get fresh Ray Train workers.",
-    )
-
-
-class ObjectivesSpec(_Strict):
-    """What the Pareto frontier minimises (or maximises); null leaves an objective out."""
-
-    memory: Literal["min", "max"] | None = Field("min", description="peak_mem_gb.")
-    throughput: Literal["min", "max"] | None = Field(
-        "max",
-        description="tokens_per_s, compared within its measured step-time noise (dpo_sweep/noise.py). "
-        "Not time per optimizer step: a step of a larger effective batch does more work.",
-    )
-    loss_std: Literal["min", "max"] | None = Field("min", description="loss_std (stability).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_step_time(cls, data: Any) -> Any:
-        # Refused rather than silently mapped: a space file is about to be run, and its author
-        # should see what the time axis means (a results dir's copy is read as throughput).
-        refusal = migrate.step_time_refusal(data)
-        if refusal:
-            raise ValueError(refusal)
-        return data
-
-
 class TrialConfig(_Strict):
     """One fully resolved point of the search: everything a trial worker needs."""
 
-    space_name: str = Field("trial", description="Name of the space the trial comes from.")
-    trial_id: str = Field("trial-0000", description="Unique id inside its sweep.")
+    space_name: str = Field("trial", description="Name of the space the trial comes from.",
+                            json_schema_extra=affects(Memory.NONE, learning=False))
+    trial_id: str = Field("trial-0000", description="Unique id inside its sweep.",
+                          json_schema_extra=affects(Memory.NONE, learning=False))
     model: ModelSpec
-    data: DataSpec
+    data: DataSpec = Field(json_schema_extra=affects(Memory.CHANGES, learning=True))
     train: TrainSpec
     resources: ResourcesSpec = ResourcesSpec()
-    micro_batch: int = Field(1, ge=1, description="Pairs per forward/backward on one worker.")
-    grad_acc: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.")
-    checkpoint_level: CheckpointLevel = "none"
-    beta: float = Field(0.1, gt=0, description="DPO beta (strength of the KL anchor).")
+    micro_batch: int = Field(1, ge=1, description="Pairs per forward/backward on one worker.",
+                             json_schema_extra=affects(Memory.GROWS, learning=False))
+    grad_acc: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.",
+                          json_schema_extra=affects(Memory.ACCUMULATES, learning=False))
+    checkpoint_level: CheckpointLevel = Field("none", json_schema_extra=affects(Memory.GROWS, learning=False))
+    beta: float = Field(0.1, gt=0, description="DPO beta (strength of the KL anchor).",
+                        json_schema_extra=affects(Memory.NONE, learning=True))
     swept_train: tuple[str, ...] = Field(
-        (), description=f"The train fields listed under search: ({ResultsDir.RESULTS} columns of their own)."
+        (), description=f"The train fields listed under search: ({ResultsDir.RESULTS} columns of their own).",
+        json_schema_extra=affects(Memory.NONE, learning=False),
     )
 
     def effective_batch(self) -> int:

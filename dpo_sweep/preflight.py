@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from dpo_sweep.config import LEVER_PACKAGES, ModelSpec, TrialConfig, cuda_levers, distinct_models
+from dpo_sweep.config import ModelSpec, TrialConfig, distinct_models
+from dpo_sweep.refusals import LEVER_PACKAGES, cuda_levers
 from dpo_sweep import trial_facts
 from dpo_sweep.errors import DataError, UserError
 from dpo_sweep.results_dir import ResultsDir

@@ -15,7 +15,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from dpo_sweep.config import CHECKPOINT_LEVELS, cuda_levers
+from dpo_sweep.config import CHECKPOINT_LEVELS
+from dpo_sweep.refusals import cuda_levers
 from dpo_sweep.errors import UserError
 
 if TYPE_CHECKING:

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.memory import MemoryEstimate, predict_peak_gb
+from dpo_sweep.plan.keys import MemoryFamily
 from dpo_sweep.plan.rules import memory_family, short_grad_acc
 
 Estimator = Callable[[TrialConfig], MemoryEstimate]
@@ -56,12 +57,12 @@ class Calibration:
     """Fits per ``group_key`` and the median error per family, for :func:`predicted`."""
 
     fits: tuple[tuple[tuple, GroupFit], ...]
-    family_shift_gb: tuple[tuple[str, float], ...]
+    family_shift_gb: tuple[tuple[MemoryFamily, float], ...]
 
     def fit_for(self, key: tuple) -> GroupFit | None:
         return dict(self.fits).get(key)
 
-    def shift_for(self, family: str) -> float:
+    def shift_for(self, family: MemoryFamily) -> float:
         return dict(self.family_shift_gb).get(family, 0.0)
 
 
@@ -95,7 +96,7 @@ def _fit_group(points: list[tuple[Measurement, MemoryEstimate]]) -> GroupFit:
 def calibrate(measurements: Sequence[Measurement], estimate: Estimator = predict_peak_gb) -> Calibration:
     """Fit every group and family that has measured points (OOM trials are not measurements)."""
     groups: dict[tuple, list[tuple[Measurement, MemoryEstimate]]] = {}
-    errors: dict[str, list[float]] = {}
+    errors: dict[MemoryFamily, list[float]] = {}
     for m in measurements:
         est = estimate(m.cfg)
         groups.setdefault(group_key(m.cfg, est), []).append((m, est))

@@ -1,99 +1,42 @@
 """The planner's rules over a sweep's configurations: what shares a measurement, the order, what
 is pruned, how short a memory/time trial may be, and which trial measures the learning.
 
-Which fields can change a trial's peak memory or step time (``measurement_key``). Conservative:
-a field not listed on the "cannot" side is on the "can" side, so a field added to the config
-later splits measurements until someone argues it away.
-
-=======================================  ====  ================================================
-field                                    can?  why
-=======================================  ====  ================================================
-model.* (preset/path, dtype, attention,  yes   shapes, bytes per element, saved tensors, kernels
-liger_kernel, lean_ops, remote code)
-data.* (source, sizes, columns, seeds)   yes   sequence lengths and padding (synthetic seeds too:
-                                               conservative, they are cheap to keep)
-train.max_length, padding_side,          yes   tokens per micro-step, head memory, what a trial
-pad_to_multiple_of, logp_chunk_tokens,         runs on, how the measurement is taken
-precision, reference,
-device, warmup_steps, group_by_length,
-padding_free, worst_case_step
-train.dropout                            yes   dropout's masks are saved tensors
-train.seed                               yes*  *except for fixed-length synthetic data: the data
-                                               order sets which pairs share a padded micro-batch
-resources.*                              yes   workers, parallelism, the memory cap, CPUs
-train.adapter, lora_r, lora_alpha,       yes   frozen base, adapters' parameters and saved
-lora_dropout, lora_targets, optimizer,         tensors, NF4 weights, optimizer state bytes,
-optimizer_in_backward                          gradients alive (lora_alpha too: conservative)
-micro_batch, checkpoint_level            yes   activations and recompute
-grad_acc                                 as    ``short_grad_acc``: 1 vs >= 2 changes the peak;
-                                               the step time is extrapolated (t_opt + G t_micro)
-beta, train.loss, label_smoothing        no    a few scalar ops per pair
-train.lr, lr_warmup_steps, lr_schedule   no    a scalar in the fused AdamW step
-train.weight_decay, adam_betas,          no    the same fused AdamW kernel
-adam_eps
-train.max_grad_norm                      no    the norm is computed either way (inf: no clip)
-train.steps                              no    the measurement's own step count decides
-train.evaluate                           no    the held batch runs after the steps, untimed
-train.learning_steps, learning_precision no    only the learning trials' (``learning_config``),
-                                               whose configurations carry the resolved values
-train.seed (fixed synthetic lengths)     no    weights' values and the order of equal lengths
-trial_id, space_name                     no    names
-=======================================  ====  ================================================
+What a field can change is declared on the field (``json_schema_extra=affects(...)``,
+:mod:`dpo_sweep.field_effects`); the rules read those declarations. Configurations equal in every
+field that can change memory share a measurement (``measurement_key``): grad_acc enters only as
+its class (``short_grad_acc``: 1 against >= 2; the step time is extrapolated, t_opt + G t_micro),
+and train.seed not at all on fixed-length synthetic data (every pair as long as every other: no
+order changes the padding). Configurations equal in every learning field and in effective batch
+share a learning trial (``learning_key``): the micro_batch x grad_acc split and the checkpoint
+level are not among them.
 """
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
 
 from dpo_sweep.config import CHECKPOINT_LEVELS, TrialConfig
+from dpo_sweep.field_effects import Effect, Memory, declared_effects
+from dpo_sweep.plan.keys import LearningKey, MeasurementKey, MemoryFamily
 from dpo_sweep.plan.memory import MemoryEstimate
 from dpo_sweep.trial_facts import memory_order
 
+#: Every field's declared effect, by its path into ``TrialConfig.model_dump()``.
+EFFECTS: Mapping[tuple[str, ...], Effect] = MappingProxyType(declared_effects(TrialConfig))
 #: Paths into ``TrialConfig.model_dump()`` that cannot change peak memory or step time.
-NOT_MEMORY_FIELDS: tuple[tuple[str, ...], ...] = (
-    ("trial_id",), ("space_name",), ("beta",), ("grad_acc",),  # grad_acc enters as short_grad_acc
-    ("train", "loss"), ("train", "label_smoothing"), ("train", "lr"), ("train", "lr_warmup_steps"),
-    ("train", "lr_schedule"), ("train", "weight_decay"), ("train", "adam_betas"), ("train", "adam_eps"),
-    ("train", "max_grad_norm"), ("train", "steps"), ("train", "evaluate"),
-    ("train", "learning_steps"), ("train", "learning_precision"),  # a learning trial's cfg carries its own
-)
+NOT_MEMORY_FIELDS: tuple[tuple[str, ...], ...] = tuple(p for p, e in EFFECTS.items() if e.memory is Memory.NONE)
 #: Fields that set what the loss trajectory is, besides the effective batch.
-LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
-    ("model", "preset"), ("model", "name_or_path"), ("model", "dtype"), ("data",), ("beta",),
-    ("train", "lr"), ("train", "lr_warmup_steps"), ("train", "lr_schedule"), ("train", "loss"),
-    ("train", "label_smoothing"), ("train", "precision"), ("train", "reference"), ("train", "seed"),
-    ("train", "steps"), ("train", "warmup_steps"), ("train", "max_length"), ("train", "weight_decay"),
-    ("train", "adam_betas"), ("train", "adam_eps"), ("train", "max_grad_norm"), ("train", "device"),
-    ("train", "beta_schedule"), ("train", "adaptive_clip"), ("train", "adaptive_clip_window"),
-    ("train", "ema_decay"), ("train", "grad_acc_schedule"),  # the stability knobs (train/knobs.py)
-    ("train", "dropout"),
-    ("train", "learning_steps"), ("train", "learning_precision"),
-    ("train", "adapter"), ("train", "lora_r"), ("train", "lora_alpha"), ("train", "lora_dropout"),
-    ("train", "lora_targets"), ("train", "optimizer"),  # what is trained and how it is stepped
-)
-#: Knobs along which memory only grows, compared by ``dominates_in_memory``.
-_GROWING = (("micro_batch",), ("checkpoint_level",), ("train", "max_length"))
+LEARNING_FIELDS: tuple[tuple[str, ...], ...] = tuple(p for p, e in EFFECTS.items() if e.learning)
 
 Predict = Callable[[TrialConfig], float]
-
-
-def _drop(tree: dict, path: tuple[str, ...]) -> None:
-    node = tree
-    for key in path[:-1]:
-        node = node.get(key, {})
-    node.pop(path[-1], None)
 
 
 def _get(tree: dict, path: tuple[str, ...]):
     for key in path:
         tree = tree[key]
     return tree
-
-
-def _canonical(tree: dict) -> str:
-    return json.dumps(tree, sort_keys=True, default=str)
 
 
 def short_grad_acc(cfg: TrialConfig) -> int:
@@ -132,28 +75,28 @@ def measure_grad_acc(cfg: TrialConfig) -> int:
     return min(cfg.grad_acc, max(least, -(-MIN_TIMED_MICRO_STEPS // measured)))
 
 
-def _memory_tree(cfg: TrialConfig) -> dict:
+def _memory_settings(cfg: TrialConfig) -> dict[tuple[str, ...], Any]:
+    """``cfg``'s values of the fields that can change its peak memory or step time."""
     tree = cfg.model_dump(mode="json")
-    for path in NOT_MEMORY_FIELDS:
-        _drop(tree, path)
+    picked = {path: _get(tree, path) for path, e in EFFECTS.items() if e.memory is not Memory.NONE}
+    for path, e in EFFECTS.items():
+        if e.memory is Memory.ACCUMULATES:
+            picked[path] = min(picked[path], 2)  # short_grad_acc: 1 against >= 2
     if cfg.data.synthetic is not None and cfg.data.synthetic.lengths == "fixed":
-        _drop(tree, ("train", "seed"))  # every pair as long as every other: no order changes the padding
-    tree["short_grad_acc"] = short_grad_acc(cfg)
-    return tree
+        picked.pop(("train", "seed"))  # every pair as long as every other: no order changes the padding
+    return picked
 
 
-def measurement_key(cfg: TrialConfig) -> str:
+def measurement_key(cfg: TrialConfig) -> MeasurementKey:
     """Equal for configurations that must have the same peak memory and micro-step time."""
-    return _canonical(_memory_tree(cfg))
+    return MeasurementKey.of(_memory_settings(cfg))
 
 
-def memory_family(cfg: TrialConfig) -> str:
+def memory_family(cfg: TrialConfig) -> MemoryFamily:
     """``measurement_key`` without the knobs along which memory grows and the grad_acc class:
     configurations of one family differ only in micro_batch, level, max_length and grad_acc."""
-    tree = _memory_tree(cfg)
-    for path in (*_GROWING, ("short_grad_acc",)):
-        _drop(tree, path)
-    return _canonical(tree)
+    return MemoryFamily.of({path: value for path, value in _memory_settings(cfg).items()
+                            if EFFECTS[path].memory is Memory.CHANGES})
 
 
 @dataclass(frozen=True)
@@ -172,7 +115,7 @@ def dedupe(trials: Sequence[TrialConfig]) -> list[MeasurementGroup]:
     """One group per ``measurement_key``, in order of first appearance. The measuring trial is the
     member with the smallest grad_acc (the cheapest to run at its short accumulation), then the
     first in input order."""
-    by_key: dict[str, list[TrialConfig]] = {}
+    by_key: dict[MeasurementKey, list[TrialConfig]] = {}
     for cfg in trials:
         by_key.setdefault(measurement_key(cfg), []).append(cfg)
     return [MeasurementGroup(measuring=min(members, key=lambda c: c.grad_acc), members=tuple(members))
@@ -276,14 +219,14 @@ def fit_step_time(step_ms: Sequence[float], micro_ms: Sequence[Sequence[float]])
 
 # --- learning trials ---------------------------------------------------------------------------
 
-def learning_key(cfg: TrialConfig) -> str:
+def learning_key(cfg: TrialConfig) -> LearningKey:
     """Equal for configurations whose loss trajectory is the same: same effective batch and
     learning set-up, whatever the micro_batch x grad_acc split or checkpoint level (the trainer
     is tested to give the same update for any split and level)."""
     tree = cfg.model_dump(mode="json")
-    picked = {"/".join(p): _get(tree, p) for p in LEARNING_FIELDS}
-    picked["effective_batch"] = cfg.effective_batch()
-    return _canonical(picked)
+    picked: dict[tuple[str, ...], Any] = {p: _get(tree, p) for p in LEARNING_FIELDS}
+    picked[("effective_batch",)] = cfg.effective_batch()
+    return LearningKey.of(picked)
 
 
 def learning_config(cfg: TrialConfig, precision: str | None = None) -> TrialConfig:

@@ -25,7 +25,7 @@ from the NF4 weights, not from the original model (docs/memory-levers.md).
 ``train.optimizer``: ``adamw`` (torch's, fused on CUDA), ``adamw_8bit`` / ``adamw_4bit``
 (``torchao.optim.AdamW8bit`` / ``AdamW4bit``: both moments stored in 8 or 4 bits with a scale per
 block of 256 / 128 values; each parameter's update is a torch.compile'd function, compiled in
-the first steps). Both low-bit ones run on CUDA only (config.CUDA_LEVERS).
+the first steps). Both low-bit ones run on CUDA only (refusals.CUDA_LEVERS).
 ``train.optimizer_in_backward``: that optimizer per parameter, stepped in its gradient hook
 (:class:`InBackwardOptimizer`).
 """
@@ -150,7 +150,7 @@ def build_optimizer(params: tuple[nn.Parameter, ...], train: TrainSpec, device: 
 
 def refuse_cpu_levers(train: TrainSpec, device: torch.device) -> None:
     """UserError when ``train`` asks for a CUDA-only lever and the trial runs on ``device``."""
-    from dpo_sweep.config import cuda_levers
+    from dpo_sweep.refusals import cuda_levers
 
     levers = cuda_levers(train)
     if levers and device.type != "cuda":
@@ -165,7 +165,7 @@ class InBackwardOptimizer(torch.optim.Optimizer):
     are the per-parameter optimizers' own groups (a schedule's lr reaches them), and ``step`` /
     ``zero_grad`` have nothing left to do. The gradient norm is summed in the hooks, before each
     step (:meth:`take_grad_norm`). Valid with one micro-step per optimizer step, no global
-    clipping and no loss scaling only (config.refused_optimizer_in_backward)."""
+    clipping and no loss scaling only (refusals.refused_optimizer_in_backward)."""
 
     def __init__(self, params: tuple[nn.Parameter, ...], train: TrainSpec, device: torch.device):
         self._inner = [build_optimizer((p,), train, device) for p in params]
