@@ -45,18 +45,16 @@ class Job:
     job_id: str
     cfg: TrialConfig
     kind: JobKind
-    key: str   # its measurement_key (measure, runoff) or learning_key (learn)
     source: TrialConfig  # the space's configuration it runs for (cfg is that one, changed for the job)
     note: str = ""  # learn: why it runs in the space's precision (stability_note), else ""
     times_row: bool = False  # learn: it times its source in full too, in place of its runoff
 
     @classmethod
-    def of(cls, kind: JobKind, source: TrialConfig, cfg: TrialConfig, key: str, note: str = "",
-           variant: str = "") -> Job:
+    def of(cls, kind: JobKind, source: TrialConfig, cfg: TrialConfig, note: str = "", variant: str = "") -> Job:
         """The job of ``kind`` for ``source``, running ``cfg`` under the job's own trial id."""
         jid = job_id(kind, source, variant)
         cfg = cfg if cfg.trial_id == jid else cfg.model_copy(update={"trial_id": jid})
-        return cls(jid, cfg, kind, key, source, note)
+        return cls(jid, cfg, kind, source, note)
 
 
 @dataclass(frozen=True)
@@ -82,3 +80,8 @@ def without_eval(cfg: TrialConfig) -> TrialConfig:
     steps (``train.evaluate``; benchmarks/README.md#trial-costs), whose ``eval_loss`` no row
     would take."""
     return cfg.model_copy(update={"train": cfg.train.model_copy(update={"evaluate": False})})
+
+
+def seconds(s: float) -> str:
+    """``12 s``, ``0.8 s``: a job's cost, said before it runs."""
+    return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"

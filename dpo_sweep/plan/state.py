@@ -1,6 +1,7 @@
-"""The sweep plan's state (:mod:`~dpo_sweep.plan.schedule`), one object per phase - measure,
-learn, runoff - and one for the rows handed out. Plain data with the few questions each phase
-asks of its own state; the plan decides what happens next."""
+"""The sweep plan's shared state (:mod:`~dpo_sweep.plan.schedule`): a measurement group, which
+the measure phase runs and every phase reads, and the rows handed out, which every phase writes
+to. Each phase keeps its own state (:mod:`~dpo_sweep.plan.measure_phase`,
+:mod:`~dpo_sweep.plan.learn_phase`, :mod:`~dpo_sweep.plan.runoff_phase`)."""
 from __future__ import annotations
 
 import enum
@@ -8,12 +9,9 @@ import math
 from dataclasses import dataclass, field
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.plan.calibrate import Calibration, Measurement, calibrate
-from dpo_sweep.plan.jobs import Job
-from dpo_sweep.plan.rows import LearningSource, shared_row
-from dpo_sweep.plan.rules import learning_config
+from dpo_sweep.plan.rows import shared_row
 from dpo_sweep.plan.runoff import timed_row
-from dpo_sweep.records import StepRecord, TrialResult
+from dpo_sweep.records import PENDING, StepRecord, TrialResult
 
 
 class GroupState(enum.Enum):
@@ -63,63 +61,7 @@ class Group:
 
 
 @dataclass
-class MeasureState:
-    """The measure phase: the groups (by measurement_key; in full_grid by trial id), each
-    configuration's group, and the memory model's calibration on the peaks measured so far."""
-
-    groups: dict[str, Group]
-    group_of: dict[str, str]  # trial id -> its group's key
-    full_grid: bool = False  # every configuration its own group, run in full
-    measurements: list[Measurement] = field(default_factory=list)
-    calibration: Calibration = field(default_factory=lambda: calibrate([]))
-
-    def of(self, cfg: TrialConfig) -> Group:
-        return self.groups[self.group_of[cfg.trial_id]]
-
-    def own_learning(self, cfg: TrialConfig) -> bool:
-        """``cfg``'s own trial gives its stability columns: it ran in full, and (unless full_grid,
-        where every row is its own) with exactly its set-up's learning steps and precision."""
-        return self.of(cfg).ran_in_full(cfg) and (self.full_grid or learning_config(cfg) == cfg)
-
-    def pending(self) -> list[Group]:
-        return [g for g in self.groups.values() if g.state is GroupState.PENDING]
-
-    def ongoing(self) -> bool:
-        """A group is still to be measured or being measured."""
-        return not all(g.ended for g in self.groups.values())
-
-
-@dataclass
-class LearnState:
-    """The learn phase: each configuration's learning set-up and, by set-up, where its stability
-    columns come from (None: nowhere, no configuration of it measured ok)."""
-
-    key_of: dict[str, str]  # trial id -> learning_key
-    learned: dict[str, LearningSource | None] = field(default_factory=dict)
-    ran_out: dict[str, str] = field(default_factory=dict)  # learning_key -> why its learning precision did not fit
-
-
-@dataclass
-class RunoffState:
-    """The runoff phase: this round's jobs still to start and, by (measurement_key, grad_acc),
-    the step times given a runoff and the ok runoffs' results."""
-
-    queue: list[Job] = field(default_factory=list)
-    tried: set[tuple[str, int]] = field(default_factory=set)
-    times: dict[tuple[str, int], TrialResult] = field(default_factory=dict)
-    by_learning: set[tuple[str, int]] = field(default_factory=set)  # tried by a learning trial: no runoff's cost
-    rounds: int = 0  # the runoff rounds begun
-
-    def runoffs_run(self) -> int:
-        """The runoff trials started (what the cap bounds): not the learning trials that timed a row."""
-        return len(self.tried - self.by_learning)
-
-    def mark(self, rows: list[TrialResult], group_of: dict[str, str]) -> None:
-        """``rows``' (measurement_key, grad_acc) given their runoff now."""
-        self.tried.update((group_of[r.trial_id], r.grad_acc) for r in rows)
-
-@dataclass
-class RowState:
+class Rows:
     """The results rows handed out (``written``; ``pending``: their stability still to come) and
     what waits to be taken: step rows, new rows, console notes, rows rewritten since written."""
 
@@ -129,3 +71,16 @@ class RowState:
     rows: list[TrialResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     replaced: list[TrialResult] = field(default_factory=list)
+
+    def final(self, trial_id: str) -> bool:
+        """Its row is written, its stability columns in."""
+        return trial_id in self.written and trial_id not in self.pending
+
+    def emit(self, row: TrialResult) -> None:
+        self.written.add(row.trial_id)
+        if row.stability == PENDING:
+            self.pending.add(row.trial_id)
+        self.rows.append(row)
+
+    def note(self, line: str) -> None:
+        self.notes.append(line)

@@ -188,9 +188,9 @@ def test_runoff_rounds_go_on_until_the_frontier_has_no_tie_left():
 
 
 def test_runoffs_stop_at_the_cap(monkeypatch):
-    from dpo_sweep.plan import schedule
+    from dpo_sweep.plan import runoff_phase
 
-    monkeypatch.setattr(schedule, "runoff_cap", lambda measurements: 1)  # the same sweep, capped at 1 runoff
+    monkeypatch.setattr(runoff_phase, "runoff_cap", lambda measurements: 1)  # the same sweep, capped at 1 runoff
     trials = space(checkpoint_level=["none", "L1", "L2"], grad_acc=[8])
     short = {"none": (965.0, 0.005), "L1": (960.0, 0.005), "L2": (875.0, 0.07)}
     full = {"none": 965.0, "L1": 940.0, "L2": 850.0}
