@@ -56,7 +56,8 @@ class TrainSpec(_Strict):
     """How each trial trains. Fields named here can also be swept under ``search:``."""
 
     steps: int = Field(6, ge=1, description="Optimizer steps per trial.",
-                       json_schema_extra=affects(Memory.NONE, learning=True))
+                       json_schema_extra=affects(Memory.NONE, learning=True,
+                                                 why="the measurement's own step count decides"))
     trainer: Literal["native", "trl"] = Field(
         "native",
         description="native: dpo-sweep's own DPO trainer; trl: TRL's DPOTrainer (pip install "
@@ -67,7 +68,8 @@ class TrainSpec(_Strict):
     )
     warmup_steps: int = Field(
         2, ge=0, description="Steps left out of the time/memory medians (not an LR warm-up).",
-        json_schema_extra=affects(Memory.CHANGES, learning=True),
+        json_schema_extra=affects(Memory.CHANGES, learning=True,
+                                  why="how the measurement is taken"),
     )
     lr: float = Field(5.0e-6, gt=0, description="Peak AdamW learning rate.",
                       json_schema_extra=affects(Memory.NONE, learning=True))
@@ -85,7 +87,8 @@ class TrainSpec(_Strict):
                             json_schema_extra=affects(Memory.NONE, learning=True))
     max_grad_norm: float | None = Field(
         1.0, description="Clip the total gradient norm to this (null: no clipping).",
-        json_schema_extra=affects(Memory.NONE, learning=True),
+        json_schema_extra=affects(Memory.NONE, learning=True,
+                                  why="the norm is computed either way"),
     )
     max_length: int = Field(256, ge=8, description="Tokens per sequence (prompt + response).",
                             json_schema_extra=affects(Memory.GROWS, learning=True))
@@ -178,20 +181,23 @@ class TrainSpec(_Strict):
         description="After the steps, the final weights' DPO loss on a held batch (eval_loss). The "
         "planner turns it off in the trials that only time or measure a configuration, whose rows "
         "take eval_loss from their learning trial.",
-        json_schema_extra=affects(Memory.NONE, learning=False),
+        json_schema_extra=affects(Memory.NONE, learning=False,
+                                  why="the held batch runs after the timed steps"),
     )
     learning_steps: int | None = Field(
         None, ge=1,
         description="Optimizer steps of the planner's learning trials (<trial_id>-learning), which give "
         "every row its stability columns. null: max(steps, DEFAULT_LEARNING_STEPS = 16).",
-        json_schema_extra=affects(Memory.NONE, learning=True),
+        json_schema_extra=affects(Memory.NONE, learning=True,
+                                  why="a learning trial's configuration carries the resolved value"),
     )
     learning_precision: LearningPrecision = Field(
         "auto",
         description="Precision of the planner's learning trials. auto: pure bf16 becomes bf16-mixed "
         "(fp32 master weights and AdamW state, bf16 autocast: updates of lr ~1e-5 round away in pure "
         "bf16), any other precision stays.",
-        json_schema_extra=affects(Memory.NONE, learning=True),
+        json_schema_extra=affects(Memory.NONE, learning=True,
+                                  why="a learning trial's configuration carries the resolved value"),
     )
     adapter: Adapter = Field(
         "full",
@@ -203,7 +209,8 @@ class TrainSpec(_Strict):
     lora_r: int = Field(16, ge=1, description="LoRA rank (adapter: lora or qlora).",
                         json_schema_extra=affects(Memory.CHANGES, learning=True))
     lora_alpha: float = Field(32.0, gt=0, description="LoRA scale numerator: updates scaled by alpha / r.",
-                              json_schema_extra=affects(Memory.CHANGES, learning=True))
+                              json_schema_extra=affects(Memory.CHANGES, learning=True,
+                                                        why="conservative: a scale only"))
     lora_dropout: float = Field(
         0.0, ge=0.0, lt=1.0,
         description="Dropout on each adapter's input (0: none, and no extra saved tensor per target).",
@@ -237,10 +244,13 @@ class TrainSpec(_Strict):
         "attention dropout the checkpoint's config sets), as TRL's DPOConfig(disable_dropout=True), so "
         "policy and reference agree at step 1; lora_dropout stays as set. true: the policy keeps the "
         "checkpoint's dropout (TRL: disable_dropout=False).",
-        json_schema_extra=affects(Memory.CHANGES, learning=True),
+        json_schema_extra=affects(Memory.CHANGES, learning=True,
+                                  why="dropout's masks are saved tensors"),
     )
     seed: int = Field(0, description="Seed for weights, data order and dropout.",
-                      json_schema_extra=affects(Memory.CHANGES, learning=True))
+                      json_schema_extra=affects(Memory.CHANGES, learning=True,
+                                                why="the data order sets which pairs share a padded "
+                                                "micro-batch (not on fixed-length synthetic pairs)"))
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available.",
                                                    json_schema_extra=affects(Memory.CHANGES, learning=True))
 
@@ -312,13 +322,16 @@ class TrialConfig(_Strict):
     trial_id: str = Field("trial-0000", description="Unique id inside its sweep.",
                           json_schema_extra=affects(Memory.NONE, learning=False))
     model: ModelSpec
-    data: DataSpec = Field(json_schema_extra=affects(Memory.CHANGES, learning=True))
+    data: DataSpec = Field(json_schema_extra=affects(
+        Memory.CHANGES, learning=True, why="sequence lengths and padding (synthetic seeds too: conservative)"))
     train: TrainSpec
     resources: ResourcesSpec = ResourcesSpec()
     micro_batch: int = Field(1, ge=1, description="Pairs per forward/backward on one worker.",
-                             json_schema_extra=affects(Memory.GROWS, learning=False))
+                             json_schema_extra=affects(Memory.GROWS, learning=False,
+                                                       why="the loss trajectory through the effective batch only"))
     grad_acc: int = Field(1, ge=1, description="Micro-batches accumulated per optimizer step.",
-                          json_schema_extra=affects(Memory.ACCUMULATES, learning=False))
+                          json_schema_extra=affects(Memory.ACCUMULATES, learning=False,
+                                                    why="the loss trajectory through the effective batch only"))
     checkpoint_level: CheckpointLevel = Field("none", json_schema_extra=affects(Memory.GROWS, learning=False))
     beta: float = Field(0.1, gt=0, description="DPO beta (strength of the KL anchor).",
                         json_schema_extra=affects(Memory.NONE, learning=True))

@@ -30,11 +30,14 @@ class Memory(enum.StrEnum):
     ACCUMULATES = "accumulates"  # grad_acc: only 1 against >= 2 changes the peak (rules.short_grad_acc)
 
 
-def affects(memory: Memory, learning: bool) -> dict[str, Any]:
+def affects(memory: Memory, learning: bool, why: str = "") -> dict[str, Any]:
     """A field's declaration (``Field(..., json_schema_extra=affects(...))``): ``memory``, and
-    ``learning``: it sets what the loss trajectory is, besides the effective batch. Plain JSON, so
-    the space file's JSON schema shows it too."""
-    return {"affects": {"memory": memory.value, "learning": learning}}
+    ``learning``: it sets what the loss trajectory is, besides the effective batch; ``why``, where
+    the answer is not plain from the field's doc. Plain JSON, so the JSON schema shows it too."""
+    declared: dict[str, Any] = {"memory": memory.value, "learning": learning}
+    if why:
+        declared["why"] = why
+    return {"affects": declared}
 
 
 @dataclass(frozen=True)

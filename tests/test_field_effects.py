@@ -45,6 +45,7 @@ def test_the_declarations_are_in_the_json_schema():
     assert schema["properties"]["beta"]["affects"] == {"memory": "none", "learning": True}
     assert schema["$defs"]["TrainSpec"]["properties"]["precision"]["affects"] == {"memory": "changes",
                                                                                    "learning": True}
+    assert schema["$defs"]["TrainSpec"]["properties"]["dropout"]["affects"]["why"] == "dropout's masks are saved tensors"
 
 
 def _changed(cfg, path: tuple[str, ...], value):
