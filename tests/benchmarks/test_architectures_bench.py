@@ -32,6 +32,27 @@ def test_smoke_mode_writes_the_architectures_csv(tmp_path, capsys):
     assert "python benchmarks/architectures.py --smoke --only tiny-qwen3-moe" in readme and "**Machine:**" in readme
 
 
+def test_the_checkpoint_is_built_outside_the_process_that_starts_the_sweep(tmp_path):
+    # The sampler reads the whole GPU's memory: a model this process built would stay cached in
+    # its allocator and count in every trial's peak. Run in a fresh interpreter so that no other
+    # test has imported the family's modeling code already; the sweep's own command is stubbed.
+    code = f"""
+import sys
+sys.path[:0] = [{str(REPO)!r}, {str(REPO / "benchmarks")!r}]
+import architectures
+architectures.subprocess.run = lambda *a, **k: None
+arch = next(a for a in architectures.SMOKE if a.label == "tiny-qwen3-moe")
+architectures.sweep(arch, __import__("pathlib").Path({str(tmp_path)!r}), smoke=True)
+print("modeling imported here:", "transformers.models.qwen3_moe.modeling_qwen3_moe" in sys.modules)
+"""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "modeling imported here: False" in out.stdout
+    assert (tmp_path / "tiny-qwen3-moe" / "ckpt" / "config.json").is_file()
+
+
 @pytest.mark.parametrize("arch", architectures.ARCHS, ids=lambda a: a.label)
 def test_every_real_configuration_is_accepted_by_its_family(arch, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
