@@ -160,7 +160,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.gpu:
         from dpo_sweep.plan.fit import FitPlanner, fit_text, predictor
 
-        from dpo_sweep.budget import DEFAULT_SAFETY_MARGIN
+        from dpo_sweep.core.budget import DEFAULT_SAFETY_MARGIN
 
         margin = DEFAULT_SAFETY_MARGIN if args.safety_margin is None else args.safety_margin
         if not 0.0 <= margin < 1.0:

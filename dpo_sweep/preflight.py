@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from dpo_sweep.config import LEVER_PACKAGES, ModelSpec, TrialConfig, cuda_levers, distinct_models
-from dpo_sweep import trial_facts
+from dpo_sweep.core import trial_facts
 from dpo_sweep.errors import DataError, UserError
 from dpo_sweep.results_dir import ResultsDir
 # standard library only: cheap to import
 from dpo_sweep.train.data import (DataKey, PairDataset, SourceRows, TokenizerKey, check_rows, data_key, load_pairs,
                                   read_file, tokenize_rows, tokenizer_key)
-from dpo_sweep.train.lengths import LengthProfile, data_shape
+from dpo_sweep.core.lengths import LengthProfile, data_shape
 
 
 @dataclass(frozen=True)

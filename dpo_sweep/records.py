@@ -60,7 +60,7 @@ class StepRecord:
     max_seq_len: int = 0  # the longest sequence in this step's micro-batches
     padding_frac: float = math.nan  # share of this step's token positions that are padding
     worst_case: bool = False  # the step on the longest pairs (train.worst_case_step)
-    # Stability signals (dpo_sweep/stability.py) and the knobs' per-step values.
+    # Stability signals (dpo_sweep/core/stability.py) and the knobs' per-step values.
     logratio_mean: float = math.nan
     logratio_std: float = math.nan
     beta: float = math.nan
@@ -130,7 +130,7 @@ class TrialResult:
     # Beyond the contract's minimum: how the numbers were obtained.
     peak_mem_typical_gb: float = math.nan  # the highest peak of the typical measured steps (peak_mem_gb: worst case)
     padding_frac: float = math.nan  # mean share of padding in the typical measured steps
-    step_time_p10_ms: float = math.nan  # with step_time_p90_ms: the throughput noise (dpo_sweep/noise.py)
+    step_time_p10_ms: float = math.nan  # with step_time_p90_ms: the throughput noise (dpo_sweep/core/noise.py)
     mem_source: str = ""
     loss_type: str = ""
     precision: str = ""
@@ -157,7 +157,7 @@ class TrialResult:
     startup_import_s: float = math.nan
     startup_data_s: float = math.nan
     startup_model_s: float = math.nan
-    # Stability (dpo_sweep/stability.py: signals over every step, verdict, rollback trigger).
+    # Stability (dpo_sweep/core/stability.py: signals over every step, verdict, rollback trigger).
     stability: str = ""
     loss_slope: float = math.nan
     loss_spread: float = math.nan

@@ -97,3 +97,45 @@ def test_no_module_imports_one_that_imports_it_back():
     graph = _import_graph()
     assert "dpo_sweep.sweep.trainable" not in graph["dpo_sweep.sweep.warm_worker"]
     assert _cycles(graph) == []
+
+
+#: The layers of the package: its sub-packages (top-level modules such as config.py, errors.py and
+#: records.py are the package's own ground, which every layer may import).
+LAYERS = tuple(sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()))
+#: plan/shape.py reads a model's shape from its meta-device build, through the trainer's own reading
+#: of a family's modules (train/family.py: torch and transformers, imported inside ``built_shape``
+#: only), so the planner sizes exactly the modules the trainer wraps; a driver given the shapes by
+#: the preflight never runs it.
+PLAN_EXEMPT = {("plan/shape.py", "dpo_sweep.train.family")}
+
+
+def layer_imports(path: Path, layers: tuple[str, ...]) -> list[str]:
+    """The modules of ``layers`` (``train``, ...) that ``path`` imports, function-level included."""
+    return sorted({m for m in imported_modules(path.read_text())
+                   if any(m == f"dpo_sweep.{layer}" or m.startswith(f"dpo_sweep.{layer}.") for layer in layers)})
+
+
+def test_the_layers_are_the_sub_packages():
+    assert {"core", "plan", "train", "telemetry", "analysis", "report", "sweep"} <= set(LAYERS)
+
+
+def test_plan_imports_neither_train_nor_telemetry():
+    found = {(str(p.relative_to(PACKAGE)), m) for p in sorted((PACKAGE / "plan").rglob("*.py"))
+             for m in layer_imports(p, ("train", "telemetry"))}
+    found = {(f, m.rsplit(".", 1)[0] if m.count(".") > 2 else m) for f, m in found}
+    assert found - PLAN_EXEMPT == set()
+    assert PLAN_EXEMPT <= found  # an exemption that no longer applies is taken out
+
+
+def test_core_imports_no_other_layer():
+    others = tuple(layer for layer in LAYERS if layer != "core")
+    found = {str(p.relative_to(PACKAGE)): layer_imports(p, others) for p in sorted((PACKAGE / "core").rglob("*.py"))}
+    assert found and {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_layer_check_sees_a_layer_import(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("from dpo_sweep import config\ndef f():\n    from dpo_sweep.telemetry.sampler import x\n")
+    assert layer_imports(src, ("train", "telemetry")) == ["dpo_sweep.telemetry.sampler",
+                                                          "dpo_sweep.telemetry.sampler.x"]
+    assert layer_imports(src, ("train",)) == []

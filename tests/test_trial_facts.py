@@ -1,16 +1,16 @@
-"""dpo_sweep/trial_facts.py: one decision per fact of where and how a trial runs, torch-free."""
+"""dpo_sweep/core/trial_facts.py: one decision per fact of where and how a trial runs, torch-free."""
 import subprocess
 import sys
 
 import pytest
 
-from dpo_sweep import trial_facts
+from dpo_sweep.core import trial_facts
 from dpo_sweep.config import CHECKPOINT_LEVELS, ResourcesSpec, TrainSpec
 from dpo_sweep.errors import UserError
 
 
 def test_it_imports_without_torch():
-    code = "import sys; import dpo_sweep.trial_facts; print('torch' in sys.modules)"
+    code = "import sys; import dpo_sweep.core.trial_facts; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 

@@ -6,7 +6,7 @@
   chosen, rejected; no padding). The preflight counts them once (data.json's ``tokens``, beside
   ``pairs``); nothing is tokenised here.
 * **Hours** = ``epochs x tokens / tokens_per_s / 3600``, at the winner's measured median
-  throughput; the interval is the same over the row's throughput interval (:mod:`dpo_sweep.noise`:
+  throughput; the interval is the same over the row's throughput interval (:mod:`dpo_sweep.core.noise`:
   its p10 and p90 step times). **GPU-hours** = hours x the row's workers. Start-up (model load, the
   reference precompute) and evaluation are not in it.
 * **Optimizer steps** = ``ceil(epochs x pairs / effective_batch)``: a last partial batch counted as
@@ -30,7 +30,8 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from dpo_sweep import budget, cards, noise
+from dpo_sweep import cards
+from dpo_sweep.core import budget, noise
 from dpo_sweep.cards import Card
 from dpo_sweep.results_dir import ResultsDir
 

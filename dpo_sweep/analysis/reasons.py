@@ -1,6 +1,6 @@
 """Sentences of the recommendation's reason that stand on their own: numbers as people write
 them (``51,640 tokens/s``), the tie and exact-comparison sentences (the rule is in
-:mod:`dpo_sweep.noise`), the learning set-ups one measurement stands for, and what
+:mod:`dpo_sweep.core.noise`), the learning set-ups one measurement stands for, and what
 failed when no trial completed."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from dpo_sweep import noise
-from dpo_sweep.stability import MIN_STD_VALUES
+from dpo_sweep.core import noise
+from dpo_sweep.core.stability import MIN_STD_VALUES
 from dpo_sweep.analysis.noise_floor import same_maths_columns, same_maths_key
 from dpo_sweep.analysis.tables import fmt_sig, is_finite
 

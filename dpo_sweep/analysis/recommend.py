@@ -2,7 +2,7 @@
 
 The rule: among the frontier configurations whose peak memory stays under the budget minus a
 safety margin and whose loss std lies within the sweep's normal range, take the one with the most
-tokens/s, with throughput compared within its measured noise (:mod:`dpo_sweep.noise`):
+tokens/s, with throughput compared within its measured noise (:mod:`dpo_sweep.core.noise`):
 every candidate whose p10-p90 throughput interval overlaps that of the candidate with the highest
 median tokens/s is tied with it, and the tie goes to the least peak memory, then the stability
 verdict (``stable`` before ``noisy`` before none; ``diverging`` never qualifies), then the most
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpo_sweep import budget, noise
+from dpo_sweep.core import budget, noise
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.levers import lever_sentence
 from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,

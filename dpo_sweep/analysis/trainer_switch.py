@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pandas as pd
 
-from dpo_sweep import trial_facts
+from dpo_sweep.core import trial_facts
 from dpo_sweep.analysis.tables import fmt_beta, fmt_float, fmt_int, fmt_sig, is_finite, swept_train_columns, to_markdown
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.trl_export import TRL_CHECKPOINTING

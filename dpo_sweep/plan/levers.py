@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpo_sweep import trial_facts
+from dpo_sweep.core import trial_facts
 from dpo_sweep.config import LORA_AUTO, TrialConfig
 
 #: torchao NF4: 4 bits per value, an int8 scale per 64 values, a float32 scale per 256 of those.

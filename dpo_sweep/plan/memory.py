@@ -67,8 +67,8 @@ from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan import trl_memory
 from dpo_sweep.plan.levers import lever_bytes
 from dpo_sweep.plan.shape import ModelShape, built_shape, model_shape, shape_key  # noqa: F401 (the planner's names)
-from dpo_sweep.train.lengths import LengthProfile
-from dpo_sweep import trial_facts
+from dpo_sweep.core.lengths import LengthProfile
+from dpo_sweep.core import trial_facts
 
 GB = 1e9
 #: NVML device-used minus torch's reserved peak on the H200 (see the module doc).

@@ -29,7 +29,7 @@ from dpo_sweep.records import PENDING, TIMING_COLUMNS, StepRecord, TrialResult, 
 STABILITY_COLUMNS: dict[str, object] = {
     "loss_mean": math.nan, "loss_std": math.nan, "grad_norm_mean": math.nan, "reward_accuracy": math.nan,
     "reward_margin": math.nan,
-    # dpo_sweep/stability.py's signals and verdict, and the final weights' held-batch loss.
+    # dpo_sweep/core/stability.py's signals and verdict, and the final weights' held-batch loss.
     "stability": "", "loss_slope": math.nan, "loss_spread": math.nan, "grad_norm_spike": math.nan,
     "logratio_std_max": math.nan, "reward_accuracy_slope": math.nan, "reward_margin_slope": math.nan,
     "rollback_step": None, "eval_loss": math.nan,

@@ -51,7 +51,7 @@ from typing import Callable, Sequence
 
 from dpo_sweep.config import CHECKPOINT_LEVELS, TrialConfig
 from dpo_sweep.plan.memory import MemoryEstimate
-from dpo_sweep.trial_facts import memory_order
+from dpo_sweep.core.trial_facts import memory_order
 
 #: Paths into ``TrialConfig.model_dump()`` that cannot change peak memory or step time.
 NOT_MEMORY_FIELDS: tuple[tuple[str, ...], ...] = (

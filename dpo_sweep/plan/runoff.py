@@ -34,7 +34,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from dpo_sweep import budget, noise
+from dpo_sweep.core import budget, noise
 from dpo_sweep.records import TrialResult
 
 #: At most this many finalists are timed in full (fastest first): each costs a trial at the real
@@ -61,7 +61,7 @@ def finalists(rows: Sequence[TrialResult], usable_gb: float | None,
     """The extrapolated rows of ``rows`` to time in full, fastest first, one per configuration
     (rows that share a measurement and a grad_acc - e.g. betas - are one configuration): the ok
     rows peaking within ``usable_gb`` (None: any) whose throughput interval overlaps the fastest
-    such row's (:mod:`dpo_sweep.noise`, the recommendation's tie rule); at most ``limit`` (None:
+    such row's (:mod:`dpo_sweep.core.noise`, the recommendation's tie rule); at most ``limit`` (None:
     all). Empty when every finalist was already measured at its grad_acc."""
     fitting = sorted((r for r in rows if r.status == "ok" and math.isfinite(r.tokens_per_s)
                       and budget.fits(r.peak_mem_gb, usable_gb)), key=lambda r: -r.tokens_per_s)

@@ -50,7 +50,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
-from dpo_sweep import budget
+from dpo_sweep.core import budget
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted
 from dpo_sweep.plan.jobs import Due, Job, JobKind, job_id, without_eval, without_worst_case
@@ -58,13 +58,13 @@ from dpo_sweep.plan.levers import trainable_params
 from dpo_sweep.plan.memory import MemoryEstimate, ModelShape, model_shape, predict_peak_gb
 from dpo_sweep.plan.rows import LearningSource, pending_stability, with_stability
 from dpo_sweep.plan.runoff import RUNOFF_MAX, RUNOFF_SAFETY_MARGIN, finalists, frontier_ties, runoff_cap
-from dpo_sweep.trial_facts import planned_device
+from dpo_sweep.core.trial_facts import planned_device
 from dpo_sweep.plan.rules import (BUDGET_MARGIN, budgeted_gb, dedupe, learning_config, learning_key,
                                   measure_grad_acc, measurement_key, pick_learning_trial, prune_after_oom,
                                   prune_over_budget)
 from dpo_sweep.plan.state import Group, GroupState, LearnState, MeasureState, RowState, RunoffState
 from dpo_sweep.records import PENDING, StepRecord, TrialResult, failed_result
-from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.core.lengths import LengthProfile
 
 Estimator = Callable[[TrialConfig], MemoryEstimate]
 

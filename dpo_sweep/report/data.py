@@ -17,7 +17,7 @@ from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.analysis.winner import Winner
 from dpo_sweep.records import STATUSES
 from dpo_sweep.results_dir import ResultsDir
-from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
+from dpo_sweep.core.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
 from dpo_sweep.analysis.completeness import Completeness
 from dpo_sweep.report import curves, figures, headline, parallel, scatter
 from dpo_sweep.report.data_shape import data_shape_section

@@ -1,6 +1,6 @@
 """The data's shape in the report: length histograms after tokenisation, truncated and dropped
 pairs, and the padding share each trial measured. Built from ``data.json`` (written by ``run``
-from preflight's one read of the data, :mod:`dpo_sweep.train.lengths`) and results.csv."""
+from preflight's one read of the data, :mod:`dpo_sweep.core.lengths`) and results.csv."""
 from __future__ import annotations
 
 import json

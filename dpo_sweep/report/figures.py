@@ -118,7 +118,7 @@ def oom_x_gb(analysed: pd.DataFrame, budget_gb: float | None) -> float | None:
 
 def _noise_bars(rows: pd.DataFrame) -> dict[str, Any]:
     """Error bars from each point's tokens/s down and up to its p10-p90 throughput interval
-    (dpo_sweep/noise.py): points whose bars overlap are ties. Zero-length without a spread."""
+    (dpo_sweep/core/noise.py): points whose bars overlap are ties. Zero-length without a spread."""
     tps = rows["tokens_per_s"].astype(float)
     return {"type": "data", "symmetric": False, "visible": True, "thickness": 1, "width": 3,
             "color": "#555", "array": nums(rows["throughput_high"].astype(float) - tps),

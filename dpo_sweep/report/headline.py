@@ -13,14 +13,14 @@ from typing import Any
 
 import pandas as pd
 
-from dpo_sweep import noise
+from dpo_sweep.core import noise
 from dpo_sweep.analysis.completeness import Completeness
 from dpo_sweep.analysis.reasons import amount, tied_faster
 from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.analysis.tables import fmt_setting, is_finite, row_of, short_id
 from dpo_sweep.records import PENDING
 from dpo_sweep.results_dir import ResultsDir
-from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD
+from dpo_sweep.core.stability import ROLLBACK_LOGRATIO_STD
 
 #: Tied rows (overlapping throughput intervals, the winner's included) from which the top rows
 #: count as not separated by the machine.

@@ -36,7 +36,7 @@ import ray
 import yaml
 
 from dpo_sweep import preflight
-from dpo_sweep.train.lengths import write_data_json
+from dpo_sweep.core.lengths import write_data_json
 from dpo_sweep import space as space_mod
 from dpo_sweep.errors import UserError, os_error_line
 from dpo_sweep.results_dir import ResultsDir

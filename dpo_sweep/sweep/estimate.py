@@ -41,7 +41,7 @@ from typing import Sequence
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.jobs import Due, JobKind
 from dpo_sweep.records import StepRecord, TrialResult
-from dpo_sweep.trial_facts import memory_order
+from dpo_sweep.core.trial_facts import memory_order
 
 #: A reference pass (one forward, no gradients, batched by tokens) of one step's pairs, as a share
 #: of a training step's time (forward and backward, and the level's recompute).

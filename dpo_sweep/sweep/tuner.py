@@ -18,7 +18,7 @@ from dpo_sweep import space as space_mod
 from dpo_sweep.config import ModelSpec
 from dpo_sweep.plan.memory import ModelShape
 from dpo_sweep.plan.schedule import SweepPlan
-from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.core.lengths import LengthProfile
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.trainable import TRIAL_CPUS, tune_trainable
 from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER

@@ -50,7 +50,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from dpo_sweep.config import CHECKPOINT_LEVELS
 from dpo_sweep.train.family import family_of, find_layers, input_projections
-from dpo_sweep.trial_facts import refused_attention, regions
+from dpo_sweep.core.trial_facts import refused_attention, regions
 
 #: Substrings of the attention-kernel operators whose outputs L2/L3 keep instead of re-running:
 #: sdpa's fused kernels (``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` on CUDA,

@@ -168,7 +168,7 @@ class Family:
 
     def refused_level(self, level: str) -> str | None:
         """Why checkpoint ``level`` is refused for this family; None when it runs exactly."""
-        from dpo_sweep.trial_facts import regions
+        from dpo_sweep.core.trial_facts import regions
 
         r = regions(level)
         if r.layer and not self.gradient_checkpointing:

@@ -35,19 +35,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpo_sweep import stability, trial_facts
+from dpo_sweep.core import stability, trial_facts
 from dpo_sweep.config import LORA_AUTO, TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, config_columns, error_text, failed_result
 from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCounts, TrialClock, dpo_step_flops,
                                  failure_peak_gb, make_memory_sampler, max_peaks, mfu)
-from dpo_sweep.telemetry.flops import NO_TOKENS
+from dpo_sweep.core.flops import NO_TOKENS
 from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
 from dpo_sweep.train import evaluation, knobs, metrics
 from dpo_sweep.train.adapters import InBackwardOptimizer
 from dpo_sweep.train.batching import MicroBatch, flop_token_counts
 from dpo_sweep.train.loss import dpo_loss
-from dpo_sweep.train.order import worst_case_micro_steps
+from dpo_sweep.core.order import worst_case_micro_steps
 from dpo_sweep.train.reference import missing_rows
 from dpo_sweep.train.setup import (
     Logger,
@@ -405,7 +405,7 @@ def _lean_mlp_used(cfg: TrialConfig) -> bool:
 def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, clock: TrialClock, *,
               status: str, error: str, mem_source: str, signals: dict[str, float | int | str | None]) -> TrialResult:
     """The trial's results.csv row from its steps (medians and means over the measured ones);
-    ``signals``: the stability columns (dpo_sweep/stability.py) and ``eval_loss``."""
+    ``signals``: the stability columns (dpo_sweep/core/stability.py) and ``eval_loss``."""
     cfg, device = setup.cfg, setup.device
     records = [out.record for out in steps]
     # Peaks over the measured steps, the worst-case step included (peak_mem_gb: what a real run

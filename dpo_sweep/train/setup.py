@@ -29,11 +29,11 @@ from dpo_sweep.train.data import PairDataset
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.model import BuiltModel, build_model, disable_dropout, freeze_reference
-from dpo_sweep.train.order import padded_width, pair_length, usable_pairs
+from dpo_sweep.core.order import padded_width, pair_length, usable_pairs
 from dpo_sweep.train.reference import ReferenceTables, pairs_read, reference_batches, table_key
 from dpo_sweep.train.tokenizer import tokenized_pairs
 from dpo_sweep.train.warm_state import WarmState
-from dpo_sweep.trial_facts import pad_multiple
+from dpo_sweep.core.trial_facts import pad_multiple
 
 Logger = Callable[[str], None]
 

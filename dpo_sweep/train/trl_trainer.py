@@ -31,7 +31,8 @@ from typing import Any, Callable
 
 import torch
 
-from dpo_sweep import stability, trial_facts, trl_export, trl_fields
+from dpo_sweep import trl_export, trl_fields
+from dpo_sweep.core import stability, trial_facts
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, config_columns
@@ -40,7 +41,7 @@ from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
 from dpo_sweep.train import metrics
 from dpo_sweep.train.data import PairDataset, TokenizedPair
 from dpo_sweep.train.model import build_model, freeze_reference
-from dpo_sweep.train.order import batch_width, micro_batch_order, pair_length, worst_case_order
+from dpo_sweep.core.order import batch_width, micro_batch_order, pair_length, worst_case_order
 from dpo_sweep.train.setup import Logger, configure_device_memory, load_data
 from dpo_sweep.train.warm_state import WarmState
 
