@@ -38,7 +38,7 @@ from dpo_sweep.analysis.results import load_results, load_steps  # noqa: E402
 from dpo_sweep.analysis.tables import fmt_float, fmt_sig, is_finite, to_markdown  # noqa: E402
 from dpo_sweep.errors import UserError  # noqa: E402
 from dpo_sweep.plan.rules import NOT_MEMORY_FIELDS  # noqa: E402
-from dpo_sweep.core.trial_facts import memory_order  # noqa: E402
+from dpo_sweep.core.levels import Level  # noqa: E402
 from dpo_sweep.records import RESULTS_COLUMNS  # noqa: E402
 from sweep_overhead import MARK, WORKER  # noqa: E402  (the console lines' one reader)
 
@@ -101,7 +101,7 @@ def compare(planned: pd.DataFrame, full: pd.DataFrame, keys: list[str]) -> pd.Da
     both["step_time_same"] = np.select(
         [both.step_time_diff_pct.isna(), both.step_time_diff_pct.abs() <= TIME_TOL_PCT, overlap],
         ["-", "yes", "noise"], "no")
-    return both.sort_values(keys, key=lambda s: s.map(memory_order) if s.name == "checkpoint_level"
+    return both.sort_values(keys, key=lambda s: s.map(lambda lv: Level(lv).memory_rank) if s.name == "checkpoint_level"
                             else pd.to_numeric(s, errors="coerce"), kind="mergesort").reset_index(drop=True)
 
 

@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 from dpo_sweep.config import LEVER_PACKAGES, ModelSpec, TrialConfig, cuda_levers, distinct_models
 from dpo_sweep.core import trial_facts
+from dpo_sweep.core.levels import Level
 from dpo_sweep.errors import DataError, UserError
 from dpo_sweep.results_dir import ResultsDir
 # standard library only: cheap to import
@@ -180,7 +181,7 @@ def _auto_attention_refusal(cfg: TrialConfig) -> str | None:
     attention may be chosen on the trial's GPU (its trial says whether flash-attn is there)."""
     from dpo_sweep.train import pretrained
 
-    if cfg.model.attn_implementation != "auto" or not trial_facts.regions(cfg.checkpoint_level).attention:
+    if cfg.model.attn_implementation != "auto" or not Level(cfg.checkpoint_level).regions.attention:
         return None
     named, supported, model_class = pretrained.attention_support(cfg.model)
     device = trial_facts.planned_device(cfg)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from dpo_sweep.analysis import tables
+from dpo_sweep.core.levels import Level
 
 #: The core dimensions, before the levers and the swept train fields.
 CORE = ("micro_batch", "checkpoint_level", "grad_acc", "beta")
-_LEVEL_ORDER = ("none", "L1", "L2", "L3", "full")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def dimensions(analysed: pd.DataFrame) -> list[str]:
 
 def _order(values: list[str], dimension: str) -> list[str]:
     if dimension == "checkpoint_level":
-        return sorted(values, key=lambda v: (_LEVEL_ORDER.index(v) if v in _LEVEL_ORDER else len(_LEVEL_ORDER), v))
+        return sorted(values, key=lambda v: (getattr(Level.of(v), "memory_rank", len(Level)), v))
     try:
         return sorted(values, key=float)
     except ValueError:

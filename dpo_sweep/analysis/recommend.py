@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from dpo_sweep.core import budget, noise
+from dpo_sweep.core.levels import Level
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.levers import lever_sentence
 from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
@@ -38,8 +39,6 @@ from dpo_sweep.errors import UserError
 from dpo_sweep.results_dir import ResultsDir
 
 DEFAULT_SAFETY_MARGIN = budget.DEFAULT_SAFETY_MARGIN
-#: Strongest checkpointing first: the order in which a smaller-memory configuration is "cheaper".
-_LEVEL_STRENGTH = {"full": 0, "L3": 1, "L2": 2, "L1": 3, "none": 4}
 CONFIG_KEYS = ("micro_batch", "checkpoint_level", "grad_acc", "beta", "effective_batch",
                "num_workers", "seq_len", "model", "adapter", "optimizer")
 METRIC_KEYS = ("peak_mem_gb", "step_time_ms", "tokens_per_s", "loss_std")
@@ -255,7 +254,9 @@ def cheapest_row(df: pd.DataFrame) -> tuple[pd.Series | None, bool]:
         return ok.sort_values(["peak_mem_gb", "trial_id"], kind="mergesort").iloc[0], True
     if not len(df):
         return None, False
-    tried = df.assign(_strength=df["checkpoint_level"].map(_LEVEL_STRENGTH).fillna(len(_LEVEL_STRENGTH)))
+    # Strongest checkpointing first: the order in which a smaller-memory configuration is "cheaper".
+    strength = [getattr(Level.of(lv), "strength", len(Level)) for lv in df["checkpoint_level"]]
+    tried = df.assign(_strength=strength)
     tried = tried.sort_values(["micro_batch", "_strength", "grad_acc", "trial_id"], kind="mergesort")
     return tried.iloc[0].drop("_strength"), False
 

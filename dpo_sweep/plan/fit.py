@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence
 
 from dpo_sweep.core import budget, trial_facts
+from dpo_sweep.core.levels import Level
 from dpo_sweep.cards import Card
 from dpo_sweep.config import CHECKPOINT_LEVELS, TrialConfig
 from dpo_sweep.plan.memory import predict_peak_gb
@@ -67,8 +68,8 @@ def _with(cfg: TrialConfig, **train: object) -> TrialConfig:
 
 
 def _levels_above(cfg: TrialConfig) -> list[str]:
-    mine = trial_facts.memory_order(cfg.checkpoint_level)
-    return [lv for lv in CHECKPOINT_LEVELS if trial_facts.memory_order(lv) > mine
+    mine = Level(cfg.checkpoint_level).memory_rank
+    return [lv for lv in CHECKPOINT_LEVELS if Level(lv).memory_rank > mine
             and trial_facts.refused_attention(lv, cfg.model.attn_implementation) is None]
 
 

@@ -22,11 +22,10 @@ import numpy as np
 import pandas as pd
 
 from dpo_sweep.analysis import tables
+from dpo_sweep.core.levels import Level
 from dpo_sweep.report.figures import (_axis_range, _flat_range, _hover, _noise_bars, _tick_format, esc,
                                       level_order, num, nums, oom_x_gb)
 
-#: Marker shapes of the shape dimension's values; checkpoint levels keep theirs in every report.
-LEVEL_SYMBOLS = {"none": "circle", "L1": "square", "L2": "diamond", "L3": "triangle-up", "full": "hexagon"}
 OTHER_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "hexagon", "pentagon", "triangle-down",
                  "hourglass", "cross", "bowtie")
 #: The recommended trial's marker: no value of any dimension gets it.
@@ -98,9 +97,10 @@ def _values(df: pd.DataFrame, column: str) -> list[str]:
 def _symbols(df: pd.DataFrame, column: str) -> dict[str, str]:
     values = _values(df, column)
     if column == "checkpoint_level":
-        others = [v for v in values if v not in LEVEL_SYMBOLS]
-        spare = [s for s in OTHER_SYMBOLS if s not in LEVEL_SYMBOLS.values()]
-        return {v: LEVEL_SYMBOLS.get(v) or spare[others.index(v) % len(spare)] for v in values}
+        # Checkpoint levels keep their own marker (Level.symbol) in every report.
+        others = [v for v in values if Level.of(v) is None]
+        spare = [s for s in OTHER_SYMBOLS if s not in {lv.symbol for lv in Level}]
+        return {v: lv.symbol if (lv := Level.of(v)) else spare[others.index(v) % len(spare)] for v in values}
     return {v: OTHER_SYMBOLS[i % len(OTHER_SYMBOLS)] for i, v in enumerate(values)}
 
 
