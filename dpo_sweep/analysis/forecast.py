@@ -33,6 +33,7 @@ import pandas as pd
 from dpo_sweep import cards
 from dpo_sweep.core import budget, noise
 from dpo_sweep.cards import Card
+from dpo_sweep.core.status import TimeSource
 from dpo_sweep.results_dir import ResultsDir
 
 
@@ -144,7 +145,7 @@ def forecast(row: pd.Series | None, datasets: Sequence[Mapping[str, Any]], epoch
     hours = _hours(total, tps)
     hours_interval = (_hours(total, high), _hours(total, low))
     device = gpu_name(environment)
-    source = str(row.get("step_time_source") or "measured")
+    source = str(row.get("step_time_source") or TimeSource.MEASURED)
     measured_on = device or "the CPU"
     basis = (f"{tps:,.0f} tokens/s ({source} on {measured_on}, the p10-p90 step times give the interval) over "
              f"the {tokens:,} tokens of all {pairs:,} pairs (prompt twice, chosen, rejected, after truncation to "

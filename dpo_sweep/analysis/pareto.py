@@ -48,6 +48,7 @@ from dpo_sweep import migrate
 from dpo_sweep.core import noise
 from dpo_sweep.analysis import noise_floor
 from dpo_sweep.config import ObjectivesSpec
+from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
 
 #: Space-file objective name -> results.csv column.
@@ -113,7 +114,7 @@ def eligible_mask(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> np.nda
     """True for rows that can be on the frontier: status ok, not judged diverging, and every
     objective finite."""
     values = df[[o.column for o in objectives]].to_numpy(dtype=float)
-    return (df["status"].to_numpy() == "ok") & ~diverging_mask(df) & np.isfinite(values).all(axis=1)
+    return (df["status"].to_numpy() == Status.OK) & ~diverging_mask(df) & np.isfinite(values).all(axis=1)
 
 
 def as_minimisation(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> np.ndarray:

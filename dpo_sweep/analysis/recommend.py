@@ -35,6 +35,7 @@ from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentenc
                                         left_out_sentence, listed, no_loss_std_sentence, shared_measurement_sentence,
                                         tie_sentence, tied_faster)
 from dpo_sweep.analysis.tables import fmt_setting, is_finite, swept_train_fields, varying_columns
+from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
 from dpo_sweep.results_dir import ResultsDir
 
@@ -249,7 +250,7 @@ def cheapest_row(df: pd.DataFrame) -> tuple[pd.Series | None, bool]:
     Returns (row, measured): measured is False when no ok row has a peak memory, and the row is
     then the one with the smallest micro_batch, strongest checkpointing, smallest grad_acc.
     """
-    ok = df[(df["status"] == "ok") & df["peak_mem_gb"].astype(float).notna()]
+    ok = df[(df["status"] == Status.OK) & df["peak_mem_gb"].astype(float).notna()]
     if len(ok):
         return ok.sort_values(["peak_mem_gb", "trial_id"], kind="mergesort").iloc[0], True
     if not len(df):
@@ -280,7 +281,7 @@ def recommend(
     if memory_budget_gb is None:
         budget_source = "none"
     usable = None if memory_budget_gb is None else budget.usable_gb(memory_budget_gb, safety_margin)
-    ok = analysed[analysed["status"] == "ok"]
+    ok = analysed[analysed["status"] == Status.OK]
     limit = stability_limit(ok[POOLED_COLUMN].to_numpy(dtype=float))
     varying = tuple(varying_columns(analysed))
     common = dict(memory_budget_gb=memory_budget_gb, budget_source=budget_source,

@@ -52,6 +52,7 @@ from typing import Callable, Mapping, Sequence
 
 from dpo_sweep.core import budget
 from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.core.status import Status, TimeSource
 from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted
 from dpo_sweep.plan.jobs import Due, Job, JobKind, job_id, without_eval, without_worst_case
 from dpo_sweep.plan.levers import trainable_params
@@ -259,7 +260,7 @@ class SweepPlan:
         return [j for j in self._running.values() if j.kind is kind]
 
     def _restore(self, rows: Sequence[TrialResult]) -> None:
-        saved = {r.trial_id: r for r in rows if r.status == "ok" and r.stability == PENDING}
+        saved = {r.trial_id: r for r in rows if r.status == Status.OK and r.stability == PENDING}
         for group in self._measure.groups.values():
             if group.members and all(m.trial_id in saved for m in group.members):
                 group.state, group.ran_grad_acc = GroupState.DONE, measure_grad_acc(group.measuring)
@@ -306,10 +307,10 @@ class SweepPlan:
     def _finish_measurement(self, job: Job, result: TrialResult, steps: Sequence[StepRecord]) -> None:
         group = self._measure.groups[job.key]
         group.state, group.result, group.steps = GroupState.DONE, result, tuple(steps)
-        if result.status == "ok" and math.isfinite(result.peak_mem_gb):
+        if result.status == Status.OK and math.isfinite(result.peak_mem_gb):
             self._measure.measurements.append(Measurement(job.cfg, result.peak_mem_gb))
             self._measure.calibration = calibrate(self._measure.measurements, self._estimate)
-        if result.status == "oom" and not self.full_grid:
+        if result.status == Status.OOM and not self.full_grid:
             self._prune_after(job.cfg)
 
     def budget_of(self, cfg: TrialConfig) -> float | None:
@@ -336,7 +337,7 @@ class SweepPlan:
         if math.isnan(group.predicted_gb):  # pruned after an OOM before it was next in line
             group.predicted_gb = self.predict(group.measuring)
         for m in group.members:
-            row = failed_result(m, "pruned", reason)
+            row = failed_result(m, Status.PRUNED, reason)
             self._emit(replace(row, predicted_peak_gb=group.predicted_gb, trainable_params=_trainable(m, self._shapes)))
 
     # --- the learn phase ---------------------------------------------------------------------
@@ -406,7 +407,7 @@ class SweepPlan:
         which a step's time depends on), whose row's step time is extrapolated and not timed yet."""
         src = job.source
         return ((job.cfg.train.precision, job.cfg.model) == (src.train.precision, src.model)
-                and self._time_row(src, self._measure.of(src)).step_time_source == "extrapolated"
+                and self._time_row(src, self._measure.of(src)).step_time_source == TimeSource.EXTRAPOLATED
                 and self._timing_key(src) not in self._runoff.tried)
 
     def _timing_key(self, cfg: TrialConfig) -> tuple[str, int]:
@@ -430,14 +431,14 @@ class SweepPlan:
         self._out.notes.append(line)
 
     def _finish_learning(self, job: Job, result: TrialResult) -> None:
-        if result.status == "oom" and job.cfg.train.precision != job.source.train.precision:
+        if result.status == Status.OOM and job.cfg.train.precision != job.source.train.precision:
             # The memory model under-predicted the learning precision (it can by up to 6.8 %): learn
             # in the space's precision instead, as when it is predicted not to fit.
             self._learn.ran_out[job.key] = f"{job.job_id} ran out of memory"
             return
         self._learn.learned[job.key] = LearningSource.of(job.cfg, result, job.note)
         if job.times_row:
-            if result.status == "ok":
+            if result.status == Status.OK:
                 self._take_full_time(job, result)
             else:  # a runoff may time it yet
                 self._runoff.tried.discard(self._timing_key(job.source))
@@ -504,7 +505,7 @@ class SweepPlan:
         return Job.of(JobKind.RUNOFF, cfg, without_worst_case(without_eval(cfg)), self._measure.group_of[cfg.trial_id])
 
     def _finish_runoff(self, job: Job, result: TrialResult) -> None:
-        if result.status != "ok":
+        if result.status != Status.OK:
             self._out.notes.append(f"runoff: {job.job_id} {result.status}; its rows keep the extrapolated step time")
             return
         self._take_full_time(job, result)
@@ -534,7 +535,7 @@ class SweepPlan:
         """``m``'s results row; while its learning trial is still to come, with its stability
         columns :data:`PENDING` (:func:`~dpo_sweep.plan.rows.pending_stability`)."""
         row = self._time_row(m, group)
-        if row.status != "ok":
+        if row.status != Status.OK:
             return row
         if self._measure.own_learning(m):
             return with_stability(row, LearningSource.of(m, row))

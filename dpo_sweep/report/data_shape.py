@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from dpo_sweep.core.status import Status
 from dpo_sweep.results_dir import ResultsDir
 
 #: Which lengths get a histogram, and their legend names.
@@ -52,7 +53,7 @@ def padding_line(analysed: pd.DataFrame) -> str:
     """The padding share the trials measured (results.csv ``padding_frac``), "" when none did."""
     if "padding_frac" not in analysed:
         return ""
-    ok = analysed[(analysed["status"] == "ok") & analysed["padding_frac"].notna()]
+    ok = analysed[(analysed["status"] == Status.OK) & analysed["padding_frac"].notna()]
     if ok.empty:
         return ""
     lo, hi = float(ok["padding_frac"].min()), float(ok["padding_frac"].max())

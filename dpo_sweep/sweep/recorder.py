@@ -15,6 +15,7 @@ import ray
 from ray import tune
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.status import Status, TimeSource
 from dpo_sweep.errors import os_error_line
 from dpo_sweep.files import unwritable
 from dpo_sweep.plan.schedule import SweepPlan
@@ -77,7 +78,7 @@ def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float 
             f"{_peak_and_step(result)}  startup {_num(result.startup_s, '.1f')} s")
     if result.measured_by and result.measured_by != result.trial_id:
         line += f"  (measured by {result.measured_by})"
-    if result.step_time_source == "extrapolated":
+    if result.step_time_source == TimeSource.EXTRAPOLATED:
         line += "  (step time extrapolated)"
     if math.isfinite(elapsed_s):
         line += f"  | {duration(elapsed_s)} elapsed, ~{duration(left_s)} left"
@@ -178,7 +179,7 @@ class SweepRecorder(tune.Callback):
         left = self.left_s()  # once per flush: the rows of one flush are all done
         # The rows that ran first: a row pruned for the memory of a trial of the same flush (it ran
         # out) follows that trial's own line. results.csv keeps the plan's order.
-        for row in sorted(rows, key=lambda r: r.status == "pruned"):
+        for row in sorted(rows, key=lambda r: r.status == Status.PRUNED):
             self.finished += 1
             say(progress_line(self.finished, self.total, row, time.monotonic() - self.started_at, left))
         if rows:
@@ -287,7 +288,7 @@ class SweepRecorder(tune.Callback):
             return  # stopped early: a trial ended by end_running_trials is not run, not failed
         cfg = self._cfg(trial)
         if job_id in self.timed_out:
-            self._end(self.collector.abandon(trial.trial_id, cfg, self.timed_out[job_id], status="timeout"))
+            self._end(self.collector.abandon(trial.trial_id, cfg, self.timed_out[job_id], status=Status.TIMEOUT))
             return
         self.crashed.append(cfg.trial_id)
         err = getattr(trial, "error_msg", None) or "the Tune trial process failed"

@@ -37,6 +37,7 @@ from torch import nn
 
 from dpo_sweep.core import stability, trial_facts
 from dpo_sweep.config import LORA_AUTO, TrialConfig
+from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, config_columns, error_text, failed_result
 from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCounts, TrialClock, dpo_step_flops,
@@ -133,12 +134,12 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] out of memory: {str(err).splitlines()[0] if str(err) else ''}")
-        return TrialOutcome(_failed(cfg, "oom", err, done), tuple(done))
+        return TrialOutcome(_failed(cfg, Status.OOM, err, done), tuple(done))
     except Exception as err:  # noqa: BLE001 - a trial's failure is a result, not a crash
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] error: {type(err).__name__}: {err}")
-        return TrialOutcome(_failed(cfg, "error", err, done), tuple(done))
+        return TrialOutcome(_failed(cfg, Status.ERROR, err, done), tuple(done))
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -165,7 +166,7 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
         clock.mark("model")
         timer = StepTimer(device, cfg.train.warmup_steps)
         steps: list[StepOutput] = []
-        status, error = "ok", ""
+        status, error = Status.OK, ""
         for step in range(1, cfg.train.steps + 1 + cfg.train.worst_case_step):
             sampler.reset_peak()  # this step's own peak (not the model build's or earlier steps')
             out = train_step(setup, step, timer, sampler, clock)
@@ -174,14 +175,14 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
             say(_step_line(cfg, out.record))
             error = divergence(out.record, cfg.train.precision)
             if error:
-                status = "diverged"
+                status = Status.DIVERGED
                 say(f"[{cfg.trial_id}] diverged: {error}; stopping")
                 break
     sampler.close()
     if setup.ema is not None:
         setup.ema.copy_to_params()  # the EMA weights are the trial's final weights
     records = [out.record for out in steps if not out.record.worst_case]  # the learning signals: typical steps
-    eval_loss = math.nan if status != "ok" or not cfg.train.evaluate else evaluation.held_batch_loss(
+    eval_loss = math.nan if status != Status.OK or not cfg.train.evaluate else evaluation.held_batch_loss(
         lambda model, held: precompute_reference(model, held, cfg, device, setup.data.pad_token_id),
         setup.policy, setup.reference, setup.ref_table, setup.data.pairs, cfg.effective_batch(),
         records[-1].beta, cfg.train)
