@@ -62,3 +62,7 @@ def test_it_imports_without_torch_or_the_config():
     code = "import sys; import dpo_sweep.core.levels; print('torch' in sys.modules, 'dpo_sweep.config' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False False"
+
+
+def test_trl_runs_a_selective_level_as_full():
+    assert [lv.trl_level for lv in Level] == [Level.NONE, Level.FULL, Level.FULL, Level.FULL, Level.FULL]

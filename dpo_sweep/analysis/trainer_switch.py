@@ -15,8 +15,8 @@ import pandas as pd
 from dpo_sweep.core import trial_facts
 from dpo_sweep.analysis.tables import fmt_beta, fmt_float, fmt_int, fmt_sig, is_finite, swept_train_columns, to_markdown
 from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.core.levels import Level
 from dpo_sweep.core.status import Status
-from dpo_sweep.trl_export import TRL_CHECKPOINTING
 
 if TYPE_CHECKING:
     from dpo_sweep.plan.shape import ModelShape
@@ -48,7 +48,7 @@ def nearest_other(trial: TrialConfig) -> TrialConfig:
     """``trial`` under the other trainer; into TRL, a selective checkpoint level becomes ``full``
     (TRL checkpoints whole layers or nothing: the nearest setting, more recompute, less memory)."""
     other = "trl" if trial.train.trainer == "native" else "native"
-    level = trial.checkpoint_level if other == "native" or trial.checkpoint_level in TRL_CHECKPOINTING else "full"
+    level = nearest_level(trial.checkpoint_level, other)
     return trial.model_copy(update={"train": trial.train.model_copy(update={"trainer": other}),
                                     "checkpoint_level": level})
 
@@ -95,7 +95,8 @@ def switch(analysed: pd.DataFrame, row: pd.Series, predicted_other_gb: float | N
 
 def nearest_level(level: str, trainer: str) -> str:
     """The checkpoint level ``trainer`` runs for ``level`` (:func:`nearest_other`)."""
-    return "full" if trainer == "trl" and level not in TRL_CHECKPOINTING else level
+    known = Level.of(level)
+    return level if trainer != "trl" else known.trl_level.value if known else Level.FULL.value
 
 
 def _float(value: Any) -> float | None:

@@ -61,6 +61,13 @@ class Level(enum.StrEnum):
         :attr:`memory_rank`, for orders that put the smallest memory first."""
         return len(Level) - 1 - self.memory_rank
 
+    @property
+    def trl_level(self) -> Level:
+        """The level a TRL ``DPOConfig`` runs for it: TRL's ``gradient_checkpointing`` checkpoints
+        whole decoder layers or nothing, so a selective level becomes ``full`` (the nearest: more
+        recompute, less memory)."""
+        return self if self in (Level.NONE, Level.FULL) else Level.FULL
+
     @classmethod
     def of(cls, value: object) -> Level | None:
         """The level spelled ``value`` (a CSV cell, a config's field); None for any other value."""
