@@ -1,5 +1,6 @@
-"""Where a trial runs and with what: its device, attention implementation, liger-kernel and what
-its checkpoint level recomputes, each decided by one function here.
+"""Where a trial runs and with what: its device, attention implementation, liger-kernel and
+whether its checkpoint level goes with its attention, each decided by one function here (what a
+level recomputes is the level's own: core/levels.py).
 
 The trainer (train/loop.py, train/model.py, train/checkpointing.py), the memory model
 (plan/memory.py, plan/rules.py) and the preflight (preflight.py) ask here, each with what its
