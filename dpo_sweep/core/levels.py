@@ -8,8 +8,9 @@ config.CHECKPOINT_LEVELS' order (tests/test_levels.py checks it). Standard libra
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
+
+from dpo_sweep.core.status import TextEnum
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class LevelRegions:
     layer: bool  # the whole decoder layer is one region
 
 
-class Level(enum.StrEnum):
+class Level(TextEnum):
     """A checkpoint level, from most activations kept (``none``) to fewest (``full``)."""
 
     regions: LevelRegions
@@ -67,11 +68,3 @@ class Level(enum.StrEnum):
         whole decoder layers or nothing, so a selective level becomes ``full`` (the nearest: more
         recompute, less memory)."""
         return self if self in (Level.NONE, Level.FULL) else Level.FULL
-
-    @classmethod
-    def of(cls, value: object) -> Level | None:
-        """The level spelled ``value`` (a CSV cell, a config's field); None for any other value."""
-        try:
-            return cls(value)
-        except ValueError:
-            return None

@@ -8,9 +8,22 @@ JSON, and prints as it. Standard library only.
 from __future__ import annotations
 
 import enum
+from typing import Self
 
 
-class Status(enum.StrEnum):
+class TextEnum(enum.StrEnum):
+    """An enum whose values are the text a results file holds (no members of its own)."""
+
+    @classmethod
+    def of(cls, value: object) -> Self | None:
+        """The member spelled ``value`` (a CSV cell, a config's field); None for any other value."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
+class Status(TextEnum):
     """A trial's outcome (results.csv's ``status``). An OOM or an error is a status of its row, not
     an exception that escapes."""
 
@@ -24,16 +37,8 @@ class Status(enum.StrEnum):
     #: it again.
     TIMEOUT = "timeout"
 
-    @classmethod
-    def of(cls, value: object) -> Status | None:
-        """The status spelled ``value`` (a CSV cell); None for any other value."""
-        try:
-            return cls(value)
-        except ValueError:
-            return None
 
-
-class TimeSource(enum.StrEnum):
+class TimeSource(TextEnum):
     """Where a row's ``step_time_ms`` comes from (results.csv's ``step_time_source``; empty on a
     row without a step time)."""
 
