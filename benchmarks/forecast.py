@@ -130,7 +130,7 @@ def smoke_sweep(work: Path, micro_batches: tuple[int, ...] = (1, 2, 4), pairs: i
     (results.csv, steps.csv, space.yaml, data.json, recommendation.json), its trials run in this
     process."""
     from dpo_sweep import preflight, records, space as space_mod
-    from dpo_sweep.analysis.commands import analyse_dir
+    from dpo_sweep.commands.report import analyse_dir
     from dpo_sweep.results_dir import ResultsDir
     from dpo_sweep.core.lengths import write_data_json
 

@@ -223,7 +223,7 @@ def trial_spans(sweep_dir: Path, started_at: float) -> list[TrialSpan]:
             last = meta.get("last_result") or {}
             if meta.get("start_time") is None or "time_total_s" not in last:
                 continue
-            tid = trial["config"]["trial"]["trial_id"]
+            tid = trial["config"]["trial_id"]
             spans.append((tid, meta["start_time"] - started_at, meta["start_time"] - started_at + last["time_total_s"]))
     out, previous = [], 0.0
     for tid, start, end in sorted(spans, key=lambda s: s[1]):

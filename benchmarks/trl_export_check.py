@@ -121,7 +121,8 @@ def text_pairs(space: dict[str, Any], tokenizer: Any, count: int) -> list[dict[s
     """The ``count`` longest pairs of the sweep's data file as text, as the sweep reads them."""
     from dpo_sweep.config import DataSpec
     from dpo_sweep.errors import DataError
-    from dpo_sweep.train.data import check_columns, normalise_row, read_rows
+    from dpo_sweep.train.data import check_columns, normalise_row
+    from dpo_sweep.train.sources import read_rows
 
     spec = DataSpec(**space["data"])
     if spec.synthetic is not None:

@@ -72,7 +72,7 @@ def readme_sample(readme: str) -> str:
 
 def refresh(run_dir: str) -> None:
     sys.path.insert(0, str(ROOT))
-    from dpo_sweep.analysis.commands import analyse_dir
+    from dpo_sweep.commands.report import analyse_dir
 
     run = Path(run_dir)
     outcome = analyse_dir(run)

@@ -1,4 +1,6 @@
-"""Command line: ``dpo-sweep run | validate | report | recommend | compare | trial``.
+"""Command line: ``dpo-sweep run | validate | report | recommend | compare | trial``: the arguments
+parsed, then the command's body called (:mod:`dpo_sweep.commands`, one module each), and its
+exceptions turned into exit codes.
 
 Exit codes: 0 done (OOM or diverged trials are results), 1 infrastructure failure (or ``run``'s
 first trials all failing the same way before a step), 2 invalid input (the message names the
@@ -130,72 +132,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    from dpo_sweep import preflight
-    from dpo_sweep import space as space_mod
-
-    sp = space_mod.load(args.space, args.overrides)
-    data = preflight.check_inputs(sp.trials, levers=False)  # the data, model and tokenizer too, not only the file
-    print(f"{args.space}: valid, {len(sp.trials)} trial(s)")
-    for note in preflight.lever_notes(sp.trials):
-        print(note)
-    for summary in data:
-        print(summary.line())
-        for note in summary.notes():
-            print(note)
-    from dpo_sweep.plan.memory import predicted_peak_label  # the planner's memory model (README)
-    from dpo_sweep.plan.labels import plan_labels
-
-    lengths = preflight.lengths_by_trial(sp.trials, data)  # the worst micro-batch of each trial's own data
-    header = ["trial_id", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",
-              "effective_batch", "loss", "precision", "predicted peak (GB)", "plan"]
-    # The budget here: resources.gpu_memory_gb (no card is asked); the lengths as `run` plans with.
-    plan = plan_labels(sp.trials, lengths=lengths)
-    rows = [[t.trial_id, *[str(t.knobs()[k]) for k in header[1:8]], t.train.loss, t.train.precision,
-             predicted_peak_label(t, lengths[t.trial_id]), plan[t.trial_id]] for t in sp.trials]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-    if args.gpu:
-        from dpo_sweep.plan.fit import FitPlanner, fit_text, predictor
-
-        from dpo_sweep.core.budget import DEFAULT_SAFETY_MARGIN
-
-        margin = DEFAULT_SAFETY_MARGIN if args.safety_margin is None else args.safety_margin
-        if not 0.0 <= margin < 1.0:
-            raise UserError(f"--safety-margin is {margin}; give a fraction in [0, 1), e.g. 0.05 for 5%")
-        fits = FitPlanner(predictor(lengths), margin)
-        for card in args.gpu:
-            print()
-            print(fit_text(card, sp.trials, fits.table(sp.trials, card), margin))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "validate":
+            from dpo_sweep.commands.validate import cmd_validate
+
             return cmd_validate(args)
         if args.command == "trial":
-            from dpo_sweep.train.trial import cmd_trial
+            from dpo_sweep.commands.trial import cmd_trial
 
             return cmd_trial(args)
         if args.command == "run":
             from dpo_sweep.sweep.signals import stop_signals_raise
 
             with stop_signals_raise():  # SIGTERM / SIGHUP as Ctrl-C from here on, imports included
-                from dpo_sweep.sweep.command import cmd_run
+                from dpo_sweep.commands.run import cmd_run
 
                 return cmd_run(args)
         if args.command == "compare":
-            from dpo_sweep.analysis.compare import cmd_compare
+            from dpo_sweep.commands.compare import cmd_compare
 
             return cmd_compare(args)
         if args.command in ("report", "recommend"):
-            from dpo_sweep.analysis import commands
+            from dpo_sweep.commands import report
 
-            return commands.cmd_report(args) if args.command == "report" else commands.cmd_recommend(args)
+            return report.cmd_report(args) if args.command == "report" else report.cmd_recommend(args)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -211,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The ``dpo-sweep`` command and ``python -m dpo_sweep``: :func:`main`, then the process ends
     without the interpreter's teardown of every module it loaded. After a sweep (torch,
-    transformers, Ray, pandas, plotly) that teardown took 1.3 s on the 2-core machine, after the
-    report was written and nothing was left to do. What an exit does that matters still happens:
+    transformers, Ray, pandas, plotly) that teardown takes over a second, after the report is
+    written and nothing is left to do. What an exit does that matters still happens:
     threads that are not daemons are waited for, the atexit handlers run (logging's flush, Ray's
     shutdown when it is still up), the output is flushed. Tests call :func:`main` itself."""
     rc = main()

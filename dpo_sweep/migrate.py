@@ -6,9 +6,9 @@ the rest of the code knows only the current format:
 * space files (space.py, config.py): ``search.mode`` / ``search.num_samples`` belong to
   ``sampler:``, and ``objectives.step_time`` is refused with the fix (a file about to run should
   say what it means);
-* a results folder's ``space.yaml`` (analysis/commands.py, analysis/pareto.py): an
+* a results folder's ``space.yaml`` (commands/report.py, analysis/pareto.py): an
   ``objectives.step_time`` is read as throughput, the other way round, with a note;
-* its ``environment.json`` (analysis/commands.py): the GPU's memory under any of the keys it
+* its ``environment.json`` (commands/report.py): the GPU's memory under any of the keys it
   has been written under;
 * its ``results.csv`` (analysis/results.py): columns that rows from before them lack;
 * its trial ids (space.py, for ``--resume``): a sweep over several models names the model in them.

@@ -37,9 +37,10 @@ from dpo_sweep.core.levels import Level
 from dpo_sweep.errors import DataError, UserError
 from dpo_sweep.results_dir import ResultsDir
 # standard library only: cheap to import
-from dpo_sweep.train.data import (DataKey, PairDataset, SourceRows, TokenizerKey, check_rows, data_key, load_pairs,
-                                  read_file, tokenize_rows, tokenizer_key)
+from dpo_sweep.train.data import (DataKey, PairDataset, TokenizerKey, check_rows, data_key, load_pairs, tokenize_rows,
+                                  tokenizer_key)
 from dpo_sweep.core.lengths import LengthProfile, data_shape
+from dpo_sweep.train.sources import SourceRows, read_file
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The result schema: the row types and columns of a results directory, and their CSV writers.
 
-A neutral module (contract: ../shared/DESIGN.md): the producers (``train/``, ``sweep/``) build
+A neutral module (contract: docs/contracts.md#resultscsv): the producers (``train/``, ``sweep/``) build
 and write these rows, the consumers (``analysis/``, ``report/``) read them; neither side imports
 the other. ``results.csv`` holds one :class:`TrialResult` per trial, ``steps.csv`` one
 :class:`StepRecord` per trial per optimizer step. Results are data: an OOM or an error is a

@@ -11,7 +11,7 @@ import yaml
 from dpo_sweep.cli import main
 from dpo_sweep.records import TrialResult, write_results
 from dpo_sweep.sweep import stopping
-from dpo_sweep.sweep.command import _space_record
+from dpo_sweep.commands.run import _space_record
 from dpo_sweep import space as space_mod
 from testkit import make_cfg
 

@@ -25,7 +25,7 @@ from dpo_sweep.analysis.results import load_results
 from dpo_sweep.records import TrialResult, write_results
 from dpo_sweep.cli import main
 from dpo_sweep.train import pretrained
-from dpo_sweep.train.data import read_file
+from dpo_sweep.train.sources import read_file
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = {"prompt": "What is 2+2?", "chosen": "Four.", "rejected": "Five."}

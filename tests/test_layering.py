@@ -1,16 +1,26 @@
-"""Producers never import consumers: nothing under train/, sweep/ or telemetry/ (nor the neutral
-records module) imports dpo_sweep.analysis or dpo_sweep.report, read from the source with ast."""
+"""The arrows between the package's layers, read from the source with ast:
+- producers never import consumers: nothing under train/, sweep/, telemetry/ or plan/ (nor the
+  neutral records, config and space modules) imports dpo_sweep.analysis or dpo_sweep.report;
+- the analysis never imports the report (the report renders what the analysis computed);
+- the commands (dpo_sweep/commands/) are the top layer: they may import anything, and nothing in
+  the package imports them but the command line (cli.py, __main__.py);
+- the producers never import the preflight (the commands run it before any work), but for the one
+  module that runs it in a process of its own beside Ray's start (sweep/startup.py)."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dpo_sweep"
-PRODUCERS = ("train", "sweep", "telemetry")
+PRODUCERS = ("train", "sweep", "telemetry", "plan")
 CONSUMERS = ("dpo_sweep.analysis", "dpo_sweep.report")
-#: `dpo-sweep run` ends by analysing the directory it wrote, as `dpo-sweep report` would: that is a
-#: CLI command calling the consumer on purpose, so its file (and only it) may import the analyser.
-EXEMPT = {PACKAGE / "sweep" / "command.py"}
+COMMANDS = "dpo_sweep.commands"
+PREFLIGHT = "dpo_sweep.preflight"
+#: `dpo-sweep run`'s start-up: the preflight in a process of its own while Ray and the warm workers
+#: start (sweep/startup.py's BackgroundPreflight), the one producer-side module that runs it.
+PREFLIGHT_RUNNERS = {PACKAGE / "sweep" / "startup.py"}
+#: The command line, which parses the arguments and calls the commands.
+COMMAND_LINE = {PACKAGE / "cli.py", PACKAGE / "__main__.py"}
 
 
 def imported_modules(source: str) -> list[str]:
@@ -24,9 +34,13 @@ def imported_modules(source: str) -> list[str]:
     return names
 
 
-def consumer_imports(path: Path) -> list[str]:
-    return [m for m in imported_modules(path.read_text())
-            if any(m == c or m.startswith(c + ".") for c in CONSUMERS)]
+def imports_of_source(source: str, modules: tuple[str, ...]) -> list[str]:
+    """The imports in ``source`` of ``modules`` or any module under them."""
+    return [m for m in imported_modules(source) if any(m == c or m.startswith(c + ".") for c in modules)]
+
+
+def imports_of(path: Path, modules: tuple[str, ...]) -> list[str]:
+    return imports_of_source(path.read_text(), modules)
 
 
 def _producer_files() -> list[Path]:
@@ -40,15 +54,43 @@ def test_the_check_sees_both_kinds_of_import():
                                      "dpo_sweep.analysis.results"]
 
 
+def test_the_check_sees_the_commands_and_the_preflight():
+    src = "from dpo_sweep import preflight\ndef f():\n    from dpo_sweep.commands.report import analyse_dir\n"
+    assert imports_of_source(src, (PREFLIGHT,)) == ["dpo_sweep.preflight"]
+    assert imports_of_source(src, (COMMANDS,)) == ["dpo_sweep.commands.report", "dpo_sweep.commands.report.analyse_dir"]
+    assert imports_of_source("import dpo_sweep.commands_of_old\n", (COMMANDS,)) == []
+
+
+def _found(files: list[Path], modules: tuple[str, ...]) -> dict[str, list[str]]:
+    found = {str(p.relative_to(PACKAGE)): imports_of(p, modules) for p in files}
+    return {k: v for k, v in found.items() if v}
+
+
 def test_producers_do_not_import_consumers():
-    found = {str(p.relative_to(PACKAGE)): consumer_imports(p)
-             for p in _producer_files() if p not in EXEMPT}
-    assert {k: v for k, v in found.items() if v} == {}
+    assert _found(_producer_files(), CONSUMERS) == {}
 
 
-def test_the_exempt_file_exists():
+def test_the_analysis_does_not_import_the_report():
+    assert _found(sorted((PACKAGE / "analysis").rglob("*.py")), ("dpo_sweep.report",)) == {}
+
+
+def test_nothing_but_the_command_line_imports_a_command():
+    outside = [p for p in sorted(PACKAGE.rglob("*.py"))
+               if p not in COMMAND_LINE and (PACKAGE / "commands") not in p.parents]
+    assert _found(outside, (COMMANDS,)) == {}
+    # ... and the command line reaches every module of commands/ (none is left without a caller).
+    reached = {m for p in COMMAND_LINE for m in imports_of(p, (COMMANDS,))}
+    assert {f"{COMMANDS}.{p.stem}" for p in (PACKAGE / "commands").glob("*.py") if p.stem != "__init__"} <= reached
+
+
+def test_producers_do_not_import_the_preflight():
+    files = [p for d in PRODUCERS for p in sorted((PACKAGE / d).rglob("*.py")) if p not in PREFLIGHT_RUNNERS]
+    assert _found(files, (PREFLIGHT,)) == {}
+
+
+def test_the_exempt_files_exist():
     # An exemption for a file that was renamed away would silently exempt nothing.
-    assert all(p.is_file() for p in EXEMPT)
+    assert all(p.is_file() for p in PREFLIGHT_RUNNERS | COMMAND_LINE)
 
 
 def _import_graph() -> dict[str, set[str]]:

@@ -68,20 +68,20 @@ def test_a_bad_row_or_column_is_refused_by_the_file_checks_as_by_the_full_read(t
 
 def test_the_full_preflight_reads_a_data_file_once(tmp_path, monkeypatch):
     # run: check_files before Ray, check_inputs beside it, from the rows check_files read.
-    from dpo_sweep.train import data as data_mod
+    from dpo_sweep.train import sources
 
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"p{i}", "chosen": "c", "rejected": "r"}) + "\n" for i in range(8)))
     trials = (make_cfg(data={"path": str(path)}), make_cfg(data={"path": str(path)}, micro_batch=2))
     before = preflight.check_inputs(trials)
     reads = []
-    real = data_mod.read_file
+    real = sources.read_file
 
     def counted(p):
         reads.append(p)
         return real(p)
 
-    monkeypatch.setattr(data_mod, "read_file", counted)
+    monkeypatch.setattr(sources, "read_file", counted)
     monkeypatch.setattr(preflight, "read_file", counted)
     files = preflight.check_files(trials, tmp_path / "out")
     after = preflight.check_inputs(trials, tmp_path / "out", files)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.analysis.completeness import completeness
 from dpo_sweep.analysis.results import load_results
 from dpo_sweep.space import load

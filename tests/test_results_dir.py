@@ -11,7 +11,7 @@ from dpo_sweep.results_dir import ResultsDir
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dpo_sweep"
 HOME = PACKAGE / "results_dir.py"
-#: The contract's names (DESIGN.md, results directory), written out here on purpose: the test
+#: The contract's names (docs/contracts.md#the-results-folder), written out here on purpose: the test
 #: checks that ResultsDir keeps them.
 NAMES = {"RESULTS": "results.csv", "STEPS": "steps.csv", "SPACE": "space.yaml", "DATA": "data.json",
          "ENVIRONMENT": "environment.json", "LOGS": "logs", "FRONTIER": "frontier.md",

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent / "analysis"))
 from sweep_frames import trial, write_dir  # noqa: E402
 
 from dpo_sweep import space as space_mod  # noqa: E402
-from dpo_sweep.analysis.commands import analyse_dir, format_recommendation  # noqa: E402
+from dpo_sweep.commands.report import analyse_dir, format_recommendation  # noqa: E402
 from dpo_sweep.analysis.recommend import Recommendation  # noqa: E402
 from dpo_sweep.records import StepRecord, read_csv_rows, write_steps  # noqa: E402
 from dpo_sweep.sweep.output_dir import prepare_output  # noqa: E402

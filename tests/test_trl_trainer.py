@@ -16,6 +16,7 @@ from dpo_sweep import space as space_mod, trl_fields
 from dpo_sweep.cli import main
 from dpo_sweep.errors import SpaceError
 from dpo_sweep.records import read_csv_rows
+from dpo_sweep.train.faults import FAULTS_ENV
 
 SPACE = {
     "name": "trl-cpu",
@@ -68,7 +69,7 @@ def test_a_trl_trial_and_its_native_twin_train_the_same_pairs(tmp_path):
 
 
 @needs_trl
-def test_the_trial_command_writes_the_trainer_column_and_an_oom_is_a_row(tmp_path):
+def test_the_trial_command_writes_the_trainer_column_and_an_oom_is_a_row(tmp_path, monkeypatch):
     path = space(tmp_path, train={"evaluate": False, "worst_case_step": False})
     out = tmp_path / "out"
     assert main(["trial", str(path), "--set", "trainer=trl", "--output", str(out)]) == 0
@@ -77,7 +78,7 @@ def test_the_trial_command_writes_the_trainer_column_and_an_oom_is_a_row(tmp_pat
     assert len(read_csv_rows(out / "steps.csv")) == 3
 
     oom = tmp_path / "oom"
-    path = space(tmp_path, train={"evaluate": False, "worst_case_step": False, "fail_at_step": 2, "fail_kind": "oom"})
+    monkeypatch.setenv(FAULTS_ENV, '{"step": 2, "kind": "oom"}')  # tests' own channel (train/faults.py)
     assert main(["trial", str(path), "--set", "trainer=trl", "--output", str(oom)]) == 0
     row, = read_csv_rows(oom / "results.csv")
     assert (row["status"], row["trainer"], row["steps"]) == ("oom", "trl", "1")

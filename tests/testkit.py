@@ -57,3 +57,13 @@ class AtenOps(TorchDispatchMode):
 
 def is_attention_forward(name: str) -> bool:
     return "scaled_dot_product" in name and "backward" not in name
+
+
+def end_trial(recorder, searcher, trial, reports=(), error: bool = False) -> None:
+    """One Tune trial's reports and end, in the order Ray Tune's controller makes the calls: the
+    recorder sees each report, the Searcher hears of the end (the plan learns the outcome), then
+    the recorder's own end hook (``on_trial_complete``, ``on_trial_error`` when ``error``) writes."""
+    for report in reports:
+        recorder.on_trial_result(0, [], trial, report)
+    searcher.on_trial_complete(trial.trial_id, error=error)
+    (recorder.on_trial_error if error else recorder.on_trial_complete)(0, [], trial)

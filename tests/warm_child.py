@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # testkit
 
 from dpo_sweep.sweep.protocol import OutcomeReport  # noqa: E402
+from dpo_sweep.sweep.task import TrialTask  # noqa: E402
 from dpo_sweep.sweep.warm_worker import TrialWorker  # noqa: E402
 from testkit import make_cfg  # noqa: E402
 
@@ -36,7 +37,7 @@ def main() -> None:
     worker = TrialWorker()
     out = []
     for spec in json.loads(sys.argv[1]):
-        items = list(worker.run({"trial": trial_cfg(spec), "trial_start": time.time(), "log_dir": None}))
+        items = list(worker.run(TrialTask(trial_cfg(spec), trial_start=time.time())))
         row = [o for i in items if isinstance(i, dict) and (o := OutcomeReport.from_report(i))][0].result
         out.append({"status": row.status, "error": row.error, "torch_peak_alloc_gb": row.torch_peak_alloc_gb,
                     "peak_mem_gb": row.peak_mem_gb, "mem_source": row.mem_source})

@@ -31,7 +31,7 @@ if _DIR:
         "dpo_sweep.space": ["load"],
         "dpo_sweep.preflight": ["check_files", "check_inputs"],
         "dpo_sweep.sweep.startup": ["check_inputs", "model_shapes"],
-        "dpo_sweep.sweep.command": ["_prepare", "_analyse", "_run", "import_tune"],
+        "dpo_sweep.commands.run": ["_prepare", "_analyse", "_run", "import_tune"],
         "dpo_sweep.sweep.ray_cluster": ["connect_ray"],
         "dpo_sweep.sweep.tuner": ["run_sweep"],
         "dpo_sweep.sweep.slots": ["start_warm_workers"],
@@ -49,7 +49,7 @@ if _DIR:
     }
     MODS = {"torch", "transformers", "transformers.modeling_utils", "sklearn", "torch._dynamo",
             "torch.distributed.tensor", "liger_kernel.transformers", "ray.tune", "pandas", "pydantic",
-            "ray", "dpo_sweep.train.loop", "dpo_sweep.sweep.command", "plotly", "ray.train"}
+            "ray", "dpo_sweep.train.loop", "dpo_sweep.commands.run", "plotly", "ray.train"}
     def _wrap(owner, attr, label):
         fn = getattr(owner, attr)
         @functools.wraps(fn)

@@ -1,4 +1,5 @@
-"""``dpo-sweep compare DIR1 DIR2``: two sweeps side by side.
+"""Two sweeps side by side, as data and as the text ``dpo-sweep compare DIR1 DIR2`` prints
+(:mod:`dpo_sweep.commands.compare`).
 
 The configurations both folders measured (matched by their settings, not their ids: the ids of
 two spaces differ when their value lists do), each one's peak memory and tokens/s in both runs and
@@ -7,7 +8,6 @@ space's settings (``space.yaml``) and the machine (``environment.json``). Reads 
 """
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,9 +136,3 @@ def format_comparison(c: Comparison, first_dir: str, second_dir: str) -> str:
         lines.append(f"only in (2): {', '.join(c.only_second)}")
     lines += ["", "what changed between the runs:"] + [f"  {line}" for line in c.changes]
     return "\n".join(lines)
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    """``dpo-sweep compare DIR1 DIR2``."""
-    print(format_comparison(compare(args.first, args.second), args.first, args.second))
-    return 0

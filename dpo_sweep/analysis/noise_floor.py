@@ -3,8 +3,8 @@ that never ranks them against each other.
 
 At one effective batch and learning set-up, micro_batch x grad_acc splits, checkpoint levels and
 worker counts give the same update (tested in fp32: tests/train/test_loop.py,
-test_checkpointing.py, test_distributed.py). Whatever their losses differ by is rounding (bf16
-on the H200: loss_std 0.0028-0.023 across such splits), not stability. So:
+test_checkpointing.py, test_distributed.py). Whatever their losses differ by is rounding (bf16:
+benchmarks/README.md#stability-thresholds), not stability. So:
 
 * :func:`same_maths_key` groups the rows: equal in every column of :data:`SAME_MATHS_COLUMNS`
   and in every swept train column (results.csv's columns beyond the contract's: lr, seed, ...);

@@ -8,8 +8,8 @@ median tokens/s is tied with it, and the tie goes to the least peak memory, then
 verdict (``stable`` before ``noisy`` before none; ``diverging`` never qualifies), then the most
 tokens/s, then the trial id (so the answer never depends on row order). Not to
 the loss std: between learning set-ups (other betas, lrs) each measured by one learning trial, a
-loss std difference is not evidence (on the H200 three betas' single 5-step trials swapped their
-order between two runs); the loss std only filters, through the sweep's normal range. For the same
+loss std difference is not evidence (three betas' single 5-step trials can swap their order
+between two runs); the loss std only filters, through the sweep's normal range. For the same
 reason the candidates are the frontier's plus every qualifying row that shares a candidate's
 memory/time measurement (``measured_by``, at its grad_acc): such rows differ from it only in loss
 std, by which the frontier alone would drop them. The reason says when a tie decided, when

@@ -1,4 +1,4 @@
-"""Loading a results directory for the analyser and the report (contract: ../shared/DESIGN.md).
+"""Loading a results directory for the analyser and the report (contract: docs/contracts.md#resultscsv).
 
 The row types, their columns and the writers live in :mod:`dpo_sweep.records`, beside the
 producers that write them; this module reads and checks what they wrote.

@@ -50,9 +50,9 @@ from dpo_sweep.core.levels import Level
 _PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     (r"\bGH200\b", 989e12),
     (r"\bH200\b.*\bNVL\b", 836e12),
-    # H200 SXM: the datasheet says 989e12 (same compute as H100 SXM); we use the sustained bf16
-    # matmul throughput of large square GEMMs on this workplace's H200s instead, so MFU is
-    # relative to what the card reaches here (README, `mfu` under "Metrics and results").
+    # H200 SXM: the datasheet says 989e12 (same compute as H100 SXM); this is the sustained bf16
+    # matmul throughput of large square GEMMs measured on the card instead, so MFU is relative to
+    # what the card reaches (`mfu` in docs/results.md#metrics-and-results).
     (r"\bH200\b", 790e12),
     (r"\bH100\b.*\bNVL\b", 835e12),
     (r"\bH100\b.*\bPCIE\b", 756e12),

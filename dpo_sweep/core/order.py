@@ -98,7 +98,8 @@ def micro_batch_order(n_pairs: int, micro_batch: int, world_size: int, rank: int
 
 #: Micro-steps of the worst-case step (at most the trial's grad_acc): from the second on, the
 #: gradients of the step's earlier micro-batches are alive, which is all a longer accumulation
-#: adds to the peak (on the H200 the peak at grad_acc 2, 4 and 8 is the same to the byte); each
+#: adds to the peak (at grad_acc 2, 4 and 8 it is the same to the byte:
+#: benchmarks/README.md#memory-model); each
 #: further micro-step on the longest pairs only costs time (a measure trial at grad_acc 8 of a 3B
 #: on 2,048-token pairs: 8 of its longest micro-steps where 2 tell the peak).
 WORST_CASE_MICRO_STEPS = 2

@@ -41,24 +41,16 @@ for ipo), so every threshold is relative to a scale the configuration fixes:
   spike above :data:`NOISY_GRAD_SPIKE`;
 * ``stable``: otherwise; ``""`` (no verdict) with fewer than :data:`MIN_VERDICT_STEPS` finite steps.
 
-How the thresholds were chosen (README "Stability"): on the H200, splits of one effective batch
-(the same maths) gave loss_std 0.0028-0.023 at a step-1 loss of ln 2, bf16 rounding: at most 3.3%
-of the scale. The 1B learning runs there (reports/examples/llama-3.2-1b-learning-*-h200, 16-20
-steps) hold ln 2 for one pass over the pairs and drop to ~0 within a step or two once the pairs
-repeat, their grad norm falling by up to 1e5x: around a straight line that read as a spread of
-~30% of ln 2 and max / median grad norms of 45 to 1e11, and 31 of the 32 runs not diverging were
-``noisy``. Around the monotone fit the same 32 runs spread 0-5.2% of ln 2, and no grad norm exceeds
-1.10x the median of its 5 predecessors (1.26-1.33x with the beta schedule, whose beta moves). On the
-CPU tiny model, runs that learn (loss 0.69 -> 0.14 in 12 steps at lr 1e-3, 16 steps at 5e-4,
-effective batch 16) spread 0.0% with spikes of 1.19x; at lr 0.05 the spread is 11.9% and the
-log-ratio std reaches 7 (the rollback fires). ``noisy`` starts at 10%: above every healthy run,
-three times bf16's rounding. A rise of 5% of the scale that is also twice the line spread is beyond
-both. A late rise is judged against the step noise that second differences measure (blind to a
-line and to one kink); at 3x that noise, pure noise of 0.5-14% of ln 2 over 16-20 steps, flat,
-falling or dropping at once, reads a late rise in at most 1.1% of runs (simulated; the rise over
-the run reads one in 1.4%). A grad norm grows 2.7x in the beta schedule's first steps; 10x is
-beyond it. A grad norm 5x its recent median is a spike no healthy run came near. Their per-token
-log-ratio std stays below 1.7; at lr 0.05 it passes 1.5 by step 4-6.
+How the thresholds are chosen (docs/stability.md#stability; the runs they rest on:
+benchmarks/README.md#stability-thresholds). bf16 rounding moves the loss of same-maths splits by
+at most 3.3% of the scale; healthy runs spread 0-5.2% around the monotone fit (a straight line
+would read their drop to ~0 once the pairs repeat as ~30%), with no grad norm above 1.33x the
+median of its 5 predecessors. ``noisy`` starts at 10%: above every healthy run, three times bf16's
+rounding. A rise of 5% of the scale that is also twice the line spread is beyond both. A late rise
+is judged against the step noise that second differences measure (blind to a line and to one
+kink); at 3x that noise, pure noise reads a late rise in about 1% of runs. A grad norm grows 2.7x
+in the beta schedule's first steps; 10x is beyond it. A grad norm 5x its recent median is a spike
+no healthy run comes near. A healthy run's per-token log-ratio std stays below 1.7.
 """
 from __future__ import annotations
 
@@ -129,7 +121,7 @@ def trailing_spike(values: Sequence[float], window: int = SPIKE_WINDOW) -> float
     A spike is a jump against the recent past: a grad norm that decays 100x as the loss
     converges has ratios below 1 (max over the whole run's median would call it a spike). The
     median is floored at :data:`SPIKE_FLOOR_FRACTION` of the first step's norm: once a run has
-    converged its norms are ~0 (on the H200 1e-5 of step 1), and 0.002 after 0.00002 is a
+    converged its norms are ~0 (1e-5 of step 1's), and 0.002 after 0.00002 is a
     ratio of 100 but no spike."""
     finite = [v for v in values if math.isfinite(v)]
     floor = SPIKE_FLOOR_FRACTION * abs(finite[0]) if finite else 0.0
@@ -156,8 +148,8 @@ def monotone_spread(values: Sequence[float]) -> float:
     """Spread of values around their best non-increasing fit: sqrt(sum(residual^2) / (n - 1)).
 
     This is ``loss_spread``: a DPO loss is meant to fall, so what the fit cannot follow - every
-    rise - is the spread. A loss that falls, steadily or in one drop (on the H200 the 1B's loss
-    goes from ln 2 to 0.02 in one step when the pairs start repeating), has a spread of 0; around
+    rise - is the spread. A loss that falls, steadily or in one drop (a random-init model's loss
+    can go from ln 2 to 0.02 in one step when the pairs start repeating), has a spread of 0; around
     a straight line that drop would read as 30% of the scale. Pure noise of std s reads ~0.6-0.8 s
     (the fit follows its falls). NaN with fewer than 3 values."""
     n = len(values)

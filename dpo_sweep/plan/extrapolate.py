@@ -1,7 +1,7 @@
 """Step times extrapolated on the pairs of the real steps: what ``benchmarks/user_case.py``
 compares with the planner's own extrapolation (``plan.rows.fitted_step_ms``: ``t_opt + G x`` the
-median accumulating micro-step), which on the H200 was as close or closer (benchmarks/results/
-extrapolation_h200/), so the planner keeps it. Pure: no Ray, no torch.
+median accumulating micro-step), which is as close or closer on the committed runs
+(benchmarks/README.md#step-timing-and-extrapolation), so the planner keeps it. Pure: no Ray, no torch.
 
 A measure trial runs a few micro-steps per optimizer step (``rules.measure_grad_acc``: at least
 24 timed on varied lengths); the row is for ``grad_acc`` G. The trainer's own pair order
@@ -119,7 +119,7 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 
 #: A micro-step priced above this many times the median price is a one-off stall (a fresh
-#: trial's autotuning or kernel plans: up to ten times a micro-step's time on the H200), which a
+#: trial's autotuning or kernel plans: up to ten times a micro-step's time), which a
 #: long run amortises, and is left out of the price.
 STALL_FACTOR = 3.0
 
@@ -144,10 +144,9 @@ MIN_REPEATED = 8
 
 #: How the micro-step times are fitted. ``median``: every micro-step costs the
 #: short run's median one (its work ignored); ``ratio``: the short run's time over its work,
-#: times each real micro-batch's work; ``line``: a + b x work. On the H200 (Qwen2-3B shape,
-#: long-tailed chat pairs at 2,048 tokens; benchmarks/results/extrapolation_h200/) a micro-step's
-#: time did not follow its FLOPs at these sizes, and with 24 timed micro-steps the median was
-#: the closest of the three.
+#: times each real micro-batch's work; ``line``: a + b x work. A micro-step's time does not follow
+#: its FLOPs at the sizes measured, and with 24 timed micro-steps the median is the closest of the
+#: three (benchmarks/README.md#step-timing-and-extrapolation).
 FITS = {"median": _median, "ratio": _ratio, "line": _line}
 
 

@@ -73,12 +73,12 @@ class Due:
 def without_worst_case(cfg: TrialConfig) -> TrialConfig:
     """``cfg`` for a trial whose peak no row takes (a runoff, a learning trial): no worst-case step
     after its steps (``train.worst_case_step``): the row's peak is its measurement's, and the
-    extra step would cost one more full step (6-7 s of a 3B at grad_acc 32 on the H200)."""
+    extra step would cost one more full step (benchmarks/README.md#trial-costs)."""
     return cfg.model_copy(update={"train": cfg.train.model_copy(update={"worst_case_step": False})})
 
 
 def without_eval(cfg: TrialConfig) -> TrialConfig:
     """``cfg`` for a trial that only measures or times it: no held-batch evaluation after its
-    steps (``train.evaluate``; 0.17-0.35 s of a 1B trial on the H200), whose ``eval_loss`` no row
+    steps (``train.evaluate``; benchmarks/README.md#trial-costs), whose ``eval_loss`` no row
     would take."""
     return cfg.model_copy(update={"train": cfg.train.model_copy(update={"evaluate": False})})

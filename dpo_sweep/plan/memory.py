@@ -5,7 +5,7 @@ The peak is the largest of three moments of an optimizer step, each a sum of par
 * **backward start** - the policy's forward is done: every saved activation is alive and the
   chunked head's backward runs first. At ``grad_acc >= 2`` the gradients of the previous
   micro-step are alive too; at ``grad_acc == 1`` they are not (``zero_grad(set_to_none=True)``),
-  which is why grad_acc 1 peaks lower (8B mb 4 L1 on the H200: 83.3 GB vs 98.6 GB at 2/4/8).
+  which is why grad_acc 1 peaks lower (benchmarks/README.md#memory-model).
 * **last layer backward** - the head's backward is over and the last decoder layer's runs:
   every saved activation is still alive, plus what the layer's level recomputes of it and the
   gradients its MLP's backward holds (:func:`first_backward_bytes_per_token`). It wins where
@@ -42,10 +42,10 @@ head         the log-prob head's backward transient: one chunk of float32 logits
              ``logp_chunk_tokens: 0``: ``12 x tokens x vocab`` bytes (log-softmax output, its
              gradient and the gather's gradient, all float32)
 allocator    what the caching allocator reserves above what is allocated: 3.0 %, the median of
-             ``torch_peak_reserved_gb / torch_peak_alloc_gb - 1`` over the 22 committed H200 rows
-             (range 0.6 - 6.3 %)
+             ``torch_peak_reserved_gb / torch_peak_alloc_gb - 1`` over the committed GPU rows
+             (benchmarks/README.md#memory-model)
 context      CUDA context and kernel images, outside torch's allocator: NVML peak minus torch's
-             reserved peak is 1.449 GB in all 22 committed H200 rows (torch 2.11, driver 580);
+             reserved peak in the committed GPU rows (benchmarks/README.md#memory-model);
              0 on the CPU (RSS is not modelled there)
 ===========  ===============================================================================
 
@@ -56,7 +56,7 @@ them, ``2 x micro_batch x max_length``. Attention through sdpa or flash-attn sav
 q, k, v (GQA-sized), the output and the log-sum-exp, linear in tokens; ``eager`` also saves the
 ``T x T`` probabilities. A micro-batch with padding gives sdpa a mask: then k and v are repeated
 to every head and each layer keeps a ``T x T`` bias per row (:func:`_attention_internal_bytes`).
-``benchmarks/memory_model_check.py`` compares this with every committed H200 measurement.
+``benchmarks/memory_model_check.py`` compares this with every committed GPU measurement.
 """
 from __future__ import annotations
 
@@ -72,9 +72,9 @@ from dpo_sweep.core import trial_facts
 from dpo_sweep.core.levels import Level
 
 GB = 1e9
-#: NVML device-used minus torch's reserved peak on the H200 (see the module doc).
+#: NVML device-used minus torch's reserved peak on CUDA (see the module doc).
 CUDA_CONTEXT_GB = 1.449
-#: Reserved above allocated, as a fraction of allocated (median of the committed H200 rows).
+#: Reserved above allocated, as a fraction of allocated (median of the committed GPU rows).
 ALLOCATOR_OVERHEAD = 0.030
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -114,7 +114,7 @@ class ElementBytes:
 
 
 def element_bytes(spec: ModelSpec, precision: str) -> ElementBytes:
-    """The README's precision table in bytes."""
+    """The precision table (docs/trainer.md#precision) in bytes."""
     weight = _BYTES[spec.dtype] if spec.dtype else (2 if precision == "bf16" else 4)
     autocast = precision in ("bf16-mixed", "fp16")
     activation = 2 if autocast else weight

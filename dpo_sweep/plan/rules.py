@@ -18,8 +18,6 @@ precision, reference,
 device, warmup_steps, group_by_length,
 padding_free, worst_case_step
 train.dropout                            yes   dropout's masks are saved tensors
-train.fail_at_step / fail_kind /         yes   test hooks that change the outcome
-fail_rank
 train.seed                               yes*  *except for fixed-length synthetic data: the data
                                                order sets which pairs share a padded micro-batch
 resources.*                              yes   workers, parallelism, the memory cap, CPUs
@@ -68,7 +66,6 @@ LEARNING_FIELDS: tuple[tuple[str, ...], ...] = (
     ("train", "label_smoothing"), ("train", "precision"), ("train", "reference"), ("train", "seed"),
     ("train", "steps"), ("train", "warmup_steps"), ("train", "max_length"), ("train", "weight_decay"),
     ("train", "adam_betas"), ("train", "adam_eps"), ("train", "max_grad_norm"), ("train", "device"),
-    ("train", "fail_at_step"), ("train", "fail_kind"), ("train", "fail_rank"),
     ("train", "beta_schedule"), ("train", "adaptive_clip"), ("train", "adaptive_clip_window"),
     ("train", "ema_decay"), ("train", "grad_acc_schedule"),  # the stability knobs (train/knobs.py)
     ("train", "dropout"),
@@ -211,7 +208,7 @@ def prune_after_oom(oom_cfg: TrialConfig, pending: Sequence[TrialConfig]) -> lis
 
 
 #: Prune over budget only when the prediction exceeds it by this fraction. The memory model
-#: over-predicts the committed H200 NVML peaks by at most +2.4 % (and under-predicts by up to
+#: over-predicts the committed GPU NVML peaks by at most +2.4 % (and under-predicts by up to
 #: -6.8 %; benchmarks/memory_model_check.py), and repeated runs of one configuration differ by up
 #: to 1.6 % (8B mb 4 full: 84.49 vs 83.12 GB). 5 % is twice the worst over-prediction: a
 #: configuration it prunes would have needed more than the budget in every committed case.

@@ -1,28 +1,23 @@
 """The runoff: the configurations a recommendation would choose between, timed in full.
 
 A memory/time trial runs a few micro-steps per optimizer step and the row's step time at its real
-grad_acc is extrapolated (rules.extrapolate_step_ms). On the H200 that is within 5% for 19 of the
-25 1B configurations against a full measurement
-(benchmarks/results/full_grid_compare/h200-llama-3.2-1b-betas/), but three short steps give a
-p10-p90 interval about 2-10x wider than a full run's. So the planned 1B sweep
-found micro_batch 16 and 8 without checkpointing tied (1.1% apart, intervals overlapping) and
-named the leaner one, where the full grid measured them 1.8% apart, intervals disjoint, and named
-micro_batch 16: the same measurements, a different answer, decided by the width of a guess.
+grad_acc is extrapolated (rules.extrapolate_step_ms). That is mostly within 5% of a full
+measurement, but three short steps give a p10-p90 interval several times wider than a full
+run's, wide enough to tie configurations that a full measurement separates: the same
+measurements, a different answer, decided by the width of a guess
+(benchmarks/README.md#step-timing-and-extrapolation).
 
 The runoff takes the rows the recommendation would weigh - ok, fitting the budget, their
 throughput interval overlapping the fastest fitting row's - and, when any of them is
 extrapolated, times each such finalist in full at its real grad_acc (``<id>-runoff`` trials).
 
 The frontier has the same weakness: a row is off it when a leaner row's throughput interval
-reaches its own (analysis/pareto.py: a tie goes to less memory). On the H200 the planned sweep
-lost micro_batch 8 / full from the full grid's frontier that way: micro_batch 4 / full, its step
-time extrapolated to grad_acc 16 with an interval 8% wide (40,753-44,053 tokens/s), reached
-micro_batch 8's 43,936 where the full measurement gave 40,877 with a narrow one. So the rows
+reaches its own (analysis/pareto.py: a tie goes to less memory), and an extrapolated row's wide
+interval can reach a row that a full measurement would leave behind. So the rows
 whose place off the frontier rests on such a tie alone, and the leaner rows that tie them, are
 timed in full too when extrapolated (:func:`frontier_ties`). A row timed in full has a narrower
-interval, which can settle a tie or uncover another (micro_batch 2 without checkpointing kept an
-interval 17% wide from its short run, and so reached past micro_batch 8 / L1 once that was timed),
-so the plan asks again after each round, until nothing is left to settle or
+interval, which can settle a tie or uncover another (a row still extrapolated can reach past
+one just timed), so the plan asks again after each round, until nothing is left to settle or
 :func:`runoff_cap` runoffs have run.
 Pure: the plan (schedule.py) asks which rows to time and runs them.
 """

@@ -52,8 +52,8 @@ def shape_key(spec: ModelSpec) -> ModelSpec:
     """What of ``spec`` its shape depends on (the config it is built from): the key of shapes built
     elsewhere. The storage dtype, attention, kernels and lean ops change no parameter count: a
     learning trial that drops ``model.dtype`` for bf16-mixed has its configuration's shape (keyed
-    by the whole spec, the H200 user case's driver built it again on the first trial's end,
-    importing torch and transformers: a 10.4 s Tune callback that held back the next trial)."""
+    by the whole spec, the driver would build it again at the first trial's end, importing torch
+    and transformers in a Tune callback that holds back the next trial)."""
     return ModelSpec(preset=spec.preset, name_or_path=spec.name_or_path, trust_remote_code=spec.trust_remote_code)
 
 

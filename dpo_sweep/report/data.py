@@ -120,7 +120,7 @@ class ReportData:
 
 
 def flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
-    """Nested dicts/lists as ``("gpu.name", "H200")`` pairs, in file order."""
+    """Nested dicts/lists as ``("gpu.driver", "580.159.04")`` pairs, in file order."""
     if isinstance(data, dict):
         out: list[tuple[str, str]] = []
         for key, value in data.items():

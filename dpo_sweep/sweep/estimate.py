@@ -11,22 +11,19 @@ new pairs, the teardown, the wait for the next trial) - plus its steps:
   them new (:data:`REFERENCE_SHARE` of a step each step's pairs);
 - a measure trial, whose configuration is not measured yet, at the pace (seconds per token,
   :func:`trial_tokens`) of the measured trials nearest it: the same micro-batch (else the nearest)
-  first, then the nearest checkpoint level. On the H200 user case a micro-batch of 1 ran its
-  tokens 1.3-1.9x slower than 2 to 8 did (its kernels too small to fill the GPU: 207-394 ms a
-  pair against 196-228), so the first measurement, mb 1 at level full, priced every other one
-  up to 1.9x high;
+  first, then the nearest checkpoint level. A micro-batch of 1 runs its tokens slower than
+  larger ones (its kernels too small to fill the GPU), so a first measurement at mb 1 would price
+  every other one high (benchmarks/README.md#the-eta);
 - a learning trial or runoff whose configuration is not measured yet at the fastest measured
-  pace: the plan runs them on the fastest rows. (On the same case the median pace of the first
-  two measurements, mb 1 and mb 2 at level full, priced the learning trial and the runoffs at
-  7-12 s a step where they ran at 6.4-7.3 s: the ETA was 50% high in minutes 1-2.)
+  pace: the plan runs them on the fastest rows (a median pace of the first measurements prices
+  them high).
 
-Why not one pace per token for everything: on the H200 user case a learning trial of 16 steps at
-grad_acc 32 cost 136 s where the measure trials' token pace said 75. And the first trial pays
-what a warm worker pays once: imports, tokenising, the weights' first read from disk and the
-reference pass of the pairs every measurement shares (its model phase took 11.7 s there, the
-later trials' 0.9-5.0 s), the kernels' first compile in its warm-up steps (its 34 micro-steps
-took 26.4 s; mb 1 at level L2, as long a step, took 13.2 s). Counted as every trial's fixed cost
-and pace, these put the first estimate 2.6x over the truth; so the first trial's ``import``,
+Why not one pace per token for everything: a learning trial at a large grad_acc costs more than
+the measure trials' token pace says. And the first trial pays what a warm worker pays once:
+imports, tokenising, the weights' first read from disk and the reference pass of the pairs every
+measurement shares, the kernels' first compile in its warm-up steps. Counted as every trial's
+fixed cost and pace, these put the first estimate far over the truth
+(benchmarks/README.md#the-eta); so the first trial's ``import``,
 ``data`` and ``model`` phases are left out of the fixed cost (:meth:`SweepEstimate.fixed_s`), and
 its warm-up steps' excess (:func:`warmup_excess_s`) out of its pace: from the second trial on, the
 later trials' own costs price it.
@@ -35,12 +32,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.plan.jobs import Due, JobKind
+from dpo_sweep.plan.jobs import Due, Job, JobKind
 from dpo_sweep.records import StepRecord, TrialResult
+from dpo_sweep.sweep.collector import CollectedTrial
 from dpo_sweep.core.levels import Level
 
 #: A reference pass (one forward, no gradients, batched by tokens) of one step's pairs, as a share
@@ -150,8 +149,8 @@ class SweepEstimate:
 
     def _paced(self, cfg: TrialConfig) -> bool:
         """Whether a pace prices ``cfg``: some measured trial ran its micro-batch, or two micro-batch
-        sizes have been measured (one alone says nothing of another's: on the H200 user case the
-        first measurement, mb 1, priced the rest 69% high from its pace alone), or none ran a step."""
+        sizes have been measured (one alone says nothing of another's: an mb 1 pace prices larger
+        micro-batches high, benchmarks/README.md#the-eta), or none ran a step."""
         timed = {e.micro_batch for e in self.ended if _finite(e.measure_s) and e.tokens > 0}
         return not timed or cfg.micro_batch in timed or len(timed) > 1
 
@@ -164,6 +163,28 @@ class SweepEstimate:
         rest = [self.trial_s(d) - ran for d, ran in running]
         total = sum(self.trial_s(d) for d in due) + sum(r if math.isnan(r) else max(0.0, r) for r in rest)
         return total / max(1, concurrent)
+
+
+class TrialPricing:
+    """What feeds the estimate: when each trial started (``started``, by job id: the recorder's
+    ``on_trial_start``) and, once the plan knows a trial's outcome (:meth:`trial_ended`, an end
+    hook of the planner's Searcher), its share of the sweep's wall, priced in."""
+
+    def __init__(self, concurrent: int = 1) -> None:
+        self.estimate = SweepEstimate()
+        self.concurrent = concurrent
+        self.started: dict[str, float] = {}
+        self.last_end: float | None = None  # when the last Ray trial ended
+
+    def trial_ended(self, job: Job, done: CollectedTrial) -> None:
+        now = time.monotonic()
+        started = self.started.pop(job.job_id, None)
+        if started is not None:
+            # One trial at a time: its share of the wall runs from the last one's end (Tune's wait
+            # to start it included); several at a time: from its own start.
+            since = max(started, self.last_end) if self.concurrent == 1 and self.last_end is not None else started
+            self.estimate.add(EndedTrial.of(job.kind, job.cfg, done.result, now - since, done.steps))
+        self.last_end = now
 
 
 def _distance(ended: EndedTrial, cfg: TrialConfig) -> tuple[float, int]:

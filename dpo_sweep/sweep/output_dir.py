@@ -1,5 +1,5 @@
 """The results directory of a sweep: where it is, what a resumed sweep skips, the space file's copy,
-and environment.json (the layout is the results-directory contract in ../shared/DESIGN.md)."""
+and environment.json (the layout is the contract in docs/contracts.md#the-results-folder)."""
 from __future__ import annotations
 
 import shutil

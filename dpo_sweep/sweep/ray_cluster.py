@@ -73,9 +73,9 @@ def job_runtime_env(joined: bool, train: bool) -> dict[str, object] | None:
     cluster started here inherits this process's environment (:func:`_ray_env` exports
     RAY_TRAIN_ENV), so its env_vars go only to a cluster joined with ``--address``; the setup hook
     only where Ray Train runs (``train``: trials not in warm workers), whose log it quiets. Any
-    runtime_env makes every new worker process wait for Ray's runtime-env agent: 0.85 s each on
-    the 2-core machine (a first actor 1.20 s against 0.36 s), and the warm workers and each Tune
-    trial process are such processes."""
+    runtime_env makes every new worker process wait for Ray's runtime-env agent (most of a second
+    each: benchmarks/README.md#start-up-and-shutdown), and the warm workers and each Tune trial
+    process are such processes."""
     env: dict[str, object] = {}
     variables = _ray_env()
     if joined and variables:
@@ -197,8 +197,8 @@ def connect_ray(address: str | None, dashboard: bool, train: bool = True) -> Ray
 def stop_local_autoscaler() -> None:
     """End the autoscaler's monitor of the local cluster this process started, at once (SIGKILL),
     before ``ray.shutdown()``. The shutdown sends it SIGTERM, which it answers by reporting a failure
-    to a GCS that is going down, and then waits the 1 s Ray allows before killing it anyway: 1.0 s
-    of ray.shutdown's 1.4 s on the 2-core machine (0.4 s after this). A local cluster has nothing to
+    to a GCS that is going down, and then waits the 1 s Ray allows before killing it anyway: most
+    of ray.shutdown's time (benchmarks/README.md#start-up-and-shutdown). A local cluster has nothing to
     autoscale. Ray's private state (``_global_node``, 2.60): where it differs, nothing is done and
     Ray's own shutdown ends the monitor."""
     try:

@@ -1,9 +1,9 @@
-"""The sweep's Tune callback: each trial's reports collected into its summary and steps, handed to
-the planner (:class:`~dpo_sweep.plan.schedule.SweepPlan`), and every results row the planner then
-has ready appended to results.csv / steps.csv at once (a killed sweep keeps every finished row;
-``--resume`` skips them), with its progress line (the sweep's elapsed time and an estimate of what
-is left: :mod:`~dpo_sweep.sweep.estimate`); and the same-failure early stop
-(:mod:`~dpo_sweep.sweep.stopping`)."""
+"""The sweep's Tune callback, its record and its console: each trial's reports collected into its
+summary and steps (the planner's Searcher hands them to the plan: :mod:`~dpo_sweep.sweep.planner`),
+then every results row the plan has ready appended to results.csv / steps.csv at once (a killed
+sweep keeps every finished row; ``--resume`` skips them), with its progress line (the sweep's
+elapsed time and the estimate of what is left: :mod:`~dpo_sweep.sweep.estimate`); a heartbeat
+while trials run, and the end of trials past their time limit (:mod:`~dpo_sweep.sweep.stopping`)."""
 from __future__ import annotations
 
 import math
@@ -18,15 +18,16 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.core.status import Status, TimeSource
 from dpo_sweep.errors import os_error_line
 from dpo_sweep.files import unwritable
+from dpo_sweep.plan.jobs import Job
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.records import TrialResult, replace_results, widened_line, write_results, write_steps
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.collector import CollectedTrial, TrialCollector
 from dpo_sweep.sweep.console import say
-from dpo_sweep.sweep.estimate import EndedTrial, SweepEstimate
+from dpo_sweep.sweep.estimate import TrialPricing
 from dpo_sweep.sweep.output_dir import save_environment
-from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, TIMEOUT_FACTOR, Ending, StopRequest,
-                                      same_early_failure, trial_timeout_s)
+from dpo_sweep.sweep.task import trial_id_of
+from dpo_sweep.sweep.stopping import DEFAULT_TRIAL_TIMEOUT_FLOOR_S, TIMEOUT_FACTOR, StopRequest, trial_timeout_s
 
 
 def duration(seconds: float) -> str:
@@ -120,11 +121,11 @@ def end_running_trials(trials: Iterable[Any]) -> None:
 
 
 class SweepRecorder(tune.Callback):
-    """A Tune callback (driver process): collects each trial's reports, tells the plan when a
-    trial ended, and appends the rows the plan has ready (:meth:`flush`; the planner's Searcher
-    calls it too, for rows pruned before anything ran); stops the sweep when its first trials all
-    failed the same way before their first step. Output goes through the module-level :func:`say`
-    (a picklable reference: Tune pickles its callbacks with the experiment state)."""
+    """A Tune callback (driver process): collects each trial's reports (:meth:`outcome`: what the
+    planner's Searcher hands the plan), and once a trial ended appends the rows the plan has ready
+    (:meth:`flush`; the Searcher calls it too, for rows pruned before anything ran) and says them.
+    Output goes through the module-level :func:`say` (a picklable reference: Tune pickles its
+    callbacks with the experiment state)."""
 
     def __init__(self, out_dir: Path, plan: SweepPlan, total: int, already_done: int,
                  stop: StopRequest | None = None, concurrent: int = 1,
@@ -141,18 +142,20 @@ class SweepRecorder(tune.Callback):
         self.worker_environment_written = False
         self.stop = stop if stop is not None else StopRequest()
         self.concurrent = concurrent
-        self.endings: list[Ending] = []  # this run's ended Ray trials, in the order they ended
         self.started_at = time.monotonic()
         self.last_said = self.started_at  # when the last progress line was printed (heartbeat)
-        self.trial_started: dict[str, float] = {}
-        self.estimate = SweepEstimate()
-        self.last_end: float | None = None  # when the last Ray trial ended
+        #: The ETA's feed: the Searcher's end hook prices each ended trial (estimate.py).
+        self.pricing = TrialPricing(concurrent)
+        self.estimate = self.pricing.estimate
+        self.trial_started = self.pricing.started  # job id -> when its Tune trial started
         self.timeout_floor_s = timeout_floor_s
         self.pool_name = pool_name  # the warm workers' pool: a timed-out trial's worker is replaced
         self.timed_out: dict[str, str] = {}  # job id -> why it was ended (its row's error)
+        self._reported: dict[str, CollectedTrial] = {}  # Tune trial id -> its reports, to its end
+        self._ending: dict[str, tuple[Job, CollectedTrial]] = {}  # the plan knows; to write and say
 
     def _cfg(self, trial: Any) -> TrialConfig:
-        return self.plan.job(trial.config["trial"]["trial_id"]).cfg
+        return self.plan.job(trial_id_of(trial.config)).cfg
 
     def flush(self) -> list[TrialResult]:
         """Write what the plan has ready and say it; the rows written."""
@@ -195,34 +198,39 @@ class SweepRecorder(tune.Callback):
         ran = [(due, now - self.trial_started.get(jid, now)) for jid, due in running.items()]
         return self.estimate.left_s(self.plan.trials_due(), ran, self.concurrent)
 
-    def _end(self, done: CollectedTrial) -> None:
-        job_id = done.result.trial_id
-        if job_id in self.ended:
+    def outcome(self, tune_id: str, job: Job, error: bool) -> CollectedTrial | None:
+        """What the Tune trial ``tune_id`` of ``job`` ended with, as the planner's Searcher asks when
+        Tune ends it (``error``: its process failed): its reports to the last one, else a row for a
+        process that died (``timeout`` when :meth:`end_overdue` ended it); None when a stop ended it
+        before its end (not run, not failed)."""
+        done = self._reported.pop(tune_id, None)
+        if done is None and error and self.stop.reason is None:
+            if job.job_id in self.timed_out:
+                done = self.collector.abandon(tune_id, job.cfg, self.timed_out[job.job_id], status=Status.TIMEOUT)
+            else:
+                self.crashed.append(job.job_id)
+                done = self.collector.abandon(tune_id, job.cfg, "the Tune trial process failed")
+        if done is None:
+            return None
+        self.ended.add(job.job_id)
+        self._ending[tune_id] = (job, done)
+        return done
+
+    def _record_end(self, tune_id: str) -> None:
+        """After the plan learnt the trial's outcome: the rows it has ready, written and said."""
+        if (ending := self._ending.pop(tune_id, None)) is None:
             return
-        self.ended.add(job_id)
+        job, done = ending
         if done.environment and not self.worker_environment_written:
             # The workers' machine, not the driver's: replaces the driver-side environment.json.
             save_environment(self.out_dir, say, done.environment)
             self.worker_environment_written = True
-        job, now = self.plan.job(job_id), time.monotonic()
-        started = self.trial_started.pop(job_id, None)
-        if started is not None:
-            # One trial at a time: its share of the wall runs from the last one's end (Tune's wait
-            # to start it included); several at a time: from its own start.
-            since = max(started, self.last_end) if self.concurrent == 1 and self.last_end is not None else started
-            self.estimate.add(EndedTrial.of(job.kind, job.cfg, done.result, now - since, done.steps))
-        self.last_end = now
-        r = done.result
-        self.endings.append(Ending(job_id, r.status, len(done.steps), r.error))
-        self.plan.finish(job_id, r, done.steps)
-        if job_id not in {row.trial_id for row in self.flush()}:
+        if job.job_id not in {row.trial_id for row in self.flush()}:
             # Its rows come later (they wait for their learning trial) or it has none (a learning or
             # runoff trial): say it ended, so that minutes of measuring are not minutes of silence.
-            say(trial_line(job_id, job.kind, job.cfg.grad_acc, r, time.monotonic() - self.started_at, self.left_s()))
+            r = done.result
+            say(trial_line(job.job_id, job.kind, job.cfg.grad_acc, r, time.monotonic() - self.started_at, self.left_s()))
             self.last_said = time.monotonic()
-        cause = same_early_failure(self.endings, self.total)
-        if cause is not None and self.stop.reason is None:
-            self.stop.reason = cause  # SweepStopper and the Searcher: nothing more is scheduled
 
     def on_step_begin(self, iteration, trials, **info):
         if self.stop.reason is not None:
@@ -247,9 +255,9 @@ class SweepRecorder(tune.Callback):
     def end_overdue(self, trials: Iterable[Any], now: float) -> None:
         """End every running trial past its limit (a hung or stopped worker would hold the sweep
         for ever, its ETA frozen): its process is killed, its warm worker replaced, and Tune's
-        report of the dead trial becomes a ``timeout`` row (:meth:`on_trial_error`)."""
+        report of the dead trial becomes a ``timeout`` row (:meth:`outcome`)."""
         for trial in trials:
-            job_id = trial.config["trial"]["trial_id"]
+            job_id = trial_id_of(trial.config)
             started = self.trial_started.get(job_id)
             if trial.status != "RUNNING" or started is None or job_id in self.timed_out:
                 continue
@@ -273,23 +281,18 @@ class SweepRecorder(tune.Callback):
         self.last_said = now
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.trial_started[trial.config["trial"]["trial_id"]] = time.monotonic()
+        self.trial_started[trial_id_of(trial.config)] = time.monotonic()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if trial.config["trial"]["trial_id"] in self.ended:
+        if trial_id_of(trial.config) in self.ended or trial.trial_id in self._reported:
             return  # a report after the trial's last one: the plan no longer holds its job
         done = self.collector.add(trial.trial_id, self._cfg(trial), result)
-        if done is not None:
-            self._end(done)
+        if done is not None:  # its last report: the plan learns it when Tune ends the trial
+            self._reported[trial.trial_id] = done
+
+    # Tune calls these after the Searcher's on_trial_complete (planner.py): the plan knows the trial.
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._record_end(trial.trial_id)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        job_id = trial.config["trial"]["trial_id"]
-        if job_id in self.ended or self.stop.reason is not None:
-            return  # stopped early: a trial ended by end_running_trials is not run, not failed
-        cfg = self._cfg(trial)
-        if job_id in self.timed_out:
-            self._end(self.collector.abandon(trial.trial_id, cfg, self.timed_out[job_id], status=Status.TIMEOUT))
-            return
-        self.crashed.append(cfg.trial_id)
-        err = getattr(trial, "error_msg", None) or "the Tune trial process failed"
-        self._end(self.collector.abandon(trial.trial_id, cfg, str(err)))
+        self._record_end(trial.trial_id)

@@ -1,6 +1,6 @@
 """Where a sweep's trials run on the connected Ray cluster: GPU or CPU, how many at once, and the
 warm workers that run them (:mod:`~dpo_sweep.sweep.warm_worker`). No Tune here: ``dpo-sweep run``
-starts the warm workers as soon as Ray is up, before it imports Tune (:mod:`~dpo_sweep.sweep.command`)."""
+starts the warm workers as soon as Ray is up, before it imports Tune (:mod:`~dpo_sweep.commands.run`)."""
 from __future__ import annotations
 
 import os
@@ -14,8 +14,8 @@ from dpo_sweep import space as space_mod
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.sweep import warm_worker
+from dpo_sweep.sweep.task import Trainer
 from dpo_sweep.sweep.trainable import TRIAL_CPUS
-from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER
 
 
 def absolute_paths(cfg: TrialConfig) -> TrialConfig:
@@ -76,7 +76,7 @@ def trial_slots(sp: space_mod.Space, cluster: Mapping[str, float], max_concurren
 
 
 def start_warm_workers(trials: Sequence[TrialConfig], slots: TrialSlots,
-                       trainer: str = DEFAULT_TRAINER) -> warm_worker.WarmPool | None:
+                       trainer: Trainer | None = None) -> warm_worker.WarmPool | None:
     """The sweep's warm workers (:mod:`~dpo_sweep.sweep.warm_worker`), one per concurrent trial,
     when its trials run in them; they start importing now. Only on a connected cluster: a Ray call
     here would start a Ray of its own otherwise."""

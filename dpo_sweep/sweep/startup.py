@@ -1,5 +1,5 @@
 """``dpo-sweep run``'s start-up: the slowest part - Ray up, then each warm worker's imports in its
-own process (torch, transformers, the model's classes, CUDA: 11-16.5 s on the H200) - starts first.
+own process (torch, transformers, the model's classes, CUDA: seconds) - starts first.
 
 1. The checks that only read files (:func:`dpo_sweep.preflight.check_files`: milliseconds, no
    tokenizer): a missing data file, a bad row or an unwritable output folder is refused (exit 2)
@@ -12,12 +12,10 @@ own process (torch, transformers, the model's classes, CUDA: 11-16.5 s on the H2
 
 The preflight's process is the only one on the driver's side that imports torch and
 transformers; the driver takes the model shapes and the environment it found, and never does.
-In its own process the preflight's imports do not share the GIL with ``ray.init``: on the H200,
-Ray is up 3.1-4.8 s sooner than with the preflight as a thread of the driver
-(benchmarks/results/sweep_overhead/h200-ab-preflight-process/). Its niceness is raised
+In its own process the preflight's imports do not share the GIL with ``ray.init``: Ray is up
+seconds sooner than with the preflight as a thread of the driver. Its niceness is raised
 (:data:`PREFLIGHT_NICENESS`): where cores are few, Ray's start and the warm workers' imports,
-which the first trial waits for, go first (the CPU quickstart on 2 cores: first row at 3 s
-against 4 s without it).
+which the first trial waits for, go first (benchmarks/README.md#start-up-and-shutdown).
 """
 from __future__ import annotations
 
@@ -61,7 +59,7 @@ class CheckedInputs:
 
 def model_shapes(trials: Sequence[TrialConfig]) -> dict[ModelSpec, ModelShape]:
     """Each model's shape for the planner's memory model (``plan.memory.model_shape``: the meta
-    build imports transformers' modelling code, 6.8 s of the preflight's 12.5 s on the H200). A
+    build imports transformers' modelling code, about half of the preflight's time). A
     model whose shape cannot be built is left out: the planner meets it again where that is
     handled."""
     shapes = {}
@@ -107,7 +105,7 @@ def _preflight_process(conn: Any, args: tuple) -> None:
         answer = ("failed", traceback.format_exc())
     conn.send(answer)
     conn.close()
-    # Without Python's teardown of torch and transformers (1.4 s on the H200), which the command
+    # Without Python's teardown of torch and transformers (over a second), which the command
     # would wait for: the answer is sent and nothing of this process is left to flush but its output.
     sys.stdout.flush()
     sys.stderr.flush()

@@ -20,6 +20,8 @@ from typing import Iterator, Sequence
 from ray import tune
 
 from dpo_sweep.core.status import Status
+from dpo_sweep.plan.jobs import Job
+from dpo_sweep.sweep.collector import CollectedTrial
 from dpo_sweep.sweep.signals import STOP_SIGNALS
 
 #: Trials that must all fail the same way before their first step to end the sweep (or every
@@ -51,7 +53,8 @@ TUNE_TRIAL_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune", "ra
 @dataclass
 class StopRequest:
     """Why the sweep should stop now; None while it should go on. Set by the SIGINT handler
-    (:data:`INTERRUPTED`) or by the recorder (a failure's cause). Plain data: Tune pickles its
+    (:data:`INTERRUPTED`), by :class:`SameFailureStop` (a failure's cause) or by the recorder (a
+    results file that cannot be written). Plain data: Tune pickles its
     stopper and callbacks with the experiment state."""
 
     reason: str | None = None
@@ -156,6 +159,24 @@ def same_early_failure(endings: Sequence[Ending], todo: int,
         return None
     causes = {normalise_cause(e.error, e.trial_id) for e in first}
     return first[0].error if len(causes) == 1 else None
+
+
+class SameFailureStop:
+    """Asks ``request`` to stop the sweep when its first trials all failed the same way before
+    their first step (:func:`same_early_failure`; ``total``: the sweep's trials): an end hook of
+    the planner's Searcher, which calls :meth:`trial_ended` once the plan knows each trial's outcome."""
+
+    def __init__(self, request: StopRequest, total: int) -> None:
+        self.request = request
+        self.total = total
+        self.endings: list[Ending] = []  # this run's ended Ray trials, in the order they ended
+
+    def trial_ended(self, job: Job, done: CollectedTrial) -> None:
+        r = done.result
+        self.endings.append(Ending(job.job_id, r.status, len(done.steps), r.error))
+        cause = same_early_failure(self.endings, self.total)
+        if cause is not None and self.request.reason is None:
+            self.request.reason = cause  # SweepStopper: nothing more is scheduled
 
 
 def interrupted_line(finished: int, total: int, resume_command: str) -> str:

@@ -3,7 +3,8 @@ Ray Train workers (the sweep's driver process only starts it: :mod:`~dpo_sweep.s
 
 The story of one trial, top to bottom:
 
-1. Tune starts :func:`tune_trainable` with ``{"trial": <TrialConfig as JSON>, ...}``.
+1. Tune starts :func:`tune_trainable` with the :class:`~dpo_sweep.sweep.task.TrialTask` the
+   planner's Searcher made, which it stamps with the trial's start.
 2. A one-worker trial runs in one of the sweep's warm workers (:mod:`dpo_sweep.sweep.warm_worker`:
    long-lived actors that run trial after trial, their memory released in between; they call
    :func:`~dpo_sweep.sweep.trial_run.run_and_report` as a Train worker does and their reports
@@ -15,7 +16,7 @@ The story of one trial, top to bottom:
    controller process then never imports torch), and Tune reuses the trial process from one trial
    to the next (``reuse_actors``): only the training workers, the processes that touch the GPU,
    are new for every trial.
-3. Every worker runs :func:`train_loop_per_worker`: ``run_and_report`` of
+3. Every worker runs :func:`train_loop_per_worker` on the task: ``run_and_report`` of
    :mod:`~dpo_sweep.sweep.trial_run`. Each optimizer step is reported with ``ray.train.report``
    (all ranks report, as Train requires; Tune sees rank 0's metrics through
    ``TuneReportCallback``). After the last step rank 0 reports the summary row (and its machine);
@@ -27,11 +28,12 @@ The story of one trial, top to bottom:
    memory sampler attaches it; Ray pickles it along with the exception).
 5. In the sweep's driver process :class:`~dpo_sweep.sweep.collector.TrialCollector` (fed by the
    recorder, the sweep's Tune callback) turns the stream of reports of one trial into one
-   ``TrialResult`` and its ``StepRecord`` rows, ready to be appended to the results files.
+   ``TrialResult`` and its ``StepRecord`` rows; when Tune ends the trial the planner's Searcher
+   hands them to the plan (:mod:`~dpo_sweep.sweep.planner`), and the recorder appends the rows
+   the plan then has ready to the results files.
 
-The trial's ``TrialConfig`` is validated once, in :func:`tune_trainable` (Tune's param_space holds
-it as JSON); the workers get the validated object, and the sweep's callback looks its own up.
-The reports are the typed messages of :mod:`~dpo_sweep.sweep.protocol`. This module imports
+The trial's ``TrialConfig`` travels validated, in the task (validated once, when the space was
+loaded). The reports are the typed messages of :mod:`~dpo_sweep.sweep.protocol`. This module imports
 :mod:`~dpo_sweep.sweep.warm_worker`, never the other way round: a warm worker must not import
 Ray Train.
 """
@@ -43,40 +45,41 @@ from typing import Any
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.protocol import TrialEnding, TrialFailure
-from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER, import_trainer, output_to_file, run_and_report, worker_log_path
+from dpo_sweep.sweep.task import TrialTask, task_of
+from dpo_sweep.sweep.trial_run import output_to_file, run_and_report, worker_log_path
 
 #: CPUs the Tune trial process itself holds: it only waits on ``fit()``. Kept small so that on a
-#: 2-core machine the trial and its workers (0.5 CPU each by default) fit together.
+#: machine of few cores the trial and its workers (0.5 CPU each by default) fit together.
 TRIAL_CPUS = 0.1
 
 
 # --- Ray Train workers ------------------------------------------------------------------------
 
 
-def train_loop_per_worker(loop_config: dict[str, Any]) -> None:
-    """Runs inside every Ray Train worker: everything it prints goes to the trial's log file
-    (:func:`worker_log_path`; the driver's console gets one line per trial from the reports)."""
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Runs inside every Ray Train worker (``config``: the task's :meth:`~TrialTask.as_config`):
+    everything it prints goes to the trial's log file (:func:`worker_log_path`; the driver's
+    console gets one line per trial from the reports)."""
     import ray.train
 
-    cfg: TrialConfig = loop_config["trial"]  # validated once, by tune_trainable
-    log_dir = loop_config.get("log_dir")
-    if not log_dir:
-        _train_loop(loop_config)
+    task = task_of(config)
+    if not task.log_dir:
+        _train_loop(task)
         return
     rank = ray.train.get_context().get_world_rank()
-    with output_to_file(worker_log_path(log_dir, cfg.trial_id, rank)):
-        _train_loop(loop_config)
+    with output_to_file(worker_log_path(task.log_dir, task.trial_id, rank)):
+        _train_loop(task)
 
 
-def _train_loop(loop_config: dict[str, Any]) -> None:
+def _train_loop(task: TrialTask) -> None:
     """Build, step, measure, report (the trainer does the first three; this function only wires
     its per-step callback to ``ray.train.report``)."""
     import ray.train
 
     entered = time.time()
     _quiet_train_reports()
-    run_trial = import_trainer(loop_config.get("trainer", DEFAULT_TRAINER))
-    run_and_report(loop_config, run_trial, ray_end=entered, import_end=time.time(), report=ray.train.report,
+    run_trial = task.run_trial()
+    run_and_report(task, run_trial, ray_end=entered, import_end=time.time(), report=ray.train.report,
                    rank=ray.train.get_context().get_world_rank())
 
 
@@ -105,23 +108,20 @@ def scaling_config(cfg: TrialConfig, use_gpu: bool) -> Any:
                          resources_per_worker=per_worker)
 
 
-def tune_trainable(param: dict[str, Any]) -> None:
-    """The Tune function trainable for one trial (see the module doc)."""
+def tune_trainable(config: dict[str, Any]) -> None:
+    """The Tune function trainable for one trial (see the module doc); ``config``: its
+    :class:`~dpo_sweep.sweep.task.TrialTask`'s :meth:`~dpo_sweep.sweep.task.TrialTask.as_config`."""
     from ray import tune
 
-    trial_start = time.time()
-    cfg = TrialConfig.model_validate(param["trial"])  # the one validation of this trial's config
-    loop_config = {"trial": cfg, "trial_start": trial_start, "log_dir": param.get("log_dir"),
-                   "trainer": param.get("trainer", DEFAULT_TRAINER)}
-    use_gpu = bool(param.get("use_gpu", False))
-    if param.get("warm_pool") and warm_worker.wanted(cfg):
-        failure = warm_worker.run_in_warm_worker(loop_config, param["warm_pool"])
+    task = task_of(config).started(at=time.time())
+    if task.warm_pool and warm_worker.wanted(task.cfg):
+        failure = warm_worker.run_in_warm_worker(task)
     else:
-        failure = _fit_in_train_workers(loop_config, use_gpu, param["storage_path"])
-    tune.report(TrialEnding(failure, wall_s=time.time() - trial_start).to_report())
+        failure = _fit_in_train_workers(task)
+    tune.report(TrialEnding(failure, wall_s=time.time() - task.trial_start).to_report())
 
 
-def _fit_in_train_workers(loop_config: dict[str, Any], use_gpu: bool, storage_path: str) -> TrialFailure | None:
+def _fit_in_train_workers(task: TrialTask) -> TrialFailure | None:
     """The trial in fresh Ray Train workers (``TorchTrainer.fit()``), its reports forwarded to Tune
     (:mod:`~dpo_sweep.sweep.train_relay`); how it failed, None when it did not. The Train run is
     named after the trial."""
@@ -132,19 +132,18 @@ def _fit_in_train_workers(loop_config: dict[str, Any], use_gpu: bool, storage_pa
     from dpo_sweep.sweep.torch_backend import LazyTorchConfig
     from dpo_sweep.sweep.train_relay import fit_and_forward
 
-    cfg: TrialConfig = loop_config["trial"]
-    name = f"train-{cfg.trial_id}-{int(loop_config['trial_start'])}"
+    name = f"train-{task.trial_id}-{int(task.trial_start)}"
 
     def fit(callback: Any) -> None:
         TorchTrainer(
             train_loop_per_worker,
-            train_loop_config=loop_config,
+            train_loop_config=task.as_config(),
             # Ray's TorchConfig would make every trial's fresh controller process import torch first.
             torch_config=LazyTorchConfig(),
-            scaling_config=scaling_config(cfg, use_gpu),
+            scaling_config=scaling_config(task.cfg, task.use_gpu),
             run_config=RunConfig(
                 name=name,
-                storage_path=storage_path,
+                storage_path=task.storage_path,
                 # An OOM or a crash is this trial's result: never retry it.
                 failure_config=FailureConfig(max_failures=0),
                 callbacks=[callback],

@@ -2,8 +2,8 @@
 (:func:`~dpo_sweep.sweep.trainable.train_loop_per_worker`) or a warm worker
 (:class:`~dpo_sweep.sweep.warm_worker.TrialWorker`) alike.
 
-:func:`run_and_report` runs the trainer (``run_trial(cfg, on_step=..., catch_failures=False)``)
-and sends each optimizer step's :class:`~dpo_sweep.sweep.protocol.StepReport`, then rank 0's
+:func:`run_and_report` runs the task's trainer (:class:`~dpo_sweep.sweep.task.TrialTask`:
+``run_trial(cfg, on_step=..., catch_failures=False)``) and sends each optimizer step's :class:`~dpo_sweep.sweep.protocol.StepReport`, then rank 0's
 :class:`~dpo_sweep.sweep.protocol.OutcomeReport` (the summary row and its machine), through the
 ``report`` it is given: Ray Train's ``report`` in a Train worker, the actor's stream in a warm
 worker. A failure propagates; the caller classifies it (:class:`~dpo_sweep.sweep.protocol.TrialFailure`).
@@ -14,26 +14,16 @@ the worker starts it at the Tune trial's start and the trainer marks its steps o
 """
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from dpo_sweep.config import TrialConfig
 from dpo_sweep.records import StepRecord
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport
-
-#: Where the trainer lives; tests may point a sweep at a stand-in with the same signature.
-DEFAULT_TRAINER = "dpo_sweep.train.loop:run_trial"
-
-
-def import_trainer(path: str) -> Callable[..., Any]:
-    """``"package.module:function"`` -> the function (the trainer's ``run_trial``)."""
-    module_name, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module_name), attr or "run_trial")
+from dpo_sweep.sweep.task import TrialTask
 
 
 def startup_line(trial_id: str, ray_s: float, import_s: float) -> str:
@@ -70,19 +60,20 @@ def output_to_file(path: Path) -> Iterator[None]:
                 os.close(copy)
 
 
-def run_and_report(loop_config: dict[str, Any], run_trial: Callable[..., Any], *, ray_end: float,
+def run_and_report(task: TrialTask, run_trial: Callable[..., Any], *, ray_end: float,
                    import_end: float, report: Callable[[dict[str, Any]], None], rank: int,
                    warm: Any = None) -> None:
     """Run the trial and send each step's row, then the outcome, through ``report`` (Ray Train's in
     a Train worker, a queue in a warm worker). ``ray_end`` / ``import_end``: when Ray had this
     process running the trial and when the trainer was imported (wall clock; start-up split).
     ``warm``: the warm worker's :class:`~dpo_sweep.train.warm_state.WarmState` (None in a Train
-    worker: its process runs one trial)."""
+    worker: its process runs one trial). ``run_trial``: the task's trainer, imported by the caller
+    (:meth:`~dpo_sweep.sweep.task.TrialTask.run_trial`: its import is a phase of the start-up)."""
     from dpo_sweep.telemetry.timing import TrialClock  # imports torch (the trainer just did): workers only
 
-    cfg: TrialConfig = loop_config["trial"]  # validated once, by tune_trainable
+    cfg = task.cfg
     # Start-up counts from the Tune trial's start: Ray's worker start-up is part of it.
-    clock = TrialClock(started_at=loop_config["trial_start"])
+    clock = TrialClock(started_at=task.trial_start)
     clock.mark("ray", at=ray_end)
     clock.mark("import", at=import_end)
     if rank == 0:
@@ -94,7 +85,7 @@ def run_and_report(loop_config: dict[str, Any], run_trial: Callable[..., Any], *
         report(StepReport(record, clock.startup_s(), clock.measure_s()).to_report())
 
     outcome = run_trial(cfg, on_step=on_step, log=print if rank == 0 else None,
-                        catch_failures=False, clock=clock, warm=warm)
+                        catch_failures=False, clock=clock, warm=warm, fault=task.fault)
     environment = _worker_environment() if rank == 0 else None
     report(OutcomeReport(outcome.result, environment).to_report())
 

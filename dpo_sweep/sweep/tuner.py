@@ -9,28 +9,29 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import ray
 from ray import tune
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.config import ModelSpec
+from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.memory import ModelShape
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.core.lengths import LengthProfile
 from dpo_sweep.sweep import warm_worker
+from dpo_sweep.sweep.task import Trainer, TrialTask, trial_id_of
 from dpo_sweep.sweep.trainable import TRIAL_CPUS, tune_trainable
-from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER
+from dpo_sweep.train.faults import fault_rules
 from dpo_sweep.sweep.console import say
 from dpo_sweep.files import unwritable
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.output_dir import drop_rows, pending_rows
 from dpo_sweep.sweep.ray_cluster import InfrastructureError
 from dpo_sweep.sweep.recorder import SweepRecorder
-from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
+from dpo_sweep.sweep.slots import TrialSlots, start_warm_workers
 from dpo_sweep.sweep.planner import PlanSearcher, card_memory_gb
-from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, StopRequest, SweepStopper,
+from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, SameFailureStop, StopRequest, SweepStopper,
                                       quiet_tune_once_stopping, stop_on_sigint)
 
 #: Tune settings of the sweep's driver process (a user's own environment variables win):
@@ -63,7 +64,7 @@ class SweepSummary:
 
 
 def _trial_dirname(trial: Any) -> str:
-    return trial.config["trial"]["trial_id"]
+    return trial_id_of(trial.config)
 
 
 def tune_config(max_concurrent: int, search_alg: PlanSearcher | None = None, num_samples: int = 1) -> tune.TuneConfig:
@@ -79,25 +80,28 @@ def tune_config(max_concurrent: int, search_alg: PlanSearcher | None = None, num
     )
 
 
-def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None, done_ids: set[str],
-              cluster: dict[str, float], trainer: str = DEFAULT_TRAINER,
+def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfig], slots: TrialSlots,
+              done_ids: set[str], trainer: Trainer | None = None,
               out: Callable[[str], None] = say, full_grid: bool = False,
               lengths: Mapping[str, LengthProfile | None] | None = None,
               shapes: Mapping[ModelSpec, ModelShape] | None = None,
               pool: warm_worker.WarmPool | None = None,
               trial_timeout_floor_s: float = DEFAULT_TRIAL_TIMEOUT_FLOOR_S) -> SweepSummary:
     """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster;
-    ``lengths`` / ``shapes``: each trial's data lengths and each model's shape as preflight
-    measured and built them (the plan's memory model);
+    ``trials``: the space's trials as they run (:func:`~dpo_sweep.sweep.slots.absolute_paths`),
+    ``slots``: where and how many at a time (:func:`~dpo_sweep.sweep.slots.trial_slots`);
+    ``trainer``: a stand-in for the trainer (tests), None: the real one; ``lengths`` / ``shapes``:
+    each trial's data lengths and each model's shape as preflight measured and built them (the
+    plan's memory model);
     ``pool``: warm workers the caller started (:func:`start_warm_workers`) and closes."""
 
-    todo = [absolute_paths(t) for t in sp.trials if t.trial_id not in done_ids]
-    total = len(sp.trials)
+    faults = fault_rules()  # tests only (train/faults.py); a bad value is said before anything starts
+    todo = [t for t in trials if t.trial_id not in done_ids]
+    total = len(trials)
     if done_ids:
         out(f"resume: {total - len(todo)} of {total} trial(s) already in {ResultsDir(out_dir).results}")
     if not todo:
         return SweepSummary(out_dir, ran=0, skipped=total, finished=total)
-    slots = trial_slots(sp, cluster, max_concurrent)
     use_gpu, concurrent, workers = slots.use_gpu, slots.concurrent, slots.workers
     out(f"{len(todo)} configuration(s) to run{' (--full-grid: each in full)' if full_grid else ''}, "
         f"{concurrent} trial(s) at a time, {workers} worker(s) each on "
@@ -123,19 +127,17 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, max_concurrent: int | None,
     own_pool = pool is None
     pool = pool or start_warm_workers(todo, slots, trainer)
     recorder.pool_name = pool.name if pool is not None else None
+    # What every trial's task shares; the planner's Searcher puts in each trial's configuration.
+    task = TrialTask(todo[0], use_gpu=use_gpu, storage_path=storage, log_dir=str(ResultsDir(out_dir).logs.resolve()),
+                     warm_pool=pool.name if pool is not None else None, trainer=trainer)
+    # Once the plan knows a trial's outcome: the ETA prices it, and the same-failure early stop.
+    searcher = PlanSearcher(plan, recorder, task, faults,
+                            end_hooks=(recorder.pricing.trial_ended, SameFailureStop(stop, total).trial_ended))
     try:
         tuner = tune.Tuner(
             tune.with_resources(tune_trainable, {"CPU": TRIAL_CPUS}),
-            # The trial's config comes from the planner's Searcher ({"trial": ...}).
-            param_space={
-                "use_gpu": use_gpu,
-                "storage_path": storage,
-                "log_dir": str(ResultsDir(out_dir).logs.resolve()),
-                "trainer": trainer,
-                "warm_pool": pool.name if pool is not None else None,
-            },
             # A measure trial per configuration at most, and a learning trial per configuration.
-            tune_config=tune_config(concurrent, PlanSearcher(plan, recorder), num_samples=2 * len(todo)),
+            tune_config=tune_config(concurrent, searcher, num_samples=2 * len(todo)),
             run_config=tune.RunConfig(
                 name=time.strftime(f"{sp.name}-%Y%m%d-%H%M%S"),
                 storage_path=storage,

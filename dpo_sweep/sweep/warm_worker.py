@@ -1,8 +1,8 @@
 """Warm trial workers: a one-worker trial runs in a long-lived Ray actor instead of a fresh process.
 
 A fresh Ray Train worker per trial pays, every trial, for a Train controller, a worker process,
-``import torch`` and transformers and a CUDA context: on the H200 ~23 s before the first optimizer
-step of a trial whose steps take 4 s. Here a trial runs in one of the sweep's
+``import torch`` and transformers and a CUDA context, often longer than the trial's own steps
+(benchmarks/README.md#start-up-and-shutdown). Here a trial runs in one of the sweep's
 :class:`TrialWorker` actors, each holding one trial's GPU (or its CPUs); a worker imports the
 trainer once, when it is created, and runs trial after trial:
 
@@ -12,10 +12,11 @@ trainer once, when it is created, and runs trial after trial:
    no trial uses (:func:`~dpo_sweep.sweep.worker_setup.unused_packages_hidden`), and keeps what
    its imports made out of the garbage collector's walks (``gc.freeze``). Then it tokenises the
    sweep's data in a thread (``WarmState.prefetch``): the first trial finds it made.
-1. :func:`run_in_warm_worker` (in the Tune trial process) takes a free one and hands it the validated
-   ``TrialConfig``; the actor runs :func:`~dpo_sweep.sweep.trial_run.run_and_report` in a thread and
-   streams each report back (a Ray streaming generator), which the trial process forwards with
-   ``tune.report`` - the same keys, in the same order, as a Ray Train worker's.
+1. :func:`run_in_warm_worker` (in the Tune trial process) takes a free one and hands it the trial's
+   :class:`~dpo_sweep.sweep.task.TrialTask`; the actor runs
+   :func:`~dpo_sweep.sweep.trial_run.run_and_report` in a thread and streams each report back (a
+   Ray streaming generator), which the trial process forwards with ``tune.report`` - the same
+   keys, in the same order, as a Ray Train worker's.
 2. A failure is classified inside the actor, as :func:`~dpo_sweep.sweep.trainable.tune_trainable`
    classifies a Train worker's (``oom`` / ``error``, the peak up to the failure), and only its
    text leaves: the exception and its traceback, which hold the failed step's tensors, are
@@ -49,7 +50,8 @@ import ray
 from dpo_sweep.config import TrialConfig, distinct_models
 from dpo_sweep.core.status import Status
 from dpo_sweep.sweep.protocol import TrialFailure, short_error
-from dpo_sweep.sweep.trial_run import DEFAULT_TRAINER, import_trainer, output_to_file, run_and_report, worker_log_path
+from dpo_sweep.sweep.task import Trainer, TrialTask, resolve_trainer
+from dpo_sweep.sweep.trial_run import output_to_file, run_and_report, worker_log_path
 from dpo_sweep.sweep.worker_setup import unused_packages_hidden
 from dpo_sweep.train.data import data_key
 
@@ -63,10 +65,11 @@ class TrialWorker:
     """The long-lived process of one trial slot (see the module doc). A Ray actor of the sweep's
     :class:`WorkerPool`; a plain object in tests."""
 
-    def __init__(self, trainer: str = DEFAULT_TRAINER, models: list[Any] = (), data: TrialConfig | None = None):
-        started = time.time()  # no Ray Train here: importing it cost 2.1 s on the H200
+    def __init__(self, trainer: Trainer | None = None, models: list[Any] = (), data: TrialConfig | None = None):
+        """``trainer``: the sweep's stand-in for the trainer (tests), None: the real one."""
+        started = time.time()  # no Ray Train here: importing it costs seconds
         with unused_packages_hidden():
-            self._run_trial = import_trainer(trainer)
+            self._run_trial = resolve_trainer(trainer)
             from dpo_sweep.train.model import prepare_imports  # the trainer's own modules: imported with it
             from dpo_sweep.train.warm_state import WarmState
 
@@ -76,7 +79,7 @@ class TrialWorker:
         self._warm = WarmState()
         # What the imports made lives as long as the process: out of the collector's sight, so
         # that the full collection after every trial walks only what trials made (with all of it
-        # imported, one collection took 0.15 s on the 2-core machine).
+        # imported, each collection would walk every module's objects).
         gc.freeze()
         #: When the import ran: the part that overlaps the first trial is that trial's ``import``
         #: phase (the trial that started this worker waited for it; later trials do not).
@@ -85,11 +88,11 @@ class TrialWorker:
             self._warm.prefetch(data)
         self.trials_run = 0
 
-    def run(self, loop_config: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def run(self, task: TrialTask) -> Iterator[dict[str, Any]]:
         """Run one trial, yielding its reports as they happen (dicts, as Tune takes them), then its
         :class:`~dpo_sweep.sweep.protocol.TrialFailure` if it failed."""
         entered = time.time()
-        trial_start = float(loop_config["trial_start"])
+        trial_start = task.trial_start
         first = self._import_window is not None
         began, ready = self._import_window or (entered, entered)
         self._import_window = None
@@ -101,7 +104,7 @@ class TrialWorker:
 
         def work() -> None:
             try:
-                run_and_report(loop_config, self._run_trial, ray_end=ray_end,
+                run_and_report(task, task.trainer or self._run_trial, ray_end=ray_end,
                                import_end=import_end, report=reports.put, rank=0, warm=self._warm)
             except BaseException as exc:  # noqa: BLE001 - every failure becomes this trial's status
                 # Worded as a Ray Train worker's failure is: one worker, rank 0.
@@ -110,11 +113,10 @@ class TrialWorker:
             finally:
                 reports.put(ended)
 
-        log_dir = loop_config.get("log_dir")
-        cfg: TrialConfig = loop_config["trial"]
+        cfg = task.cfg
         with contextlib.ExitStack() as stack:
-            if log_dir:  # everything the trial prints goes to its log file, as a Train worker's does
-                stack.enter_context(output_to_file(worker_log_path(log_dir, cfg.trial_id, 0)))
+            if task.log_dir:  # everything the trial prints goes to its log file, as a Train worker's does
+                stack.enter_context(output_to_file(worker_log_path(task.log_dir, cfg.trial_id, 0)))
             if first:  # where this worker's own start went, beside the trial's start-up split
                 print(import_window_line(cfg.trial_id, began, ready, trial_start), flush=True)
             try:
@@ -156,7 +158,7 @@ class WorkerPool:
     starts; the Tune trial processes take them from it by its name. A Ray actor
     (:func:`start_pool`); the workers it creates itself (replacements) it owns, so they end with it."""
 
-    def __init__(self, workers: list[Any], options: dict[str, Any], trainer: str, models: list[Any],
+    def __init__(self, workers: list[Any], options: dict[str, Any], trainer: Trainer | None, models: list[Any],
                  data: TrialConfig | None = None):
         import asyncio
 
@@ -196,7 +198,7 @@ class WorkerPool:
             self._free.put_nowait(self._new_worker())
 
 
-def new_worker(options: dict[str, Any], trainer: str, models: list[Any], data: TrialConfig | None = None) -> Any:
+def new_worker(options: dict[str, Any], trainer: Trainer | None, models: list[Any], data: TrialConfig | None = None) -> Any:
     """A :class:`TrialWorker` actor; it starts importing the trainer and ``models``' code at once,
     then tokenising ``data``'s pairs."""
     return ray.remote(TrialWorker).options(**options, max_restarts=0).remote(trainer, models, data)
@@ -224,7 +226,8 @@ def shared_data(trials: Sequence[TrialConfig]) -> TrialConfig | None:
     return trials[0] if len({data_key(t) for t in trials}) == 1 else None
 
 
-def start_pool(name: str, count: int, trials: Sequence[TrialConfig], use_gpu: bool, trainer: str) -> WarmPool:
+def start_pool(name: str, count: int, trials: Sequence[TrialConfig], use_gpu: bool,
+               trainer: Trainer | None = None) -> WarmPool:
     """The sweep's :class:`WorkerPool` named ``name`` with ``count`` workers that start importing
     the trainer and ``trials``' model classes now. The driver creates the workers itself, at the
     same time as the pool: a worker's process start and imports are the first trial's wait, and
@@ -240,18 +243,18 @@ def start_pool(name: str, count: int, trials: Sequence[TrialConfig], use_gpu: bo
     return WarmPool(name, actor, workers)
 
 
-def run_in_warm_worker(loop_config: dict[str, Any], pool_name: str) -> TrialFailure | None:
-    """Run the trial of ``loop_config`` in a warm worker of the sweep's pool, forwarding its
+def run_in_warm_worker(task: TrialTask) -> TrialFailure | None:
+    """Run ``task`` in a warm worker of the sweep's pool (``task.warm_pool``), forwarding its
     reports to Tune; how it failed, None when it did not."""
     from ray import tune
 
-    pool = ray.get_actor(pool_name)
-    trial_id = loop_config["trial"].trial_id
+    pool = ray.get_actor(task.warm_pool)
+    trial_id = task.trial_id
     worker = ray.get(pool.acquire.remote(trial_id))
     failure: TrialFailure | None = None
     try:
         # Named after the trial: the dashboard's task list shows which trial a worker runs.
-        for ref in worker.run.options(name=f"trial {loop_config['trial'].trial_id}").remote(loop_config):
+        for ref in worker.run.options(name=f"trial {trial_id}").remote(task):
             item = ray.get(ref)
             if isinstance(item, TrialFailure):
                 failure = item

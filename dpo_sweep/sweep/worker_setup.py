@@ -26,7 +26,8 @@ def quiet_ray_train_logs() -> None:
 
 #: Packages that transformers imports when they are installed and that no trial uses:
 #: scikit-learn, which transformers 5.17 imports with its generation code for assisted
-#: generation (1.9 s of a warm worker's 12.8 s of imports on the H200, pandas and scipy with it).
+#: generation (with pandas and scipy, a sixth of a warm worker's imports:
+#: benchmarks/README.md#start-up-and-shutdown).
 UNUSED_PACKAGES = ("sklearn",)
 
 

@@ -4,10 +4,8 @@ Python keeps a module's compiled bytecode in ``__pycache__`` (or under ``PYTHONP
 and reads it on the next import. Where the install shipped without it (``pip install
 --no-compile``, some container images) and Python may not write it (``PYTHONDONTWRITEBYTECODE=1``
 or ``-B``; or a read-only install), every process compiles torch's and transformers' sources
-again: each warm worker of a sweep, as it starts. On the H200 machine we measured, whose Python
-runs with ``PYTHONDONTWRITEBYTECODE=1`` on a torch without most of its bytecode, a warm
-worker's imports took 14.3-14.5 s, and 7.4 s once ``python -m compileall`` had run on torch,
-transformers and sympy (benchmarks/results/sweep_overhead/README.md).
+again: each warm worker of a sweep, as it starts, which can double its imports
+(benchmarks/README.md#start-up-and-shutdown).
 
 :func:`uncached_imports` counts, after the imports, the modules left without bytecode;
 :func:`bytecode_note` turns that into the console's note with the command that ends it.

@@ -187,16 +187,15 @@ def micro_and_optimizer_ms(durations_ms: Sequence[float], last_syncs: bool = Fal
     """``(micro_step_ms, optimizer_ms)`` of one step from :class:`PhaseMarks` durations (one per
     micro-step, then the optimizer phase). The micro-step time is the steady one that every
     micro-step but the first repeats: the median of the micro-steps that add into gradients
-    already there. The first after ``zero_grad`` writes fresh gradient buffers and is faster
-    (H200, Llama-3.2-1B mb 4 L1: 177 vs 184 ms,
-    benchmarks/results/h200_checks/levels-mfu-extrapolation/), so timing it alone put the
-    extrapolation to grad_acc 64 3.5% low. ``last_syncs``: the last micro-step
+    already there. The first after ``zero_grad`` writes fresh gradient buffers and is faster, so
+    timing it alone puts an extrapolation to a large grad_acc a few percent low
+    (benchmarks/README.md#step-timing-and-extrapolation). ``last_syncs``: the last micro-step
     carries the gradient all-reduce (DDP syncs only there, once per step like the optimizer
     phase) and is left out when another accumulating one is there. With one micro-step, that one.
     ``new``: per micro-step, whether its shape ran first in the process; those are left out while
     another is there. On CUDA such a micro-step also builds the kernel plans a long run builds
-    once (sdpa's cuDNN attention, per shape): on the H200 ~100 ms more on a 3B model at
-    micro_batch 1 (268 vs 169 ms, medians; benchmarks/results/extrapolation_h200/, call 6)."""
+    once (sdpa's cuDNN attention, per shape), which can cost half a micro-step more
+    (benchmarks/README.md#step-timing-and-extrapolation)."""
     if len(durations_ms) < 2:
         return math.nan, math.nan
     return statistics.median(steady_micro_ms(durations_ms, last_syncs, new)), durations_ms[-1]

@@ -88,7 +88,7 @@ def micro_batches(ds: PairDataset, micro_batch: int, world_size: int, rank: int,
 
 
 def flop_token_counts(mb: MicroBatch, chunked_head: bool) -> TokenCounts:
-    """The exact token counts the FLOP count needs (telemetry.flops), from a CPU micro-batch.
+    """The exact token counts the FLOP count needs (core/flops.py), from a CPU micro-batch.
 
     ``chunked_head``: the log-prob head computes the lm_head on response tokens only
     (``logp_chunk_tokens > 0``); the plain head computes it on every position but the last.

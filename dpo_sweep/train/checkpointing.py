@@ -1,4 +1,4 @@
-"""Activation-checkpoint levels, applied per decoder layer (contract table in DESIGN.md).
+"""Activation-checkpoint levels, applied per decoder layer (docs/contracts.md#activation-checkpoint-levels).
 
 Every region is ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``: its saved
 tensors are dropped after the forward and rebuilt by re-running the region in backward, with

@@ -1,7 +1,8 @@
 """Preference pairs: read, normalise, tokenize and truncate.
 
 Sources: a deterministic synthetic generator (token ids, no text), local .json/.jsonl/.parquet
-files, or a Hugging Face dataset via ``datasets.load_dataset``. Layouts accepted:
+files, or a Hugging Face dataset via ``datasets.load_dataset`` (read as rows by
+:mod:`dpo_sweep.train.sources`). Layouts accepted:
 
 * explicit ``prompt``, ``chosen``, ``rejected`` columns (rename others with ``data.columns``);
 * implicit prompt: only ``chosen`` and ``rejected``, whose shared start is the prompt;
@@ -18,15 +19,14 @@ responses are cut from the right. A pair whose truncated response keeps fewer th
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from dpo_sweep.config import DataSpec, ModelSpec, SyntheticData, TrialConfig
 from dpo_sweep.errors import DataError
+from dpo_sweep.train.sources import SourceRows, read_rows
 
 FIELDS = ("prompt", "chosen", "rejected")
 
@@ -70,131 +70,6 @@ def data_key(cfg: TrialConfig) -> DataKey:
     """Which data read a trial's pairs come from: trials of one key get the same pairs (the
     preflight's one :class:`~dpo_sweep.preflight.DataSummary` each, a warm worker's kept pairs)."""
     return (cfg.data.model_dump_json(), tokenizer_key(cfg.model), cfg.train.max_length)
-
-
-# --------------------------------------------------------------------------------------------
-# Reading rows
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SourceRows:
-    """Rows of a data file or hub dataset as plain dicts, and where each one sits, for messages.
-
-    ``numbers[i]`` is row i's 1-based position in its source: the line of a JSONL file (blank
-    lines are skipped, so it is not always i + 1), the element of a .json list, the row of a
-    parquet file or dataset split.
-    """
-
-    rows: list[dict[str, Any]]
-    source: str
-    unit: str  # "line" | "element" | "row"
-    numbers: tuple[int, ...]
-
-    def where(self, i: int) -> str:
-        """``pairs.jsonl: line 8`` (a line is what an editor shows); 0-based index said for the rest."""
-        n = self.numbers[i]
-        return f"{self.source}: {self.unit} {n}" + ("" if self.unit == "line" else f" (index {n - 1})")
-
-
-def read_rows(spec: DataSpec) -> SourceRows:
-    """The rows of a data spec's file or hub dataset."""
-    if spec.path is not None:
-        return read_file(spec.path)
-    import datasets
-
-    name = spec.hf or ""
-    try:
-        ds = datasets.load_dataset(name, spec.hf_config, split=spec.split)
-    except Exception as err:  # the hub unreachable, a wrong name or split: the user's to fix
-        raise DataError(
-            f"data.hf: could not load dataset {name!r} (split {spec.split!r}): {err}. "
-            "Check the name and split, or download it and use data.path"
-        ) from None
-    rows = [dict(r) for r in ds]
-    return _checked(SourceRows(rows, f"{name}[{spec.split}]", "row", tuple(range(1, len(rows) + 1))))
-
-
-def _read_text(p: Path, path: str | Path) -> str:
-    # utf-8-sig: a leading byte-order mark (Windows editors write one) is dropped, not an error.
-    try:
-        return p.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = p.read_bytes()[: err.start].count(b"\n") + 1
-        raise DataError(f"{path}: line {line}: not UTF-8 text ({err.reason}); save the file as UTF-8") from None
-
-
-def _read_jsonl(p: Path, path: str | Path) -> SourceRows:
-    rows, numbers = [], []
-    # split("\n"), not splitlines(): that also splits at U+2028 and other separators that JSON
-    # strings may hold raw, which would break a row in two and shift every line number after it.
-    for n, line in enumerate(_read_text(p, path).split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}: line {n}: not valid JSON ({err.msg} at column {err.colno}); "
-                            "each line holds one pair object") from None
-        numbers.append(n)
-    return SourceRows(rows, str(path), "line", tuple(numbers))
-
-
-def _read_json(p: Path, path: str | Path) -> SourceRows:
-    try:
-        data = json.loads(_read_text(p, path) or "null")
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}: line {err.lineno} column {err.colno}: not valid JSON ({err.msg}); "
-                        "a .json file holds a list of pair objects") from None
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        data = data["data"]
-    if data is None:
-        data = []
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a list of pair objects (or {{\"data\": [...]}}), got "
-                        f"{type(data).__name__}; for one pair per line use a .jsonl file")
-    return SourceRows(data, str(path), "element", tuple(range(1, len(data) + 1)))
-
-
-def _read_parquet(p: Path, path: str | Path) -> SourceRows:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        rows = pq.read_table(p).to_pylist()
-    except (pa.ArrowException, OSError) as err:
-        raise DataError(f"{path}: not a readable parquet file ({err}); write it with "
-                        "pandas.DataFrame.to_parquet or use .jsonl") from None
-    return SourceRows(rows, str(path), "row", tuple(range(1, len(rows) + 1)))
-
-
-_READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
-
-
-def read_file(path: str | Path) -> SourceRows:
-    """Rows of a .json (a list of objects, or {"data": [...]}), .jsonl or .parquet file."""
-    p = Path(path)
-    if p.exists() and not p.is_file():
-        raise DataError(f"data.path: {path}: not a regular file (a directory, pipe or device); give a .json, "
-                        ".jsonl or .parquet file")
-    if not p.is_file():
-        raise DataError(f"data.path: {path}: no such file; give an existing .json, .jsonl or .parquet "
-                        "file (a relative path is taken from the directory the command runs in)")
-    reader = _READERS.get(p.suffix.lower())
-    if reader is None:
-        raise DataError(f"data.path: {path}: unsupported file type {p.suffix.lower()!r}; use .json, .jsonl or .parquet")
-    return _checked(reader(p, path))
-
-
-def _checked(src: SourceRows) -> SourceRows:
-    """Refuse a source with no rows, or a row that is not an object."""
-    if not src.rows:
-        raise DataError(
-            f"{src.source}: the file holds no pairs; it needs rows with 'chosen' and 'rejected' "
-            "(and optionally 'prompt')"
-        )
-    for i, r in enumerate(src.rows):
-        if not isinstance(r, dict):
-            raise DataError(f"{src.where(i)}: expected an object with chosen/rejected, got {type(r).__name__}")
-    return src
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,7 +210,7 @@ def truncate_keeping_bos(prompt: list[int], chosen: list[int], rejected: list[in
 
 
 #: Rows tokenized per tokenizer call: a fast tokenizer encodes a list of texts in one call in
-#: Rust, instead of one call per text (1,500 chat pairs on the 2-core CPU: 1.9 -> 1.3 s to load).
+#: Rust, instead of one call per text (a third off the load: benchmarks/README.md#trial-costs).
 ENCODE_BATCH_ROWS = 512
 
 

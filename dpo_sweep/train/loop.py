@@ -3,7 +3,7 @@
 Read top to bottom: :func:`run_trial` resolves the device and turns failures into statuses;
 :func:`_train` is the story - build (:mod:`dpo_sweep.train.setup`: data, models, reference,
 checkpoint level, optimizer), then :func:`train_step` for each optimizer step, then
-:func:`summarise` into the trial's row. Inside Ray Train (torch.distributed initialised) the same code runs DDP or
+:func:`~dpo_sweep.train.summary.summarise` into the trial's row. Inside Ray Train (torch.distributed initialised) the same code runs DDP or
 FSDP2 across the group; every rank returns the same outcome.
 
 Precision modes (where things live):
@@ -36,17 +36,17 @@ import torch.distributed as dist
 from torch import nn
 
 from dpo_sweep.core import stability, trial_facts
-from dpo_sweep.config import LORA_AUTO, TrialConfig
+from dpo_sweep.config import TrialConfig
 from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
-from dpo_sweep.records import StepRecord, TrialResult, config_columns, error_text, failed_result
-from dpo_sweep.telemetry import (MemoryPeaks, MemorySampler, StepTimer, TokenCounts, TrialClock, dpo_step_flops,
-                                 failure_peak_gb, make_memory_sampler, max_peaks, mfu)
+from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
+from dpo_sweep.telemetry import MemorySampler, StepTimer, TrialClock, failure_peak_gb, make_memory_sampler
 from dpo_sweep.core.flops import NO_TOKENS
 from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
 from dpo_sweep.train import evaluation, knobs, metrics
 from dpo_sweep.train.adapters import InBackwardOptimizer
 from dpo_sweep.train.batching import MicroBatch, flop_token_counts
+from dpo_sweep.train.faults import InjectedFault, inject
 from dpo_sweep.train.loss import dpo_loss
 from dpo_sweep.core.order import worst_case_micro_steps
 from dpo_sweep.train.reference import missing_rows
@@ -60,6 +60,7 @@ from dpo_sweep.train.setup import (
     load_data,
     precompute_reference,
 )
+from dpo_sweep.train.summary import StepOutput, summarise
 from dpo_sweep.train.warm_state import WarmState
 
 @dataclass(frozen=True)
@@ -68,22 +69,6 @@ class TrialOutcome:
 
     result: TrialResult
     steps: tuple[StepRecord, ...]
-
-
-@dataclass(frozen=True)
-class StepOutput:
-    """One optimizer step: its row, the exact count of policy tokens it trained on (all workers),
-    the token counts the FLOP count needs (this worker's: telemetry.flops.TokenCounts) and the
-    step's own memory peaks (the row's ``peak_mem_gb`` is their max over workers)."""
-
-    record: StepRecord
-    tokens: int
-    flop_counts: TokenCounts
-    peaks: MemoryPeaks
-
-
-class InjectedFailure(RuntimeError):
-    """Raised by the ``train.fail_at_step`` test hook."""
 
 
 def resolve_device(cfg: TrialConfig) -> torch.device:
@@ -103,7 +88,8 @@ def _world() -> tuple[int, int]:
 
 def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None = None,
               log: Logger | None = print, catch_failures: bool = True,
-              clock: TrialClock | None = None, warm: WarmState | None = None) -> TrialOutcome:
+              clock: TrialClock | None = None, warm: WarmState | None = None,
+              fault: InjectedFault | None = None) -> TrialOutcome:
     """Run one trial on this process's device (and its process group, if any).
 
     With ``catch_failures`` an OOM becomes status ``oom`` and any other exception ``error``;
@@ -111,6 +97,7 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
     always propagates. A NaN/inf loss is status ``diverged`` either way. ``clock``: where the
     trial's ``startup_s`` counts from (a sweep passes the Tune trial's start); by default here.
     ``warm``: what this process keeps from its earlier trials (a warm worker's); None: nothing.
+    ``fault``: a fault to inject (tests only: :mod:`~dpo_sweep.train.faults`).
     """
     say = log or (lambda _msg: None)
     clock = clock or TrialClock()
@@ -126,8 +113,8 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
         if cfg.train.trainer == "trl":
             from dpo_sweep.train import trl_trainer  # TRL's import (seconds) only where a trial uses it
 
-            return TrialOutcome(*trl_trainer.train(cfg, device, clock, keep, say, warm))
-        return _train(cfg, device, clock, keep, say, warm)
+            return TrialOutcome(*trl_trainer.train(cfg, device, clock, keep, say, warm, fault))
+        return _train(cfg, device, clock, keep, say, warm, fault)
     except UserError:
         raise
     except torch.OutOfMemoryError as err:
@@ -152,7 +139,8 @@ def _failed(cfg: TrialConfig, status: str, err: BaseException, done: list[StepRe
 
 
 def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
-           on_step: Callable[[StepRecord], None], say: Logger, warm: WarmState | None) -> TrialOutcome:
+           on_step: Callable[[StepRecord], None], say: Logger, warm: WarmState | None,
+           fault: InjectedFault | None) -> TrialOutcome:
     since = time.perf_counter()
     world, rank = _world()
     say = say if rank == 0 else (lambda _m: None)
@@ -169,7 +157,7 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
         status, error = Status.OK, ""
         for step in range(1, cfg.train.steps + 1 + cfg.train.worst_case_step):
             sampler.reset_peak()  # this step's own peak (not the model build's or earlier steps')
-            out = train_step(setup, step, timer, sampler, clock)
+            out = train_step(setup, step, timer, sampler, clock, fault)
             steps.append(out)
             on_step(out.record)
             say(_step_line(cfg, out.record))
@@ -197,13 +185,13 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
 
 
 def train_step(setup: TrialSetup, step: int, timer: StepTimer, sampler: MemorySampler,
-               clock: TrialClock) -> StepOutput:
+               clock: TrialClock, fault: InjectedFault | None = None) -> StepOutput:
     """``grad_acc`` micro-batches forward and backward, one optimizer update, the step's metrics
-    reduced over workers, and its row."""
+    reduced over workers, and its row (``fault``: injected at its step, tests only)."""
     cfg = setup.cfg
     timer.start_step()
     clock.step_started()
-    poison = _inject(cfg, step, setup.rank)
+    poison = inject(fault, step, setup.rank)
     worst = step > cfg.train.steps  # the worst-case step, after the steps: the longest pairs
     # cfg.grad_acc unless train.grad_acc_schedule; the worst case: its own few (order.worst_case_micro_steps)
     grad_acc = worst_case_micro_steps(cfg.grad_acc) if worst else setup.grad_acc_schedule.for_step(step)
@@ -367,84 +355,3 @@ def _no_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
         model.set_requires_gradient_sync(sync)
     return contextlib.nullcontext()
-
-
-def _inject(cfg: TrialConfig, step: int, rank: int) -> bool:
-    """The fail_at_step test hook: raise here, or return True to poison this step's loss."""
-    train = cfg.train
-    if train.fail_at_step != step or (train.fail_rank is not None and train.fail_rank != rank):
-        return False
-    if train.fail_kind == "oom":
-        raise torch.OutOfMemoryError(f"injected OOM at step {step} (train.fail_at_step test hook)")
-    if train.fail_kind == "error":
-        raise InjectedFailure(f"injected failure at step {step} (train.fail_at_step test hook)")
-    return True
-
-
-# --- The trial's row --------------------------------------------------------------------------
-
-
-def _sum_over_workers(setup: TrialSetup, counts: TokenCounts) -> TokenCounts:
-    """Token counts summed over the process group (once per trial, after the last step)."""
-    if setup.world == 1:
-        return counts
-    total = torch.tensor(dataclasses.astuple(counts), dtype=torch.int64, device=setup.device)
-    dist.all_reduce(total)
-    return TokenCounts(*(int(v) for v in total.tolist()))
-
-
-def _lean_mlp_used(cfg: TrialConfig) -> bool:
-    """Whether lean ops' MLP runs: not on an MLP with adapters, nor on QLoRA's NF4 weights (lean.py)."""
-    if not cfg.model.lean_ops or cfg.train.adapter == "full":
-        return cfg.model.lean_ops
-    # auto adapts the MLP's linears wherever lean ops' MLP could run (a Llama SwiGLU).
-    targets = set(cfg.train.lora_targets)
-    mlp_adapted = cfg.train.lora_targets == LORA_AUTO or bool({"gate_proj", "up_proj", "down_proj"} & targets)
-    return cfg.train.adapter == "lora" and not mlp_adapted
-
-
-def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, clock: TrialClock, *,
-              status: str, error: str, mem_source: str, signals: dict[str, float | int | str | None]) -> TrialResult:
-    """The trial's results.csv row from its steps (medians and means over the measured ones);
-    ``signals``: the stability columns (dpo_sweep/core/stability.py) and ``eval_loss``."""
-    cfg, device = setup.cfg, setup.device
-    records = [out.record for out in steps]
-    # Peaks over the measured steps, the worst-case step included (peak_mem_gb: what a real run
-    # meets at its longest batch); a trial that stopped in its warm-up still says what it took.
-    measured_any = [out for out in steps if out.record.measured]
-    trial_peaks = max_peaks([out.peaks for out in measured_any] or [out.peaks for out in steps])
-    # Everything else over the typical measured steps (the timer leaves the worst case out too).
-    measured = [out for out in measured_any if not out.record.worst_case]
-    measured_records = [out.record for out in measured]
-    typical_peak_gb = max_peaks([out.peaks for out in measured]).peak_gb if measured else trial_peaks.peak_gb
-    step_time_ms = timer.median_ms()  # the same measured steps as step_time_p90_ms below
-    counts = _sum_over_workers(setup, sum((out.flop_counts for out in measured), NO_TOKENS))
-    flops = dpo_step_flops(shape=setup.shape, counts=counts, level=cfg.checkpoint_level,
-                           reference=cfg.train.reference, chunked_head=cfg.train.logp_chunk_tokens > 0,
-                           lean_mlp=_lean_mlp_used(cfg), frozen_base=cfg.train.adapter != "full") / max(1, len(measured))
-    gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return TrialResult(
-        **config_columns(cfg), status=status,
-        peak_mem_gb=trial_peaks.peak_gb, torch_peak_alloc_gb=trial_peaks.torch_alloc_gb,
-        torch_peak_reserved_gb=trial_peaks.torch_reserved_gb, peak_mem_typical_gb=typical_peak_gb,
-        padding_frac=metrics.mean([r.padding_frac for r in measured_records]),
-        step_time_ms=step_time_ms, step_time_p10_ms=timer.p10_ms(), step_time_p90_ms=timer.p90_ms(),
-        tokens_per_s=metrics.median([r.tokens_per_s for r in measured_records]),
-        mfu=mfu(flops, step_time_ms / 1e3, gpu_name, setup.world) if measured else math.nan,
-        loss_mean=metrics.mean([r.loss for r in measured_records]),
-        loss_std=metrics.detrended_std([r.loss for r in measured_records]),
-        grad_norm_mean=metrics.mean([r.grad_norm for r in measured_records]),
-        reward_accuracy=metrics.mean([r.reward_accuracy for r in measured_records]),
-        reward_margin=metrics.mean([r.reward_margin for r in measured_records]),
-        error=error, mem_source=mem_source, loss_type=cfg.train.loss, precision=cfg.train.precision,
-        reference=cfg.train.reference, attn_implementation=setup.built.attn_implementation,
-        liger_kernel=setup.built.liger_kernel, lean_ops=cfg.model.lean_ops,
-        pad_multiple=trial_facts.pad_multiple(cfg.train, device.type), logp_parity=setup.parity.logp_diff,
-        adapter=cfg.train.adapter,
-        optimizer=cfg.train.optimizer, trainer=cfg.train.trainer,
-        trainable_params=sum(p.numel() for p in setup.params), device=str(device),
-        steps=len(records), measured_steps=len(measured), pairs_used=setup.data.usable_pairs,
-        pairs_dropped=setup.data.pairs.dropped, startup_s=clock.startup_s(), measure_s=clock.measure_s(),
-        **clock.startup_split(),
-        **signals,
-    )

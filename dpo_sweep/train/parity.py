@@ -305,7 +305,7 @@ def check_on_cpu(spec: ModelSpec, settings: set[FastPaths]) -> dict[FastPaths, P
 @contextmanager
 def _one_thread() -> Iterator[None]:
     """torch on one CPU thread: on a batch this small, more threads only wait on each other (on a
-    busy 2-core machine the quickstart's check took 9 s on two threads, 0.4 s on one)."""
+    busy machine of few cores, many times longer: benchmarks/README.md#trial-costs)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -25,8 +25,8 @@ Compute = Callable[[list[int]], torch.Tensor]
 
 #: Padded tokens (rows x width) of one batch of the reference pass. Without gradients a forward
 #: keeps one layer's activations at a time, so it can take far more tokens than a training
-#: micro-batch: computing them at the trial's micro_batch (1 on the H200 user case) took 28 s
-#: for 388 pairs of a 3B model, one small forward after another.
+#: micro-batch: at the trial's micro_batch (often 1) it is one small forward after another
+#: (benchmarks/README.md#trial-costs).
 REFERENCE_BATCH_TOKENS = 16_384
 
 

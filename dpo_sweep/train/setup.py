@@ -66,7 +66,7 @@ class TrialSetup:
     scaler: torch.amp.GradScaler
     batches: Iterator[MicroBatch]  # this rank's micro-batches, endless
     worst_batches: Iterator[MicroBatch]  # the worst-case step's: the longest pairs (train.worst_case_step)
-    shape: DecoderShape  # for the FLOP count (telemetry.flops)
+    shape: DecoderShape  # for the FLOP count (core/flops.py)
     grad_acc_schedule: knobs.GradAccSchedule  # micro-steps per step (train.grad_acc_schedule)
     adaptive_clip: knobs.AdaptiveClip | None  # train.adaptive_clip
     ema: knobs.WeightEma | None  # train.ema_decay

@@ -41,6 +41,7 @@ from dpo_sweep.telemetry import MemoryPeaks, StepTimer, TrialClock, make_memory_
 from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
 from dpo_sweep.train import metrics
 from dpo_sweep.train.data import PairDataset, TokenizedPair
+from dpo_sweep.train.faults import FAULTS_ENV, InjectedFault, inject
 from dpo_sweep.train.model import build_model, freeze_reference
 from dpo_sweep.core.order import batch_width, micro_batch_order, pair_length, worst_case_order
 from dpo_sweep.train.setup import Logger, configure_device_memory, load_data
@@ -138,14 +139,15 @@ class _Steps:
 
 
 def _callback(cfg: TrialConfig, plans: list[StepPlan], timer: StepTimer, sampler: Any, clock: TrialClock,
-              on_step: Callable[[StepRecord], None], say: Logger, steps: _Steps) -> Any:
+              on_step: Callable[[StepRecord], None], say: Logger, steps: _Steps,
+              fault: InjectedFault | None = None) -> Any:
     from transformers import TrainerCallback
 
     class Measure(TrainerCallback):
         """Step timer and memory peak around each optimizer step; the step's row at its log."""
 
         def on_step_begin(self, args, state, control, **kwargs):
-            _inject(cfg, state.global_step + 1)
+            _inject(fault, state.global_step + 1)
             sampler.reset_peak()  # this step's own peak
             timer.start_step()
             clock.step_started()
@@ -213,15 +215,12 @@ def _record(cfg: TrialConfig, step: int, plan: StepPlan, logs: dict[str, float],
         micro_new="".join("1" if n else "0" for n in new) if timed else "")
 
 
-def _inject(cfg: TrialConfig, step: int) -> None:
-    """The fail_at_step test hook at the start of ``step`` (an error or an OOM)."""
-    if cfg.train.fail_at_step != step:
-        return
-    if cfg.train.fail_kind == "oom":
-        raise torch.OutOfMemoryError(f"injected OOM at step {step} (train.fail_at_step test hook)")
-    if cfg.train.fail_kind == "error":
-        raise RuntimeError(f"injected failure at step {step} (train.fail_at_step test hook)")
-    raise UserError("train.fail_kind: nan is not injected into a trl trial (TRL computes its own loss)")
+def _inject(fault: InjectedFault | None, step: int) -> None:
+    """An injected fault (tests only: :mod:`~dpo_sweep.train.faults`) at the start of ``step``: an
+    error or an OOM."""
+    if fault is not None and fault.kind == "nan" and fault.due(step):
+        raise UserError(f"{FAULTS_ENV}: kind nan is not injected into a trl trial (TRL computes its own loss)")
+    inject(fault, step)
 
 
 def _trainer_class(micro_step_done: Callable[[], None]) -> type:
@@ -245,8 +244,9 @@ def _trainer_class(micro_step_done: Callable[[], None]) -> type:
 
 
 def train(cfg: TrialConfig, device: torch.device, clock: TrialClock, on_step: Callable[[StepRecord], None],
-          say: Logger, warm: WarmState | None) -> tuple[TrialResult, tuple[StepRecord, ...]]:
-    """The trial's steps under TRL: its row and its steps' rows."""
+          say: Logger, warm: WarmState | None,
+          fault: InjectedFault | None = None) -> tuple[TrialResult, tuple[StepRecord, ...]]:
+    """The trial's steps under TRL: its row and its steps' rows (``fault``: tests only)."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers.trainer_callback import PrinterCallback
@@ -289,7 +289,7 @@ def train(cfg: TrialConfig, device: torch.device, clock: TrialClock, on_step: Ca
             f"[{time.perf_counter() - since:.1f} s]")
         timer = StepTimer(device, cfg.train.warmup_steps)
         trainer.remove_callback(PrinterCallback)  # its dict per log: the step line below says it once
-        trainer.add_callback(_callback(cfg, plans, timer, sampler, clock, on_step, say, steps))
+        trainer.add_callback(_callback(cfg, plans, timer, sampler, clock, on_step, say, steps, fault))
         trainer.train()
         eval_loss = (float(trainer.evaluate()["eval_loss"]) if cfg.train.evaluate and steps.status == Status.OK
                      else math.nan)

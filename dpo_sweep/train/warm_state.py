@@ -27,7 +27,7 @@ class WarmState:
     """The state a warm worker carries from one trial to the next.
 
     - The last tokenizer and tokenised pairs, by what made them (:func:`data_stamp`): the sweep's
-      later trials take them instead of tokenising again (0.2-0.4 s a trial on the H200). Never
+      later trials take them instead of tokenising again (benchmarks/README.md#trial-costs). Never
       changed after they are made (a frozen dataclass of tuples; the tokenizer is only read).
     - The precomputed reference's log-probs of those pairs (:class:`ReferenceTables`): a later
       trial on the same weights only computes the pairs no earlier trial read.
@@ -60,9 +60,9 @@ class WarmState:
 
     def prefetch(self, cfg: TrialConfig) -> threading.Thread:
         """Tokenise ``cfg``'s data in a thread, now: a warm worker does it as it starts, while the
-        driver's preflight runs, so that its first trial finds the data made (20,000 chat pairs:
-        15 s on the 2-core machine). A failure is left to the trial, which meets it again (and the
-        preflight says what is wrong before any trial)."""
+        driver's preflight runs, so that its first trial finds the data made (tens of thousands of
+        chat pairs take seconds: benchmarks/README.md#trial-costs). A failure is left to the trial,
+        which meets it again (and the preflight says what is wrong before any trial)."""
 
         def work() -> None:
             with contextlib.suppress(Exception):
@@ -84,7 +84,7 @@ class WarmState:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             # cuBLAS keeps a workspace per (handle, stream) in the caching allocator: 1 MiB each that
-            # an earlier trial's shapes created and a fresh process would not hold (seen on the H200).
+            # an earlier trial's shapes created and a fresh process would not hold.
             clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # CUDA builds only
             if clear_workspaces is not None:
                 clear_workspaces()

@@ -7,9 +7,10 @@ import math
 import pytest
 from sweep_frames import steps_for, sweep_trials, trial, write_dir
 
-from dpo_sweep.analysis import commands, tables
+from dpo_sweep.analysis import tables
 from dpo_sweep.analysis.results import load_results
 from dpo_sweep.cli import main
+from dpo_sweep.commands.report import analyse_dir
 
 #: The hand-made frames sweep ``seed`` (sweep_frames.trial), a swept train field: its column follows beta.
 HEADER = ("| micro_batch | checkpoint | grad_acc | beta | seed | peak memory (GB) | step time (ms) | tokens/s "
@@ -36,7 +37,7 @@ def test_report_on_a_dir_holding_only_results_csv(tmp_path, capsys):
 
 
 def test_frontier_md_shape(tmp_path):
-    outcome = commands.analyse_dir(write_dir(tmp_path / "r", sweep_trials()), memory_budget_gb=20.0)
+    outcome = analyse_dir(write_dir(tmp_path / "r", sweep_trials()), memory_budget_gb=20.0)
     text = (tmp_path / "r" / "frontier.md").read_text()
     assert HEADER in text and outcome.frontier_markdown in text and "GB = 1e9 bytes" in text
     rows = table_lines(outcome.frontier_markdown)
@@ -67,14 +68,14 @@ def test_recommend_prints_the_configuration_and_writes_nothing(tmp_path, capsys)
 def test_budget_defaults_to_the_gpu_memory_in_environment_json(tmp_path):
     trials = [trial("a", 10.0, 200.0, 0.02), trial("b", 30.0, 100.0, 0.02)]
     out_dir = write_dir(tmp_path / "r", trials, env={"gpu": {"name": "H200", "memory_gb": 24.0}})
-    outcome = commands.analyse_dir(out_dir)
+    outcome = analyse_dir(out_dir)
     assert outcome.recommendation["trial_id"] == "a"
     assert outcome.recommendation["memory_budget_gb"] == 24.0
     assert outcome.recommendation["budget_source"].startswith("environment.json")
-    assert commands.analyse_dir(write_dir(tmp_path / "cpu", trials)).recommendation["trial_id"] == "b"
+    assert analyse_dir(write_dir(tmp_path / "cpu", trials)).recommendation["trial_id"] == "b"
     # A sweep that capped memory to emulate a smaller card is judged against that card.
     (out_dir / "space.yaml").write_text("name: x\nresources: {gpu_memory_gb: 12}\n")
-    outcome = commands.analyse_dir(out_dir)
+    outcome = analyse_dir(out_dir)
     assert outcome.recommendation["memory_budget_gb"] == 12.0
     assert outcome.recommendation["trial_id"] == "a"
 
@@ -82,12 +83,12 @@ def test_budget_defaults_to_the_gpu_memory_in_environment_json(tmp_path):
 def test_space_yaml_objectives_are_used(tmp_path):
     trials = [trial("a", 10.0, 100.0, 0.05), trial("b", 10.0, 100.0, 0.01)]
     out_dir = write_dir(tmp_path / "r", trials)
-    both = commands.analyse_dir(out_dir).analysed
+    both = analyse_dir(out_dir).analysed
     assert both["on_frontier"].tolist() == [False, True]  # loss std decides
     (out_dir / "space.yaml").write_text(
         "name: x\nobjectives: {memory: min, step_time: min, loss_std: null}\n")
-    assert commands.analyse_dir(out_dir).analysed["on_frontier"].tolist() == [True, True]  # exact tie
-    explicit = commands.analyse_dir(out_dir, objectives={"memory": "min", "loss_std": "min"})
+    assert analyse_dir(out_dir).analysed["on_frontier"].tolist() == [True, True]  # exact tie
+    explicit = analyse_dir(out_dir, objectives={"memory": "min", "loss_std": "min"})
     assert explicit.analysed["on_frontier"].tolist() == [False, True]
 
 
@@ -95,7 +96,7 @@ def test_nan_metrics_load_and_report(tmp_path):
     out_dir = write_dir(tmp_path / "r", [trial("a", 10.0, math.nan, 0.02), trial("b", 12.0, 90.0, math.nan),
                                          trial("c", 14.0, 80.0, 0.02)],
                         steps=steps_for("c", 4, 14.0))
-    outcome = commands.analyse_dir(out_dir, memory_budget_gb=20.0)
+    outcome = analyse_dir(out_dir, memory_budget_gb=20.0)
     assert outcome.analysed["eligible"].tolist() == [False, False, True]
     assert outcome.recommendation["trial_id"] == "c"
     assert table_lines(outcome.frontier_markdown)[0][5] == "-"
@@ -142,7 +143,7 @@ def test_the_end_of_a_run_analyses_like_report_with_its_flags(tmp_path):
     objectives the space file gives (not the schema's defaults for the missing ones) and the
     run's own --memory-budget-gb / --safety-margin."""
     from dpo_sweep.cli import _parser
-    from dpo_sweep.sweep import command
+    from dpo_sweep.commands import run as command
 
     out_dir = write_dir(tmp_path / "r", sweep_trials())
     (out_dir / "space.yaml").write_text("name: r\nobjectives: {memory: min}\n")

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 from sweep_frames import frame, trial, write_dir
 
-from dpo_sweep.analysis import commands, noise_floor
+from dpo_sweep.analysis import noise_floor, results
+from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.analysis.pareto import analyse_frontier, objectives_from_spec
 from dpo_sweep.analysis.recommend import recommend
 from dpo_sweep.records import StepRecord
@@ -56,11 +57,11 @@ def test_frontier_md_states_the_drift_of_same_maths_trials(tmp_path):
     steps = (_steps("s1", [0.693, 0.680, 0.670]) + _steps("s2", [0.693, 0.675, 0.672])
              + _steps("s3", [0.693, 0.681, 0.669]) + _steps("s4", [0.693, 0.679]))
     out_dir = write_dir(tmp_path / "r", _splits(), steps)
-    groups = noise_floor.noise_floor(frame(tmp_path, _splits()), commands.results.load_steps(out_dir))
+    groups = noise_floor.noise_floor(frame(tmp_path, _splits()), results.load_steps(out_dir))
     assert len(groups) == 1 and groups[0].trial_ids == ("s1", "s2", "s3", "s4")
     assert groups[0].steps_compared == 2  # s4 ran 2 steps
     assert groups[0].max_abs_delta_loss == pytest.approx(0.681 - 0.675)
-    text = commands.analyse_dir(out_dir, memory_budget_gb=40.0).frontier_path.read_text()
+    text = analyse_dir(out_dir, memory_budget_gb=40.0).frontier_path.read_text()
     assert "## Noise floor" in text and "s4 (4 x none x 1)" in text and "0.006" in text
 
 
@@ -69,9 +70,9 @@ def test_report_notes_state_the_noise_floor(tmp_path):
 
     steps = _steps("s1", [0.693, 0.680]) + _steps("s2", [0.693, 0.683])
     out_dir = write_dir(tmp_path / "r", _splits()[:2], steps)
-    outcome = commands.analyse_dir(out_dir, memory_budget_gb=40.0)
+    outcome = analyse_dir(out_dir, memory_budget_gb=40.0)
     data = build_report_data(outcome.analysed, recommend(outcome.analysed, 40.0), OBJS,
-                             commands.results.load_steps(out_dir))
+                             results.load_steps(out_dir))
     assert any(n.startswith("Noise floor: s1, s2 are the same maths") and "0.003 over 2 steps" in n
                for n in data.notes)
 

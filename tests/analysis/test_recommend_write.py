@@ -7,7 +7,7 @@ from dataclasses import replace
 import yaml
 from sweep_frames import trial, write_dir
 
-from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.cli import main
 
 SPACE = """name: w

@@ -31,7 +31,7 @@ def test_an_unknown_objective_in_space_yaml_is_refused_with_the_field(tmp_path, 
 def test_the_end_of_a_run_uses_the_space_it_parsed(tmp_path):
     """`dpo-sweep run` hands its validated space to the analysis: what DIR/space.yaml says
     afterwards (here: nothing, the file is gone) does not matter."""
-    from dpo_sweep.sweep import command
+    from dpo_sweep.commands import run as command
 
     out_dir = write_dir(tmp_path / "r", sweep_trials())
     raw = space.load_raw(QUICKSTART)

@@ -6,7 +6,7 @@ import dataclasses
 
 from sweep_frames import frame, trial, write_dir
 
-from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.analysis.tables import stability_source
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from sweep_frames import trial, write_dir
 
-from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.cli import main
 
 

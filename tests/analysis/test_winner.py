@@ -10,7 +10,8 @@ from sweep_frames import trial, write_dir
 
 from dpo_sweep import space as space_mod, trl_fields
 from dpo_sweep import trl_export
-from dpo_sweep.analysis import commands, winner
+from dpo_sweep.analysis import winner
+from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.analysis.results import load_results
 from dpo_sweep.cli import main
 from dpo_sweep.records import read_csv_rows
@@ -46,7 +47,7 @@ def test_recommended_yaml_pins_the_winner_validates_as_one_trial_and_runs(tmp_pa
     raw = quick_space(tmp_path)
     expected = space_mod.parse(raw).trials[5]  # micro_batch 4, none, lr 3e-4
     out = results_for(tmp_path, raw, fastest=5)
-    outcome = commands.analyse_dir(out, memory_budget_gb=20.0)
+    outcome = analyse_dir(out, memory_budget_gb=20.0)
     assert outcome.recommendation["trial_id"] == expected.trial_id
     path = out / "recommended.yaml"
     assert outcome.recommended_path == path
@@ -74,7 +75,7 @@ def test_recommended_yaml_pins_the_winner_validates_as_one_trial_and_runs(tmp_pa
 def test_report_html_gives_the_trl_arguments_and_the_commands(tmp_path):
     raw = quick_space(tmp_path)
     out = results_for(tmp_path, raw, fastest=3)  # micro_batch 2, L2: not expressible in TRL
-    commands.analyse_dir(out, memory_budget_gb=20.0)
+    analyse_dir(out, memory_budget_gb=20.0)
     html = (out / "report.html").read_text()
     assert 'id="trl-config"' in html and "per_device_train_batch_size=2" in html
     assert "dpo-sweep trial recommended.yaml" in html
@@ -203,7 +204,7 @@ def test_recommendation_json_holds_the_trl_export(tmp_path):
 
     raw = quick_space(tmp_path)
     out = results_for(tmp_path, raw, fastest=3)
-    outcome = commands.analyse_dir(out, memory_budget_gb=20.0)
+    outcome = analyse_dir(out, memory_budget_gb=20.0)
     saved = json.loads((out / "recommendation.json").read_text())["trl"]
     assert saved == outcome.recommendation["trl"]
     assert saved["dpo_config"]["per_device_train_batch_size"] == 2 and saved["peft_config"] is None
@@ -214,7 +215,7 @@ def test_recommendation_json_holds_the_trl_export(tmp_path):
 def test_no_space_yaml_no_recommended_yaml_and_a_stale_one_is_removed(tmp_path, capsys):
     out = write_dir(tmp_path / "r", [trial("t0", 1.0, 100.0, 0.02), trial("t1", 2.0, 90.0, 0.02)])
     (out / "recommended.yaml").write_text("stale")
-    outcome = commands.analyse_dir(out, memory_budget_gb=20.0)
+    outcome = analyse_dir(out, memory_budget_gb=20.0)
     assert outcome.recommended_path is None and not (out / "recommended.yaml").exists()
     assert "no recommended.yaml" in outcome.recommendation_text and "space.yaml" in outcome.recommendation_text
 
@@ -271,7 +272,7 @@ def test_the_winner_says_what_the_other_trainer_measured(tmp_path):
         row.extra.update({"attn_implementation": "sdpa", "liger_kernel": False})
         rows.append(dataclasses.replace(row, trainer=t.train.trainer))
     write_dir(out, rows)
-    outcome = commands.analyse_dir(out, memory_budget_gb=40.0)
+    outcome = analyse_dir(out, memory_budget_gb=40.0)
     switch = json.loads((out / "recommendation.json").read_text())["trl"]["switch"]
     assert outcome.recommendation["config"]["trainer"] == "native"
     assert (switch["trainer"], switch["source"], switch["status"]) == ("trl", "measured", "ok")
@@ -292,7 +293,7 @@ def test_without_a_trl_row_the_switch_is_predicted_at_the_nearest_trl_level(tmp_
 
     raw = quick_space(tmp_path)
     out = results_for(tmp_path, raw, fastest=3)  # micro_batch 2, L2: TRL's nearest is full
-    outcome = commands.analyse_dir(out, memory_budget_gb=20.0)
+    outcome = analyse_dir(out, memory_budget_gb=20.0)
     switch = json.loads((out / "recommendation.json").read_text())["trl"]["switch"]
     t = space_mod.parse(raw).trials[3]
     row = load_results(out).set_index("trial_id").loc[t.trial_id]

@@ -99,12 +99,12 @@ def test_first_row_is_the_first_progress_line():
 def test_trial_spans_come_from_tunes_experiment_state_in_start_order(tmp_path):
     # Tune's experiment state as Ray 2.60 writes it: trial_data holds [trial JSON, run_metadata JSON].
     def trial(tid, start, total):
-        return [json.dumps({"config": {"trial": {"trial_id": tid}}}),
+        return [json.dumps({"config": {"trial_id": tid}}),
                 json.dumps({"start_time": start, "last_result": {"time_total_s": total}})]
 
     state = tmp_path / "ray" / "exp-1" / "experiment_state-2026-12-01_16-00-00.json"
     state.parent.mkdir(parents=True)
-    pending = [json.dumps({"config": {"trial": {"trial_id": "never"}}}), json.dumps({"start_time": None})]
+    pending = [json.dumps({"config": {"trial_id": "never"}}), json.dumps({"start_time": None})]
     state.write_text(json.dumps({"trial_data": [trial("b", 1012.0, 3.0), trial("a", 1005.0, 6.5), pending]}))
     spans = sweep_overhead.trial_spans(tmp_path, started_at=1000.0)
     assert [(s.trial_id, s.start_s, s.end_s, s.gap_s) for s in spans] == [("a", 5.0, 11.5, 5.0), ("b", 12.0, 15.0, 0.5)]

@@ -36,7 +36,7 @@ def test_knobs_that_cannot_change_memory_share_a_key(change):
     {"reference": "precomputed"}, {"logp_chunk_tokens": 0}, {"padding_side": "left"}, {"grad_acc": 2},
     {"model": {"preset": "tiny-llama", "lean_ops": False}},
     {"model": {"preset": "tiny-llama", "attn_implementation": "eager"}},
-    {"resources": {"use_gpu": False, "workers_per_trial": 2}}, {"fail_at_step": 1},
+    {"resources": {"use_gpu": False, "workers_per_trial": 2}},
     {"data": {"synthetic": {"pairs": 16, "prompt_tokens": 20, "response_tokens": 10}}},
 ])
 def test_knobs_that_can_change_memory_split_the_key(change):

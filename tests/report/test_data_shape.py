@@ -6,7 +6,7 @@ import json
 
 from sweep_frames import sweep_trials, write_dir
 
-from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.config import DataSpec
 from dpo_sweep.report.data_shape import load_data_json
 from dpo_sweep.train.data import load_pairs

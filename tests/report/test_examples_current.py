@@ -5,7 +5,7 @@ from their results: regenerated from a copy of their inputs, every output matche
 The TRL export in them uses the TRL field list recorded with the package (the same wherever the
 test runs, TRL installed or not). When this fails after a change to the analysis or the report,
 regenerate them:
-    python -c "import glob; from dpo_sweep import trl_fields; from dpo_sweep.analysis.commands import
+    python -c "import glob; from dpo_sweep import trl_fields; from dpo_sweep.commands.report import
     analyse_dir; [analyse_dir(d, trl=trl_fields.from_recorded()) for d in glob.glob('reports/examples/*/')]"
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dpo_sweep import trl_fields
-from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.commands.report import analyse_dir
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "reports" / "examples"
 INPUTS = ("results.csv", "steps.csv", "space.yaml", "environment.json", "data.json")

@@ -13,7 +13,7 @@ from cdp_chromium import Chromium, find_chromium
 from report_frames import CUDA_OOM, all_oom_sweep, llama_sweep
 from sweep_frames import HOSTILE, steps_for, sweep_trials, trial, write_dir
 
-from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.commands.report import analyse_dir
 
 # For every plot div: how many plotly SVG layers, how many drawn markers/lines, and whether
 # any SVG has content.

@@ -11,7 +11,7 @@ from sweep_frames import trial, write_dir
 import yaml
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.cli import main
 
 SPACE = """name: h

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 from sweep_frames import trial, write_dir
 
-from dpo_sweep.analysis import commands
 from dpo_sweep.analysis.pareto import analyse_frontier, objectives_from_spec
 from dpo_sweep.analysis.recommend import recommend
 from dpo_sweep.analysis.results import load_results
 from dpo_sweep.cli import main
+from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.report.data import build_report_data
 
 OBJS = objectives_from_spec(None)
@@ -100,7 +100,7 @@ def test_console_and_frontier_md_name_the_swept_values(tmp_path, capsys):
     out = write_dir(tmp_path / "r", lr_sweep())
     assert main(["recommend", str(out), "--memory-budget-gb", "150"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("beta=0.1 seed=0 lr=5e-06")
-    commands.analyse_dir(out, memory_budget_gb=150.0)
+    analyse_dir(out, memory_budget_gb=150.0)
     text = (out / "frontier.md").read_text()
     assert "| micro_batch | checkpoint | grad_acc | beta | seed | lr | peak memory (GB) |" in text
     assert "| stability | on frontier |" in text and "| diverging | no |" in text

@@ -19,7 +19,9 @@ from dpo_sweep.errors import UserError
 from dpo_sweep.sweep import output_dir, protocol, recorder, slots, trainable
 from dpo_sweep.sweep.collector import TrialCollector
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, TrialFailure
-from testkit import make_cfg
+from dpo_sweep.sweep.planner import PlanSearcher
+from dpo_sweep.sweep.task import TrialTask, trial_id_of
+from testkit import end_trial, make_cfg
 
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 
@@ -262,7 +264,7 @@ def test_tune_keeps_its_trial_process_between_trials():
 
     cfg = tune_config(3)
     assert cfg.reuse_actors is True and cfg.max_concurrent_trials == 3
-    trial = type("T", (), {"config": {"trial": {"trial_id": "t007_mb2_L1_ga1_b0.1"}}})()
+    trial = type("T", (), {"config": {"trial_id": "t007_mb2_L1_ga1_b0.1"}})()
     assert cfg.trial_dirname_creator(trial) == "t007_mb2_L1_ga1_b0.1"
 
 
@@ -288,14 +290,15 @@ def test_steps_travel_once_in_their_own_reports():
 
 
 def test_recorder_looks_configs_up_instead_of_validating_them(tmp_path, capsys):
-    """Tune hands the callback each trial's config as JSON; the recorder uses the config the sweep
-    validated (here the JSON holds only the id, which no TrialConfig validation would accept)."""
+    """Tune hands the callback each trial's config; the recorder looks up by its trial id the config
+    the sweep validated (here the config holds only the id, which no TrialConfig would accept)."""
     cfg = make_cfg(trial_id="t006", steps=3)
     plan = SweepPlan([cfg])
-    assert plan.next_job().cfg.trial_id == "t006"
     rec = recorder.SweepRecorder(tmp_path, plan, total=1, already_done=0)
-    trial = type("T", (), {"trial_id": "tune-6", "config": {"trial": {"trial_id": "t006"}}})()
-    rec.on_trial_result(0, [], trial, TrialEnding(TrialFailure("oom", "OOM")).to_report())
+    searcher = PlanSearcher(plan, rec, TrialTask(cfg))
+    assert trial_id_of(searcher.suggest("tune-6")) == "t006"
+    trial = type("T", (), {"trial_id": "tune-6", "config": {"trial_id": "t006"}})()
+    end_trial(rec, searcher, trial, [TrialEnding(TrialFailure("oom", "OOM")).to_report()])
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert [(r["trial_id"], r["status"], r["micro_batch"]) for r in rows] == [("t006", "oom", str(cfg.micro_batch))]
     assert "[1/1] t006" in capsys.readouterr().out

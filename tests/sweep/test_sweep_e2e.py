@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dpo_sweep import space as space_mod
+from dpo_sweep.train.faults import FAULTS_ENV
 from sweep_cluster import http_get, read_csv, run_sweep, start_head, start_sweep, stop_process, write_space
 
 pytestmark = pytest.mark.slow
@@ -81,17 +82,19 @@ def _assert_console_budget(log: str, out, trials: int) -> None:
 
 
 def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(cluster, tmp_path):
-    # none/L1 x (no failure, an OOM raised inside the worker at step 2): 4 trials, 2 at a time.
-    # --full-grid: every one runs (the planner would prune `none` after L1's OOM; see
-    # test_sweep_planned.py), which is what this test checks the recording of.
+    # none/L1 x (seed 0: no failure, seed 1: an OOM raised inside the worker at step 2, an injected
+    # fault: train/faults.py): 4 trials, 2 at a time. --full-grid: every one runs (the planner would
+    # prune `none` after L1's OOM; see test_sweep_planned.py), which is what this test checks the
+    # recording of.
     space = write_space(tmp_path / "e2e.yaml", "e2e", """\
         micro_batch: [2]
         checkpoint_level: [none, L1]
-        fail_at_step: [null, 2]
-        """, train_extra=", fail_kind: oom")
+        seed: [0, 1]
+        """)
     out = tmp_path / "out"
+    fault = json.dumps({"step": 2, "kind": "oom", "when": {"train.seed": 1}})
     proc = start_sweep([str(space), "--address", cluster.address, "--output", str(out),
-                        "--max-concurrent", "2", "--full-grid"], cluster.env, tmp_path / "run.log")
+                        "--max-concurrent", "2", "--full-grid"], {**cluster.env, FAULTS_ENV: fault}, tmp_path / "run.log")
     seen: dict = {}
     try:
         _poll_dashboard(cluster, proc, seen)
@@ -116,7 +119,7 @@ def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(c
     assert sorted(r["trial_id"] for r in results) == sorted(expected)
     for r in results:
         cfg = expected[r["trial_id"]]
-        want = "oom" if cfg.train.fail_at_step == 2 else "ok"
+        want = "oom" if cfg.train.seed == 1 else "ok"
         assert r["status"] == want, r
         assert r["checkpoint_level"] == cfg.checkpoint_level and int(r["micro_batch"]) == 2
         assert float(r["startup_s"]) > 0, r
@@ -133,10 +136,10 @@ def test_sweep_records_every_trial_oom_included_and_checkpointing_keeps_losses(c
     for s in steps:
         by_trial.setdefault(s["trial_id"], []).append(s)
     for tid, cfg in expected.items():
-        assert [int(s["step"]) for s in by_trial[tid]] == ([1] if cfg.train.fail_at_step == 2 else [1, 2, 3, 4])  # 4: worst case
+        assert [int(s["step"]) for s in by_trial[tid]] == ([1] if cfg.train.seed == 1 else [1, 2, 3, 4])  # 4: worst case
 
     # Checkpointing recomputes, it must not change the maths: fp32, same seed -> same losses.
-    ok = {expected[t].checkpoint_level: t for t in expected if expected[t].train.fail_at_step is None}
+    ok = {expected[t].checkpoint_level: t for t in expected if expected[t].train.seed == 0}
     losses = {lv: torch.tensor([float(s["loss"]) for s in by_trial[t]]) for lv, t in ok.items()}
     torch.testing.assert_close(losses["L1"], losses["none"], rtol=1e-5, atol=1e-6)
 
@@ -217,10 +220,10 @@ def test_same_failure_before_the_first_step_stops_the_sweep_with_exit_1(cluster,
     space = write_space(tmp_path / "broken.yaml", "broken", """\
         micro_batch: [2]
         checkpoint_level: [none, L1, L2, full]
-        """, train_extra=", fail_at_step: 1, fail_kind: error")
+        """)
     out = tmp_path / "out"
     done = run_sweep([str(space), "--address", cluster.address, "--output", str(out), "--max-concurrent", "1"],
-                     cluster.env, timeout_s=300)
+                     {**cluster.env, FAULTS_ENV: '{"step": 1, "kind": "error"}'}, timeout_s=300)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     rows = read_csv(out / "results.csv")
     assert [r["status"] for r in rows] == ["error", "error"], rows

@@ -19,9 +19,12 @@ from dpo_sweep.plan.memory import predict_peak_gb
 from dpo_sweep.core.trial_facts import planned_device
 from dpo_sweep.plan.rules import BUDGET_MARGIN
 from dpo_sweep.records import StepRecord, TrialResult, read_csv_rows
-from dpo_sweep.sweep import command, tuner
+from dpo_sweep.commands import run as command
+from dpo_sweep.sweep import tuner
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding
 from dpo_sweep.sweep.ray_cluster import RayConnection
+from dpo_sweep.sweep.task import task_of
+from testkit import end_trial
 
 #: A 1B model's shapes (nothing is trained: the stand-in Tuner runs no worker) on long-tailed
 #: synthetic data far below max_length: the worst micro-batch is a fraction of 2 x 8 x 4096 tokens.
@@ -39,21 +42,20 @@ class FakeTuner:
 
     started: list[dict] = []
 
-    def __init__(self, trainable, *, param_space, tune_config, run_config) -> None:
+    def __init__(self, trainable, *, tune_config, run_config) -> None:
         self.searcher, self.recorder = tune_config.search_alg, run_config.callbacks[0]
 
     def fit(self) -> None:
         while (config := self.searcher.suggest(f"tune-{len(self.started)}")) not in (None, Searcher.FINISHED):
             trial = SimpleNamespace(trial_id=f"tune-{len(self.started)}", config=config)
-            FakeTuner.started.append(config["trial"])
+            FakeTuner.started.append(task_of(config).cfg)
             cfg = self.recorder._cfg(trial)
             step = StepRecord(trial_id=cfg.trial_id, step=1, loss=0.7, grad_norm=1.0, step_time_ms=200.0,
                               peak_mem_gb=1.0, reward_accuracy=0.5, reward_margin=0.0, logps_chosen=-1.0,
                               logps_rejected=-1.0, kl=0.0, micro_step_ms=90.0, optimizer_ms=20.0)
             row = TrialResult(trial_id=cfg.trial_id, status="ok", **cfg.knobs(), peak_mem_gb=1.0, step_time_ms=200.0)
-            for report in (StepReport(step).to_report(), OutcomeReport(row).to_report(), TrialEnding().to_report()):
-                self.recorder.on_trial_result(0, [], trial, report)
-            self.searcher.on_trial_complete(trial.trial_id, result={})
+            end_trial(self.recorder, self.searcher, trial,
+                      (StepReport(step).to_report(), OutcomeReport(row).to_report(), TrialEnding().to_report()))
 
 
 def _run(monkeypatch, path, out) -> dict[str, dict[str, str]]:
@@ -117,4 +119,4 @@ def test_a_configuration_that_fits_with_its_real_lengths_is_not_pruned(tmp_path,
     assert not any(p.startswith("pruned") for p in plans.values())
     rows = _run(monkeypatch, path, tmp_path / "out")
     assert {r["status"] for r in rows.values()} == {"ok"}, [r["error"] for r in rows.values()]
-    assert {t["trial_id"] for t in FakeTuner.started} == set(est)
+    assert {t.trial_id for t in FakeTuner.started} == set(est)

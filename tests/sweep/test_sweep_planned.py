@@ -12,8 +12,10 @@ import pytest
 import ray
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.analysis.commands import analyse_dir
+from dpo_sweep.commands.report import analyse_dir
+from dpo_sweep.sweep.slots import absolute_paths, trial_slots
 from dpo_sweep.sweep.tuner import run_sweep
+from oom_from_micro_batch_2 import run_trial as oom_from_micro_batch_2
 from sweep_cluster import read_csv, write_space
 
 pytestmark = pytest.mark.slow
@@ -38,8 +40,8 @@ def test_planned_sweep_runs_fewer_trials_and_writes_every_row(local_ray, tmp_pat
         """, train_extra=", learning_steps: 5")  # the space's steps: 3
     sp = space_mod.load(path)
     out = tmp_path / "out"
-    summary = run_sweep(sp, out, max_concurrent=1, done_ids=set(), cluster=local_ray,
-                        trainer="oom_from_micro_batch_2:run_trial")
+    summary = run_sweep(sp, out, trials=[absolute_paths(t) for t in sp.trials], slots=trial_slots(sp, local_ray, 1),
+                        done_ids=set(), trainer=oom_from_micro_batch_2)
     rows = {r["trial_id"]: r for r in read_csv(out / "results.csv")}
     assert set(rows) == {t.trial_id for t in sp.trials}
     steps = read_csv(out / "steps.csv")

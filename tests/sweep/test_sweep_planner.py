@@ -12,7 +12,8 @@ from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, Tri
 from dpo_sweep.sweep.output_dir import prepare_output
 from dpo_sweep.sweep.planner import PlanSearcher
 from dpo_sweep.sweep.recorder import SweepRecorder
-from testkit import make_cfg
+from dpo_sweep.sweep.task import TrialTask, task_of
+from testkit import end_trial, make_cfg
 
 
 def _reports(cfg, status: str) -> list[dict]:
@@ -32,7 +33,7 @@ def test_searcher_runs_fewer_trials_than_configurations_and_writes_every_row(tmp
               for i, (mb, lv, b) in enumerate((mb, lv, b) for mb in (1, 2) for lv in ("none", "L1") for b in (0.1, 0.2))]
     plan = SweepPlan(trials)
     rec = SweepRecorder(tmp_path, plan, total=len(trials), already_done=0)
-    searcher = ConcurrencyLimiter(PlanSearcher(plan, rec), max_concurrent=1)  # as tune.TuneConfig wraps it
+    searcher = ConcurrencyLimiter(PlanSearcher(plan, rec, TrialTask(trials[0])), max_concurrent=1)  # as tune.TuneConfig wraps it
     started, running, waited = [], [], 0
     while True:
         config = searcher.suggest(f"tune-{len(started)}")
@@ -41,14 +42,12 @@ def test_searcher_runs_fewer_trials_than_configurations_and_writes_every_row(tmp
             break
         if config is not None:  # Tune starts it; ask again
             trial = type("T", (), {"trial_id": f"tune-{len(started)}", "config": config})()
-            started.append(config["trial"])
+            started.append(task_of(config).cfg)
             running.append(trial)
             continue
         waited += 1  # None: nothing can start until a running trial ends; end the oldest
         trial = running.pop(0)
-        for report in _reports(rec._cfg(trial), "oom" if trial.config["trial"]["micro_batch"] == 2 else "ok"):
-            rec.on_trial_result(0, [], trial, report)
-        searcher.on_trial_complete(trial.trial_id, result={})
+        end_trial(rec, searcher, trial, _reports(rec._cfg(trial), "oom" if task_of(trial.config).cfg.micro_batch == 2 else "ok"))
     assert waited >= 1
     rows = {r["trial_id"]: r for r in read_csv_rows(tmp_path / "results.csv")}
     assert set(rows) == {t.trial_id for t in trials} and len(started) < len(trials)
@@ -66,3 +65,23 @@ def test_searcher_runs_fewer_trials_than_configurations_and_writes_every_row(tmp
     space.write_text("name: x\n")
     prepare_output(space, tmp_path, resume=True)
     assert {s["trial_id"] for s in read_csv_rows(tmp_path / "steps.csv")} >= learning
+
+
+def test_the_plan_learns_a_trials_outcome_in_the_searcher_and_the_recorder_then_writes_it(tmp_path):
+    # Tune's order when a trial ends: the Searcher's on_trial_complete, then the callbacks' hook.
+    cfg = make_cfg(trial_id="t0", grad_acc=1, learning_steps=2)  # its own learning trial: its row is final
+    plan = SweepPlan([cfg], full_grid=True)
+    rec = SweepRecorder(tmp_path, plan, total=1, already_done=0)
+    ended = []
+    searcher = PlanSearcher(plan, rec, TrialTask(cfg), end_hooks=(lambda job, done: ended.append(job.job_id),))
+    config = searcher.suggest("tune-0")
+    trial = type("T", (), {"trial_id": "tune-0", "config": config})()
+    for report in _reports(cfg, "ok"):
+        rec.on_trial_result(0, [], trial, report)
+    assert plan.running() and not (tmp_path / "results.csv").exists()  # the reports alone: nothing learnt
+    searcher.on_trial_complete("tune-0", result={})
+    assert not plan.running() and ended == ["t0"]  # the plan knows, the end hooks ran
+    assert not (tmp_path / "results.csv").exists()
+    rec.on_trial_complete(0, [], trial)
+    assert [r["trial_id"] for r in read_csv_rows(tmp_path / "results.csv")] == ["t0"]
+    assert searcher.suggest("tune-1") == Searcher.FINISHED

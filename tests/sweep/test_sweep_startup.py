@@ -18,7 +18,8 @@ from dpo_sweep.cli import main
 from dpo_sweep.errors import DataError
 from dpo_sweep.records import TrialResult, write_results
 from dpo_sweep import space as space_mod
-from dpo_sweep.sweep import command, startup
+from dpo_sweep.commands import run as command
+from dpo_sweep.sweep import startup
 from dpo_sweep.sweep.ray_cluster import InfrastructureError, RayConnection
 from dpo_sweep.sweep.tuner import SweepSummary
 
@@ -283,7 +284,7 @@ def test_no_ray_handle_is_freed_while_ray_shuts_down_beside_the_analysis(monkeyp
     import threading
     import weakref
 
-    from dpo_sweep.sweep import command
+    from dpo_sweep.commands import run as command
 
     shutting_down, go_on, seen = threading.Event(), threading.Event(), {}
 

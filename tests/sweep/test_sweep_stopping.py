@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from testkit import make_cfg
+from testkit import end_trial, make_cfg
 
 from dpo_sweep.sweep import recorder, stopping, trial_run
 from dpo_sweep.records import TrialResult
@@ -93,29 +93,41 @@ def test_tune_failure_logs_are_dropped_once_stopping(caplog):
 
 
 def _trial(tune_id: str, trial_id: str):
-    return type("T", (), {"trial_id": tune_id, "config": {"trial": {"trial_id": trial_id}}})()
+    return type("T", (), {"trial_id": tune_id, "config": {"trial_id": trial_id}})()
 
 
-def _fail(rec: recorder.SweepRecorder, tune_id: str, trial_id: str, error: str) -> None:
-    summary = TrialEnding(TrialFailure("error", error)).to_report()
-    rec.on_trial_result(0, [], _trial(tune_id, trial_id), summary)
+def _searcher(plan, rec, *hooks):
+    """The planner's Searcher over ``plan``, with ``hooks`` after each trial's end, and the ETA's pricing first."""
+    from dpo_sweep.sweep.planner import PlanSearcher
+    from dpo_sweep.sweep.task import TrialTask
+
+    return PlanSearcher(plan, rec, TrialTask(make_cfg()), end_hooks=(rec.pricing.trial_ended, *hooks))
 
 
-def test_recorder_asks_for_the_stop_after_two_alike_failures_and_writes_no_row_for_killed_trials(tmp_path, capsys):
+def _start(searcher, tune_id: str):
+    """The next trial the Searcher suggests, as Tune's trial ``tune_id``."""
+    from dpo_sweep.sweep.task import trial_id_of
+
+    return _trial(tune_id, trial_id_of(searcher.suggest(tune_id)))
+
+
+def test_the_stop_hook_asks_for_the_stop_after_two_alike_failures_and_no_row_is_written_for_killed_trials(tmp_path, capsys):
     from dpo_sweep.plan.schedule import SweepPlan
 
     cfgs = [make_cfg(trial_id=f"t00{i}") for i in range(3)]
     plan = SweepPlan(cfgs, full_grid=True)  # one Ray trial per configuration, in order
     request = StopRequest()
     rec = recorder.SweepRecorder(tmp_path, plan, total=3, already_done=0, stop=request)
-    assert plan.next_job().cfg.trial_id == "t000"
-    _fail(rec, "a", "t000", LIGER)
+    searcher = _searcher(plan, rec, stopping.SameFailureStop(request, 3).trial_ended)
+    failed = [TrialEnding(TrialFailure("error", LIGER)).to_report()]
+    assert (a := _start(searcher, "a")).config["trial_id"] == "t000"
+    end_trial(rec, searcher, a, failed)
     assert request.reason is None
-    assert plan.next_job().cfg.trial_id == "t001"
-    _fail(rec, "b", "t001", LIGER)
+    assert (b := _start(searcher, "b")).config["trial_id"] == "t001"
+    end_trial(rec, searcher, b, failed)
     assert request.reason == LIGER
-    assert plan.next_job().cfg.trial_id == "t002"
-    rec.on_trial_error(0, [], _trial("c", "t002"))  # the third trial, killed by the stop
+    assert (c := _start(searcher, "c")).config["trial_id"] == "t002"
+    end_trial(rec, searcher, c, error=True)  # the third trial, killed by the stop
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
     assert [r["trial_id"] for r in rows] == ["t000", "t001"] and rec.crashed == []
     assert "[2/3] t001" in capsys.readouterr().out
@@ -266,12 +278,12 @@ def test_progress_line_left_counts_longer_trials_longer(tmp_path, capsys, monkey
     clock = [0.0]
     monkeypatch.setattr(recorder.time, "monotonic", lambda: clock[0])
     rec = recorder.SweepRecorder(tmp_path, plan, total=4, already_done=0)
+    searcher = _searcher(plan, rec)
     for tune_id in ("a", "b"):
-        job = plan.next_job()
-        trial = _trial(tune_id, job.cfg.trial_id)
+        trial = _start(searcher, tune_id)
         rec.on_trial_start(0, [], trial)
         clock[0] += 10.0
-        rec.on_trial_result(0, [], trial, TrialEnding(TrialFailure("error", "x")).to_report())
+        end_trial(rec, searcher, trial, [TrialEnding(TrialFailure("error", "x")).to_report()])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert "[2/4] t1" in lines[1] and "20 s elapsed, ~1 min 20 s left" in lines[1], lines
 
@@ -333,15 +345,16 @@ def test_rows_written_when_measured_count_their_learning_trial_in_what_is_left(t
     clock = [0.0]
     monkeypatch.setattr(recorder.time, "monotonic", lambda: clock[0])
     rec = recorder.SweepRecorder(tmp_path, plan, total=3, already_done=0)
+    searcher = _searcher(plan, rec)
     kinds = []
-    while (job := plan.next_job()) is not None:
+    while isinstance(config := searcher.suggest(tune_id := f"tune-{len(kinds)}"), dict):
+        job = plan.job(config["trial_id"])
         kinds.append(job.kind)
-        trial = _trial(job.job_id, job.cfg.trial_id)
+        trial = _trial(tune_id, job.cfg.trial_id)
         rec.on_trial_start(0, [], trial)
         clock[0] += 10.0
         row = TrialResult(trial_id=job.cfg.trial_id, status="ok", **job.cfg.knobs(), peak_mem_gb=1.0)
-        rec.on_trial_result(0, [], trial, OutcomeReport(row).to_report())
-        rec.on_trial_result(0, [], trial, TrialEnding().to_report())
+        end_trial(rec, searcher, trial, [OutcomeReport(row).to_report(), TrialEnding().to_report()])
     assert kinds[-1] == JobKind.LEARN
     out = capsys.readouterr().out.splitlines()
     lines = [line for line in out if line.startswith("[")]

@@ -6,9 +6,12 @@ rank 1 only (the other rank is then stopped by Ray Train): it must still be reco
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dpo_sweep import space as space_mod
+from dpo_sweep.train.faults import FAULTS_ENV
 from sweep_cluster import read_csv, run_sweep, start_head, write_space
 
 pytestmark = pytest.mark.slow
@@ -26,16 +29,18 @@ def two_nodes(tmp_path_factory):
 
 
 def test_ddp_trials_span_two_nodes_and_an_oom_on_rank_1_is_a_result(two_nodes, tmp_path):
+    # L1 runs out of memory on rank 1 at step 2 (an injected fault: train/faults.py); L2, which the
+    # plan runs first (cheaper), and which no OOM of L1 prunes, does not.
     space = write_space(tmp_path / "two.yaml", "two-node", """\
         micro_batch: [2]
-        checkpoint_level: [L2]
-        fail_at_step: [null, 2]
-        """, train_extra=", fail_kind: oom, fail_rank: 1")
+        checkpoint_level: [L1, L2]
+        """)
+    fault = {"step": 2, "kind": "oom", "rank": 1, "when": {"checkpoint_level": "L1"}}
     space.write_text(space.read_text().replace("workers_per_trial: 1", "workers_per_trial: 2")
                      .replace("cpus_per_worker: 0.5", "cpus_per_worker: 0.6"))
     out = tmp_path / "out"
     done = run_sweep([str(space), "--address", two_nodes.address, "--output", str(out)],
-                     two_nodes.env, timeout_s=300)
+                     {**two_nodes.env, FAULTS_ENV: json.dumps(fault)}, timeout_s=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     expected = {t.trial_id: t for t in space_mod.load(space).trials}
@@ -44,7 +49,7 @@ def test_ddp_trials_span_two_nodes_and_an_oom_on_rank_1_is_a_result(two_nodes, t
     for tid, cfg in expected.items():
         r = rows[tid]
         assert r["num_workers"] == "2" and int(r["effective_batch"]) == 4
-        if cfg.train.fail_at_step is None:
+        if cfg.checkpoint_level == "L2":
             assert r["status"] == "ok" and float(r["peak_mem_gb"]) > 0, r
         else:
             assert r["status"] == "oom" and r["error"].startswith("rank 1:") and "OOM" in r["error"], r

@@ -17,7 +17,9 @@ import pytest
 
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialFailure
+from dpo_sweep.sweep.task import TrialTask
 from dpo_sweep.sweep.warm_worker import TrialWorker
+from dpo_sweep.train.faults import InjectedFault
 from testkit import make_cfg
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,9 +31,10 @@ def _cfg(micro_batch: int, length: int, **kw):
                     data={"synthetic": {"pairs": 32, "prompt_tokens": half, "response_tokens": half}}, **kw)
 
 
-def _run(worker: TrialWorker, cfg, trial_start: float | None = None) -> tuple[list, object, TrialFailure | None]:
+def _run(worker: TrialWorker, cfg, trial_start: float | None = None,
+         fault: InjectedFault | None = None) -> tuple[list, object, TrialFailure | None]:
     start = time.time() if trial_start is None else trial_start
-    items = list(worker.run({"trial": cfg, "trial_start": start, "log_dir": None}))
+    items = list(worker.run(TrialTask(cfg, fault=fault, trial_start=start)))
     failure = next((i for i in items if isinstance(i, TrialFailure)), None)
     reports = [i for i in items if not isinstance(i, TrialFailure)]
     outcomes = [o.result for i in reports if (o := OutcomeReport.from_report(i))]
@@ -83,7 +86,7 @@ def test_the_first_trials_log_says_when_its_workers_imports_ran(capsys):
     said = []
     for cfg in (_cfg(2, 64, trial_id="first"), _cfg(2, 64, trial_id="second")):
         capsys.readouterr()
-        list(worker.run({"trial": cfg, "trial_start": started, "log_dir": None}))
+        list(worker.run(TrialTask(cfg, trial_start=started)))
         said.append(capsys.readouterr().out)
     assert said[0].startswith("[first] warm worker: imports took ") and "s of the trial's start" in said[0]
     assert "warm worker:" not in said[1]  # later trials did not wait for it
@@ -93,7 +96,7 @@ def test_the_first_trials_log_says_when_its_workers_imports_ran(capsys):
 
 def test_oom_is_a_status_and_the_worker_runs_the_next_trial():
     worker = TrialWorker()
-    steps, outcome, failure = _run(worker, _cfg(2, 64, fail_at_step=2, fail_kind="oom"))
+    steps, outcome, failure = _run(worker, _cfg(2, 64), fault=InjectedFault(2, "oom"))
     assert outcome is None and len(steps) == 1
     assert failure.status == "oom" and failure.error.startswith("rank 0: injected OOM at step 2")
     assert failure.process_usable  # an OOM leaves the process usable: no new worker
@@ -102,7 +105,7 @@ def test_oom_is_a_status_and_the_worker_runs_the_next_trial():
 
 
 def test_an_error_asks_for_a_new_worker():
-    _, _, failure = _run(TrialWorker(), _cfg(2, 64, fail_at_step=1, fail_kind="error"))
+    _, _, failure = _run(TrialWorker(), _cfg(2, 64), fault=InjectedFault(1, "error"))
     assert failure.status == "error" and not failure.process_usable  # a new worker takes its place
 
 
@@ -141,8 +144,9 @@ def test_a_warm_worker_never_imports_ray_train():
     # Its trials report through the actor's stream, not Ray Train: importing it cost 2.1 s of the
     # worker's start on the H200 (benchmarks/results/sweep_overhead/h200-warm-worker-pool/).
     script = ("import sys, time\nsys.path.insert(0, 'tests')\nfrom testkit import make_cfg\n"
+              "from dpo_sweep.sweep.task import TrialTask\n"
               "from dpo_sweep.sweep.warm_worker import TrialWorker\nw = TrialWorker()\n"
-              "list(w.run({'trial': make_cfg(steps=1), 'trial_start': time.time(), 'log_dir': None}))\n"
+              "list(w.run(TrialTask(make_cfg(steps=1), trial_start=time.time())))\n"
               "print('ray.train' in sys.modules, 'ray.tune' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -151,23 +155,26 @@ def test_a_warm_worker_never_imports_ray_train():
 
 def test_a_warm_worker_imports_with_scikit_learn_hidden_and_freezes_what_it_imported(tmp_path):
     # transformers 5.17 imports scikit-learn with its generation code when it is installed: 1.9 s
-    # of a warm worker's imports on the H200 that no trial uses. A stand-in scikit-learn and a
-    # stand-in trainer that notes, when imported, whether it can see it.
+    # of a warm worker's imports on the H200 that no trial uses. A stand-in scikit-learn, and an
+    # import hook that notes, when the worker imports the trainer, whether it can see it.
     (tmp_path / "sklearn").mkdir()
     (tmp_path / "sklearn" / "__init__.py").write_text("IMPORTED = True\n")
-    (tmp_path / "peeking_trainer.py").write_text(
-        "import importlib.util\nSAW_SKLEARN = importlib.util.find_spec('sklearn') is not None\n"
-        "def run_trial(*a, **k):\n    raise AssertionError('not run')\n")
-    script = ("import gc, sys\nsys.path[:0] = [sys.argv[1]]\n"
+    script = ("import gc, importlib.util, sys\nsys.path[:0] = [sys.argv[1]]\nseen = []\n"
+              "class Peek:\n"
+              "    def find_spec(self, name, path=None, target=None):\n"
+              "        if name == 'dpo_sweep.train.loop':\n"
+              "            seen.append(importlib.util.find_spec('sklearn') is not None)\n"
+              "sys.meta_path.insert(0, Peek())\n"
               "from dpo_sweep.sweep.warm_worker import TrialWorker\n"
-              "frozen = gc.get_freeze_count()\nw = TrialWorker(trainer='peeking_trainer:run_trial')\n"
-              "import peeking_trainer, sklearn\n"
-              "print(peeking_trainer.SAW_SKLEARN, sklearn.IMPORTED, gc.get_freeze_count() > frozen)")
+              "frozen = gc.get_freeze_count()\nw = TrialWorker()\n"
+              "import sklearn\n"
+              "print(seen, sklearn.IMPORTED, gc.get_freeze_count() > frozen)")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    # hidden while the trainer imported; importable as usual afterwards; the imports frozen
-    assert done.stdout.splitlines()[-1] == "False True True"
+    # hidden while the trainer imported (once, in the worker's start); importable as usual
+    # afterwards; the imports frozen
+    assert done.stdout.splitlines()[-1] == "[False] True True"
 
 
 def test_unused_packages_look_uninstalled_only_within_the_block(tmp_path, monkeypatch):

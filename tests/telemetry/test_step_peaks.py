@@ -10,6 +10,7 @@ import torch
 
 import dpo_sweep.train.loop as loop
 from dpo_sweep.telemetry import MemoryPeaks, MemorySampler, failure_peak_gb, max_peaks
+from dpo_sweep.train.faults import InjectedFault
 
 GB = 10**9
 
@@ -69,7 +70,8 @@ def test_trial_peak_leaves_out_the_warm_up_steps(phased, cfg_factory):
 def test_oom_row_has_the_peak_up_to_the_failure(phased, cfg_factory):
     # Steps 1 and 2 peak at 3 and 4 GB; step 3 reaches 7 GB before it runs out.
     phased([9.0, 3.0, 4.0, 7.0])
-    out = loop.run_trial(cfg_factory(steps=4, warmup_steps=1, fail_at_step=3, fail_kind="oom", worst_case_step=False), log=None)
+    out = loop.run_trial(cfg_factory(steps=4, warmup_steps=1, worst_case_step=False), log=None,
+                         fault=InjectedFault(3, "oom"))
     assert out.result.status == "oom"
     assert out.result.peak_mem_gb == pytest.approx(7.0)
     assert [s.step for s in out.steps] == [1, 2]  # the steps before the failure are kept
@@ -80,7 +82,8 @@ def test_oom_that_propagates_carries_its_peak_through_pickling(phased, cfg_facto
     # Ray Train path (catch_failures=False): the worker's exception is pickled to the trial process.
     phased([9.0, 3.0, 6.5])
     with pytest.raises(torch.OutOfMemoryError) as info:
-        loop.run_trial(cfg_factory(steps=3, fail_at_step=2, fail_kind="oom", worst_case_step=False), log=None, catch_failures=False)
+        loop.run_trial(cfg_factory(steps=3, worst_case_step=False), log=None, catch_failures=False,
+                       fault=InjectedFault(2, "oom"))
     assert failure_peak_gb(info.value) == pytest.approx(6.5)
     assert failure_peak_gb(pickle.loads(pickle.dumps(info.value))) == pytest.approx(6.5)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dpo_sweep.records import RESULTS_COLUMNS, STEPS_COLUMNS
+from dpo_sweep.train.faults import InjectedFault
 from dpo_sweep.train.loop import run_trial
 from dpo_sweep.train.metrics import detrended_std
 
@@ -107,18 +108,18 @@ def test_results_rows_carry_contract_fields(cfg_factory):
 
 
 def test_nan_loss_marks_diverged_and_stops(cfg_factory):
-    out = run_trial(cfg_factory(steps=5, fail_at_step=2, fail_kind="nan"), log=None)
+    out = run_trial(cfg_factory(steps=5), log=None, fault=InjectedFault(2, "nan"))
     assert out.result.status == "diverged"
     assert len(out.steps) == 2 and "step 2" in out.result.error
 
 
 def test_oom_and_error_are_results_or_raise(cfg_factory):
-    oom = run_trial(cfg_factory(steps=3, fail_at_step=2, fail_kind="oom"), log=None)
+    oom = run_trial(cfg_factory(steps=3), log=None, fault=InjectedFault(2, "oom"))
     assert oom.result.status == "oom" and "OutOfMemoryError" in oom.result.error
-    err = run_trial(cfg_factory(steps=3, fail_at_step=1, fail_kind="error"), log=None)
+    err = run_trial(cfg_factory(steps=3), log=None, fault=InjectedFault(1, "error"))
     assert err.result.status == "error" and "injected" in err.result.error
     with pytest.raises(torch.OutOfMemoryError):
-        run_trial(cfg_factory(steps=3, fail_at_step=1, fail_kind="oom"), log=None, catch_failures=False)
+        run_trial(cfg_factory(steps=3), log=None, catch_failures=False, fault=InjectedFault(1, "oom"))
 
 
 @pytest.mark.parametrize("precision", ["bf16", "bf16-mixed", "fp16"])

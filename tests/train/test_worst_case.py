@@ -4,6 +4,7 @@ import torch
 
 from dpo_sweep.train.batching import pair_length
 from dpo_sweep.train.data import load_pairs
+from dpo_sweep.train.faults import InjectedFault
 from dpo_sweep.train.loop import run_trial
 from dpo_sweep.train.tokenizer import load_tokenizer
 
@@ -73,8 +74,8 @@ def test_padding_free_under_checkpointing_matches_none(cfg_factory, level):
 
 def test_out_of_memory_on_the_worst_case_step_is_an_oom_trial(cfg_factory):
     """The run that fits its typical batches but not its longest one is the run the user must not get."""
-    cfg = cfg_factory(data=LONG_TAILED, max_length=96, micro_batch=2, steps=2, fail_at_step=3, fail_kind="oom")
-    assert run_trial(cfg, log=None).result.status == "oom"
+    cfg = cfg_factory(data=LONG_TAILED, max_length=96, micro_batch=2, steps=2)
+    assert run_trial(cfg, log=None, fault=InjectedFault(3, "oom")).result.status == "oom"
 
 
 def test_worst_case_step_runs_two_micro_steps_whatever_the_grad_acc(cfg_factory):

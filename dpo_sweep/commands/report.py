@@ -1,4 +1,4 @@
-"""``dpo-sweep report`` and ``dpo-sweep recommend``, and :func:`analyse_dir` for the sweep runner.
+"""``dpo-sweep report`` and ``dpo-sweep recommend``, and :func:`analyse_dir`, which ``dpo-sweep run`` ends with.
 
 One linear story: load the results dir, compute the frontier, pick a recommendation, then write
 frontier.md, recommendation.json and report.html (or just print, for ``recommend``).

@@ -15,8 +15,8 @@ directory and print the frontier table and the recommendation, while the warm wo
 shut down beside it (:class:`RayRelease`). Ctrl-C and a failure that every
 trial meets the same way end the sweep early (:mod:`~dpo_sweep.sweep.stopping`).
 
-This is the one producer-side file that imports the analyser: a command that ends with what
-``dpo-sweep report`` does, on purpose (tests/test_layering.py exempts exactly this file).
+A command, the top layer: it imports the sweep's producers and, at its end, the analyser
+(:mod:`~dpo_sweep.commands.report`, what ``dpo-sweep report`` does).
 
 Exit codes: 0 the sweep finished (OOM and diverged trials are results), 1 infrastructure
 failure (Ray could not start, Tune failed, a trial process died) or the first trials all failed
@@ -30,7 +30,7 @@ import shlex
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import ray
 import yaml
@@ -49,24 +49,31 @@ from dpo_sweep.sweep.resume import match_rows, renamed_ids
 from dpo_sweep.sweep.ray_cluster import (InfrastructureError, RayConnection, connect_ray, print_dashboard,
                                          stop_local_autoscaler)
 from dpo_sweep.sweep import signals, warm_worker
-from dpo_sweep.sweep.slots import absolute_paths, start_warm_workers, trial_slots
+from dpo_sweep.sweep.slots import TrialSlots, absolute_paths, start_warm_workers, trial_slots
 from dpo_sweep.sweep.startup import BackgroundPreflight, CheckedInputs
 
 if TYPE_CHECKING:
+    from dpo_sweep.config import ModelSpec, TrialConfig
+    from dpo_sweep.plan.shape import ModelShape
     from dpo_sweep.sweep.tuner import SweepSummary
+    from dpo_sweep.core.lengths import LengthProfile
 
 
 def import_tune() -> None:
-    """Tune and the sweep's Tune side (:mod:`~dpo_sweep.sweep.tuner`; 0.9 s on the H200), imported
+    """Tune and the sweep's Tune side (:mod:`~dpo_sweep.sweep.tuner`; most of a second), imported
     once Ray is up and the warm workers import: not before ``ray.init``, which waited for them."""
     import dpo_sweep.sweep.tuner  # noqa: F401
 
 
-def run_sweep(*args: Any, **kwargs: Any) -> SweepSummary:
-    """:func:`dpo_sweep.sweep.tuner.run_sweep` (see :func:`import_tune`)."""
+def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfig], slots: TrialSlots,
+              done_ids: set[str], full_grid: bool, lengths: Mapping[str, LengthProfile | None],
+              shapes: Mapping[ModelSpec, ModelShape], pool: warm_worker.WarmPool | None,
+              trial_timeout_floor_s: float) -> SweepSummary:
+    """:func:`dpo_sweep.sweep.tuner.run_sweep`, imported when called (see :func:`import_tune`)."""
     from dpo_sweep.sweep.tuner import run_sweep as run
 
-    return run(*args, **kwargs)
+    return run(sp, out_dir, trials=trials, slots=slots, done_ids=done_ids, full_grid=full_grid,
+               lengths=lengths, shapes=shapes, pool=pool, trial_timeout_floor_s=trial_timeout_floor_s)
 
 
 def _stopping() -> Any:
@@ -83,7 +90,7 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     answer, whose TRL fields and model shapes the analysis takes (this process imports neither
     TRL nor torch)."""
     try:
-        from dpo_sweep.analysis.commands import SpaceSettings, analyse_dir, epochs_of, safety_margin_of
+        from dpo_sweep.commands.report import SpaceSettings, analyse_dir, epochs_of, safety_margin_of
     except ImportError as err:
         out(f"note: the analyser is not available ({err}); results are in {out_dir}/, "
             f"analyse them later with `dpo-sweep report {out_dir}`")
@@ -161,9 +168,9 @@ def _prepare(args: argparse.Namespace, out_dir: Path, checked: CheckedInputs, sp
 
 class RayRelease:
     """Ends the sweep's warm workers and the local Ray it started, in a thread, so that what the
-    command does after its trials (the analysis and the report) runs beside Ray's shutdown (0.4 s
-    on the 2-core machine with the autoscaler's monitor stopped first, :func:`stop_local_autoscaler`;
-    the analysis 0.5 s) instead of after it. Leaving the ``with`` block
+    command does after its trials (the analysis and the report) runs beside Ray's shutdown (the
+    autoscaler's monitor stopped first, :func:`stop_local_autoscaler`; each takes about half a
+    second: benchmarks/README.md#start-up-and-shutdown) instead of after it. Leaving the ``with`` block
     waits for it (and starts it if nothing did): the command never returns with Ray still up.
 
     While Ray shuts down, no Ray handle may be freed in this process: an actor handle or object
@@ -241,6 +248,7 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
     train = not warm_worker.wanted(sp.trials[0])  # its trials run in Ray Train workers
     conn: RayConnection | None = None
     pool: warm_worker.WarmPool | None = None
+    slots: TrialSlots | None = None
     try:
         # startup.py: the file checks (exit 2, nothing started), then the rest of the preflight
         # (exit 2, before anything is written) in its own process while Ray and the warm workers
@@ -251,7 +259,8 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
                 try:
                     conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
                     signals.take_stop_signals()  # back from Ray's driver
-                    pool = start_warm_workers(planned, trial_slots(sp, ray.cluster_resources(), args.max_concurrent))
+                    slots = trial_slots(sp, ray.cluster_resources(), args.max_concurrent)
+                    pool = start_warm_workers(planned, slots)
                 except Exception:
                     pending.result()  # a refusal of the input comes first
                     raise
@@ -267,8 +276,9 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         print_dashboard(conn, say)
         # The plan's memory model takes the data's lengths and the models' shapes as the
         # preflight's process measured and built them: this process builds no model.
-        summary = run_sweep(sp, out_dir, max_concurrent=args.max_concurrent, done_ids=done_ids,
-                            cluster=ray.cluster_resources(), full_grid=bool(getattr(args, "full_grid", False)),
+        slots = slots or trial_slots(sp, ray.cluster_resources(), args.max_concurrent)
+        summary = run_sweep(sp, out_dir, trials=planned, slots=slots, done_ids=done_ids,
+                            full_grid=bool(getattr(args, "full_grid", False)),
                             lengths=checked.lengths, shapes=checked.shapes, pool=pool,
                             trial_timeout_floor_s=_timeout_floor(args))
     except InfrastructureError as err:

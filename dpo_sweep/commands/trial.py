@@ -81,9 +81,10 @@ def cmd_trial(args: argparse.Namespace) -> int:
     knobs = ", ".join(f"{k}={v}" for k, v in {**cfg.knobs(), **cfg.swept_columns()}.items())
     print(f"trial {cfg.trial_id}: {knobs}", flush=True)
 
+    from dpo_sweep.train.faults import fault_for, fault_rules
     from dpo_sweep.train.loop import run_trial
 
-    outcome = run_trial(cfg, log=lambda m: print(m, flush=True))
+    outcome = run_trial(cfg, log=lambda m: print(m, flush=True), fault=fault_for(fault_rules(), cfg))
     write_results(out, [outcome.result])
     write_steps(out, outcome.steps)
     r = outcome.result

@@ -1,0 +1,50 @@
+"""``dpo-sweep validate SPACE.yaml``: the space file, the data, models and tokenizers it names
+checked (exit 2 on a refusal), then the trials' table with each one's predicted peak and plan;
+with ``--gpu``, a fit table per card. Runs nothing."""
+from __future__ import annotations
+
+import argparse
+
+from dpo_sweep import preflight
+from dpo_sweep import space as space_mod
+from dpo_sweep.core.budget import DEFAULT_SAFETY_MARGIN
+from dpo_sweep.errors import UserError
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """``dpo-sweep validate SPACE.yaml [--set KEY=VALUE ...] [--gpu NAME[,NAME...]]``: see the module doc."""
+    sp = space_mod.load(args.space, args.overrides)
+    data = preflight.check_inputs(sp.trials, levers=False)  # the data, model and tokenizer too, not only the file
+    print(f"{args.space}: valid, {len(sp.trials)} trial(s)")
+    for note in preflight.lever_notes(sp.trials):
+        print(note)
+    for summary in data:
+        print(summary.line())
+        for note in summary.notes():
+            print(note)
+    # Imported once the inputs passed: the plan's labels import pandas (through the schedule), which
+    # a refused file need not wait for. predicted_peak_label: the planner's memory model (docs/planner.md#planner).
+    from dpo_sweep.plan.fit import FitPlanner, fit_text, predictor
+    from dpo_sweep.plan.labels import plan_labels
+    from dpo_sweep.plan.memory import predicted_peak_label
+
+    lengths = preflight.lengths_by_trial(sp.trials, data)  # the worst micro-batch of each trial's own data
+    header = ["trial_id", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",
+              "effective_batch", "loss", "precision", "predicted peak (GB)", "plan"]
+    # The budget here: resources.gpu_memory_gb (no card is asked); the lengths as `run` plans with.
+    plan = plan_labels(sp.trials, lengths=lengths)
+    rows = [[t.trial_id, *[str(t.knobs()[k]) for k in header[1:8]], t.train.loss, t.train.precision,
+             predicted_peak_label(t, lengths[t.trial_id]), plan[t.trial_id]] for t in sp.trials]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    if args.gpu:
+        margin = DEFAULT_SAFETY_MARGIN if args.safety_margin is None else args.safety_margin
+        if not 0.0 <= margin < 1.0:
+            raise UserError(f"--safety-margin is {margin}; give a fraction in [0, 1), e.g. 0.05 for 5%")
+        fits = FitPlanner(predictor(lengths), margin)
+        for card in args.gpu:
+            print()
+            print(fit_text(card, sp.trials, fits.table(sp.trials, card), margin))
+    return 0
