@@ -95,8 +95,10 @@ def switch(analysed: pd.DataFrame, row: pd.Series, predicted_other_gb: float | N
 
 def nearest_level(level: str, trainer: str) -> str:
     """The checkpoint level ``trainer`` runs for ``level`` (:func:`nearest_other`)."""
+    if trainer != "trl":
+        return level
     known = Level.of(level)
-    return level if trainer != "trl" else known.trl_level.value if known else Level.FULL.value
+    return known.trl_level.value if known else Level.FULL.value
 
 
 def _float(value: Any) -> float | None:
