@@ -14,7 +14,7 @@ of distinct measurements, ``--configs`` in all (3 by default). Each is rebuilt f
 ``benchmarks/results/forecast_h200/<label>/forecast.csv``: ``config, sweep_tokens_per_s,
 long_run_tokens_per_s, long_run_steps`` (the long run's median tokens/s over its measured steps:
 the statistic the sweep row has), then ``ratio`` (long / sweep), the sweep row's throughput
-interval (``dpo_sweep/noise.py``, widened for its few steps) and whether the long run is inside
+interval (``dpo_sweep/core/noise.py``, widened for its few steps) and whether the long run is inside
 it, the long run's mean tokens/s (all its measured tokens over their time) and where the sweep
 row's time came from. ``--smoke`` builds a tiny case and a three-configuration sweep folder
 (trials run in this process, then ``dpo-sweep report``'s analysis) and runs the same at 6 steps.
@@ -81,7 +81,7 @@ def long_runs(sweep_dir: Path, steps: int, n: int, out_csv: Path) -> list[dict]:
     """Each chosen configuration's long run beside its sweep row; ``out_csv`` after each one."""
     import pandas as pd
 
-    from dpo_sweep import noise
+    from dpo_sweep.core import noise
     from dpo_sweep.analysis.results import load_results
 
     df = load_results(sweep_dir)
@@ -132,7 +132,7 @@ def smoke_sweep(work: Path, micro_batches: tuple[int, ...] = (1, 2, 4), pairs: i
     from dpo_sweep import preflight, records, space as space_mod
     from dpo_sweep.commands.report import analyse_dir
     from dpo_sweep.results_dir import ResultsDir
-    from dpo_sweep.train.lengths import write_data_json
+    from dpo_sweep.core.lengths import write_data_json
 
     case = work / "case"
     user_case.make("tiny-qwen2", pairs, case, prompt_words=20, reply_words=15)

@@ -32,13 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the
 
 import h200_common  # noqa: E402,F401  (the checkout on sys.path)
 from dpo_sweep import space as space_mod  # noqa: E402
-from dpo_sweep import noise  # noqa: E402
+from dpo_sweep.core import noise  # noqa: E402
 from dpo_sweep.analysis import pareto  # noqa: E402
 from dpo_sweep.analysis.results import load_results, load_steps  # noqa: E402
 from dpo_sweep.analysis.tables import fmt_float, fmt_sig, is_finite, to_markdown  # noqa: E402
 from dpo_sweep.errors import UserError  # noqa: E402
 from dpo_sweep.plan.rules import NOT_MEMORY_FIELDS  # noqa: E402
-from dpo_sweep.trial_facts import memory_order  # noqa: E402
+from dpo_sweep.core.levels import Level  # noqa: E402
 from dpo_sweep.records import RESULTS_COLUMNS  # noqa: E402
 from sweep_overhead import MARK, WORKER  # noqa: E402  (the console lines' one reader)
 
@@ -52,7 +52,7 @@ CONFIG_COLUMNS = ("micro_batch", "checkpoint_level", "grad_acc", "seq_len", "mod
 PEAK_TOL_PCT = 2.0
 #: Step times are "the same" within this: the median p10-p90 spread of one run's measured steps
 #: is 3-4% on the committed H200 sweeps (the output prints each run's); further apart but with
-#: overlapping p10-p90 intervals is "noise" (the analyser's tie rule, dpo_sweep/noise.py).
+#: overlapping p10-p90 intervals is "noise" (the analyser's tie rule, dpo_sweep/core/noise.py).
 TIME_TOL_PCT = 5.0
 GOAL_RATIO = 1 / 3
 MEMORY_TIME = pareto.objectives_from_spec({"memory": "min", "throughput": "max"})
@@ -101,7 +101,7 @@ def compare(planned: pd.DataFrame, full: pd.DataFrame, keys: list[str]) -> pd.Da
     both["step_time_same"] = np.select(
         [both.step_time_diff_pct.isna(), both.step_time_diff_pct.abs() <= TIME_TOL_PCT, overlap],
         ["-", "yes", "noise"], "no")
-    return both.sort_values(keys, key=lambda s: s.map(memory_order) if s.name == "checkpoint_level"
+    return both.sort_values(keys, key=lambda s: s.map(lambda lv: Level(lv).memory_rank) if s.name == "checkpoint_level"
                             else pd.to_numeric(s, errors="coerce"), kind="mergesort").reset_index(drop=True)
 
 

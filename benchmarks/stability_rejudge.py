@@ -1,4 +1,4 @@
-"""Re-judge committed sweeps' stability from their steps.csv with today's dpo_sweep.stability.
+"""Re-judge committed sweeps' stability from their steps.csv with today's dpo_sweep.core.stability.
 
 The verdict is a pure function of a trial's per-step values, so a results directory made by older
 code can be judged again without re-running it. Prints, per directory, how many trials moved from
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # h200_common puts the
 
 from h200_common import results_dir  # noqa: E402
 
-from dpo_sweep import stability  # noqa: E402
+from dpo_sweep.core import stability  # noqa: E402
 from dpo_sweep.analysis.results import load_results, load_steps  # noqa: E402
 from dpo_sweep.analysis.tables import to_markdown  # noqa: E402
 

@@ -226,11 +226,11 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
     goes to ``out_dir/extrapolation_steps.csv`` (their micro-step times in ``micro_ms``)."""
     from dpo_sweep.plan.extrapolate import extrapolate, fit_micro_steps, step_layout
     from dpo_sweep.plan.memory import built_shape, predict_peak_gb
-    from dpo_sweep.trial_facts import planned_device
+    from dpo_sweep.core.trial_facts import planned_device
     from dpo_sweep.plan.rows import shared_row
     from dpo_sweep.plan.rules import measure_grad_acc
     from dpo_sweep.records import write_steps
-    from dpo_sweep.train.lengths import LengthProfile
+    from dpo_sweep.core.lengths import LengthProfile
 
     rows, all_steps, warm = [], [], warm_state()
     for mb, level in configs:
@@ -285,7 +285,7 @@ def with_shape_flags(steps: list, cfg, lengths, multiple: int, seen: set) -> lis
     import itertools
 
     from dpo_sweep.telemetry.timing import micro_and_optimizer_ms
-    from dpo_sweep.train.order import micro_batch_order, padded_width, worst_case_order
+    from dpo_sweep.core.order import micro_batch_order, padded_width, worst_case_order
 
     g = cfg.grad_acc
     order = list(itertools.islice(micro_batch_order(len(lengths.widths), cfg.micro_batch, 1, 0, cfg.train.seed,
@@ -318,7 +318,7 @@ def refit(case: Path, steps_csv: Path, max_length: int, pad: int = 1, out_csv: P
     from dpo_sweep.plan.rows import fitted_step
     from dpo_sweep.records import StepRecord, read_csv_rows, rows_as
     from dpo_sweep.telemetry.timing import percentile
-    from dpo_sweep.train.lengths import LengthProfile
+    from dpo_sweep.core.lengths import LengthProfile
     from dpo_sweep.train.tokenizer import tokenized_pairs
 
     by_trial: dict[str, list] = {}
@@ -395,8 +395,8 @@ MEMORY_CONFIGS = tuple((mb, lv, 2) for mb in (1, 4) for lv in ("none", "L1", "L2
 def memory(case: Path, out_dir: Path, max_length: int, steps: int, configs=MEMORY_CONFIGS, ema: bool = False) -> None:
     """Predicted (the planner's memory model on the data's own lengths) vs measured peaks."""
     from dpo_sweep.plan.memory import built_shape, predict_peak_gb
-    from dpo_sweep.trial_facts import planned_device
-    from dpo_sweep.train.lengths import LengthProfile
+    from dpo_sweep.core.trial_facts import planned_device
+    from dpo_sweep.core.lengths import LengthProfile
 
     rows, warm = [], warm_state()
     for mb, level, ga in configs:
@@ -424,7 +424,7 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
     from dpo_sweep.plan.memory import (GB, built_shape, element_bytes, last_layer_bytes_per_token,
                                        model_saved_bytes_per_token)
     from dpo_sweep.train.setup import autocast, build_trial, configure_device_memory, forward_inputs, load_data
-    from dpo_sweep.trial_facts import planned_attention
+    from dpo_sweep.core.trial_facts import planned_attention
 
     cuda = torch.cuda.is_available()
     # An indexed device: set_per_process_memory_fraction (configure_device_memory) refuses a bare "cuda".

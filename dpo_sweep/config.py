@@ -20,7 +20,7 @@ from dpo_sweep.sections import (MODEL_PRESETS, DataSpec, ModelPreset, ModelSpec,
                                 ObjectivesSpec, ResourcesSpec, SamplerSpec, SyntheticData, _Strict)
 
 #: From most activations kept to fewest (none > L1 > L2 >= L3 > full): the order the planner prunes
-#: weaker levels in after an OOM (trial_facts.memory_order) and the tables list them in.
+#: weaker levels in after an OOM (core/levels.py: Level.memory_rank) and the tables list them in.
 CheckpointLevel = Literal["none", "L1", "L2", "L3", "full"]
 CHECKPOINT_LEVELS: tuple[str, ...] = get_args(CheckpointLevel)
 #: Levels that are refused at validation, with the reason shown to the user.

@@ -33,13 +33,14 @@ from typing import Any, Iterable
 
 from dpo_sweep.config import ModelSpec, TrialConfig, distinct_models
 from dpo_sweep.refusals import LEVER_PACKAGES, cuda_levers
-from dpo_sweep import trial_facts
+from dpo_sweep.core import trial_facts
+from dpo_sweep.core.levels import Level
 from dpo_sweep.errors import DataError, UserError
 from dpo_sweep.results_dir import ResultsDir
 # standard library only: cheap to import
 from dpo_sweep.train.data import (DataKey, PairDataset, TokenizerKey, check_rows, data_key, load_pairs, tokenize_rows,
                                   tokenizer_key)
-from dpo_sweep.train.lengths import LengthProfile, data_shape
+from dpo_sweep.core.lengths import LengthProfile, data_shape
 from dpo_sweep.train.sources import SourceRows, read_file
 
 
@@ -182,7 +183,7 @@ def _auto_attention_refusal(cfg: TrialConfig) -> str | None:
     attention may be chosen on the trial's GPU (its trial says whether flash-attn is there)."""
     from dpo_sweep.train import pretrained
 
-    if cfg.model.attn_implementation != "auto" or not trial_facts.regions(cfg.checkpoint_level).attention:
+    if cfg.model.attn_implementation != "auto" or not Level(cfg.checkpoint_level).regions.attention:
         return None
     named, supported, model_class = pretrained.attention_support(cfg.model)
     device = trial_facts.planned_device(cfg)

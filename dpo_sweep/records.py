@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
 from dpo_sweep.files import append_text, read_text, write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
 #: The longest ``error`` text a failed row carries from a trainer exception's first line.
 MAX_TRAINER_ERROR_CHARS = 500
 
-#: ``timeout``: the trial ran past its limit (sweep/stopping.py: the planner's estimate, with a floor)
-#: and was ended; like an ``error`` row lost to the machine (``infrastructure_failure``), --resume
-#: runs it again.
-STATUSES = ("ok", "oom", "diverged", "error", "pruned", "timeout")
 #: ``stability`` of a row written when its memory/time measurement ended, before the learning
 #: trial its stability columns come from: they arrive later, by an atomic rewrite of results.csv.
 PENDING = "pending"
@@ -60,7 +57,7 @@ class StepRecord:
     max_seq_len: int = 0  # the longest sequence in this step's micro-batches
     padding_frac: float = math.nan  # share of this step's token positions that are padding
     worst_case: bool = False  # the step on the longest pairs (train.worst_case_step)
-    # Stability signals (dpo_sweep/stability.py) and the knobs' per-step values.
+    # Stability signals (dpo_sweep/core/stability.py) and the knobs' per-step values.
     logratio_mean: float = math.nan
     logratio_std: float = math.nan
     beta: float = math.nan
@@ -102,7 +99,7 @@ class TrialResult:
     """One trial's summary row."""
 
     trial_id: str
-    status: str
+    status: str  # a Status (core/status.py), read back from results.csv as its text
     model: str
     seq_len: int
     micro_batch: int
@@ -130,7 +127,7 @@ class TrialResult:
     # Beyond the contract's minimum: how the numbers were obtained.
     peak_mem_typical_gb: float = math.nan  # the highest peak of the typical measured steps (peak_mem_gb: worst case)
     padding_frac: float = math.nan  # mean share of padding in the typical measured steps
-    step_time_p10_ms: float = math.nan  # with step_time_p90_ms: the throughput noise (dpo_sweep/noise.py)
+    step_time_p10_ms: float = math.nan  # with step_time_p90_ms: the throughput noise (dpo_sweep/core/noise.py)
     mem_source: str = ""
     loss_type: str = ""
     precision: str = ""
@@ -157,7 +154,7 @@ class TrialResult:
     startup_import_s: float = math.nan
     startup_data_s: float = math.nan
     startup_model_s: float = math.nan
-    # Stability (dpo_sweep/stability.py: signals over every step, verdict, rollback trigger).
+    # Stability (dpo_sweep/core/stability.py: signals over every step, verdict, rollback trigger).
     stability: str = ""
     loss_slope: float = math.nan
     loss_spread: float = math.nan
@@ -170,7 +167,7 @@ class TrialResult:
     # The planner (dpo_sweep/plan/schedule.py): where this row's numbers come from.
     predicted_peak_gb: float = math.nan  # the memory model's prediction when the measurement started
     measured_by: str = ""          # the trial whose memory/time measurement this row carries (own id: itself)
-    step_time_source: str = ""     # measured | extrapolated (t_opt + grad_acc x t_micro of a short run) | runoff
+    step_time_source: str = ""     # a TimeSource (core/status.py): measured | extrapolated | runoff
     extrapolation_error: float = math.nan  # extrapolated: the step time's relative standard error, which widens its p10-p90
     timed_by: str = ""             # runoff: the <id>-runoff trial that timed this row in full at its grad_acc
     stability_from: str = ""       # the trial whose loss trajectory gives loss_mean, loss_std, ...
@@ -377,7 +374,7 @@ def config_columns(cfg: "TrialConfig") -> dict[str, Any]:
     return {"trial_id": cfg.trial_id, **cfg.knobs(), "extra": cfg.swept_columns()}
 
 
-def failed_result(cfg: "TrialConfig", status: str, error: str, steps: Iterable[StepRecord] = (),
+def failed_result(cfg: "TrialConfig", status: Status, error: str, steps: Iterable[StepRecord] = (),
                   failing_peak_gb: float = math.nan, **timing: float) -> TrialResult:
     """The summary row of a trial that did not finish its steps (``oom``, ``error``): its knobs,
     how it was set up, the ``error`` text, and what the steps that did run tell (their count and

@@ -18,7 +18,7 @@ class ResultsDir:
     RESULTS: ClassVar[str] = "results.csv"  # one row per trial (records.TrialResult)
     STEPS: ClassVar[str] = "steps.csv"  # one row per trial per optimizer step (records.StepRecord)
     SPACE: ClassVar[str] = "space.yaml"  # the sweep's space file, as it ran (--set applied)
-    DATA: ClassVar[str] = "data.json"  # the data's length histograms (train.lengths)
+    DATA: ClassVar[str] = "data.json"  # the data's length histograms (core.lengths)
     ENVIRONMENT: ClassVar[str] = "environment.json"  # the machine (telemetry.environment_info)
     LOGS: ClassVar[str] = "logs"  # the training workers' output, one file per trial and rank
     FRONTIER: ClassVar[str] = "frontier.md"

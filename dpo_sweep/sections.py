@@ -189,7 +189,7 @@ class ObjectivesSpec(_Strict):
     memory: Literal["min", "max"] | None = Field("min", description="peak_mem_gb.")
     throughput: Literal["min", "max"] | None = Field(
         "max",
-        description="tokens_per_s, compared within its measured step-time noise (dpo_sweep/noise.py). "
+        description="tokens_per_s, compared within its measured step-time noise (dpo_sweep/core/noise.py). "
         "Not time per optimizer step: a step of a larger effective batch does more work.",
     )
     loss_std: Literal["min", "max"] | None = Field("min", description="loss_std (stability).")

@@ -33,7 +33,7 @@ from dpo_sweep.config import (
     TrialConfig,
 )
 from dpo_sweep.refusals import refused_adaptive_clip, refused_optimizer_in_backward
-from dpo_sweep.trial_facts import refused_attention, refused_cuda_lever
+from dpo_sweep.core.trial_facts import refused_attention, refused_cuda_lever
 from dpo_sweep import migrate, space_yaml, trl_export
 from dpo_sweep.errors import SpaceError
 from dpo_sweep.text import excerpt, shown

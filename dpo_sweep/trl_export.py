@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpo_sweep.config import LORA_AUTO, TrialConfig
+from dpo_sweep.core.levels import Level
 from dpo_sweep.errors import SpaceError
 from dpo_sweep import trl_fields
 from dpo_sweep.trl_fields import TrlFields
 
-#: What each checkpoint level means in TRL terms: only ``none`` and ``full`` exist there.
-TRL_CHECKPOINTING = {"none": False, "full": True}
 #: transformers' names of torchao's low-bit AdamW (TrainingArguments.optim).
 TRL_OPTIM = {"adamw_8bit": "adamw_torch_8bit", "adamw_4bit": "adamw_torch_4bit"}
 #: train.precision -> (bf16, fp16): TrainingArguments' autocast switches.
@@ -90,7 +89,7 @@ def _wanted(trial: TrialConfig, model: dict[str, Any], pad_multiple: int) -> dic
     wanted: dict[str, Any] = {
         "per_device_train_batch_size": trial.micro_batch,
         "gradient_accumulation_steps": trial.grad_acc,
-        "gradient_checkpointing": TRL_CHECKPOINTING.get(trial.checkpoint_level, True),
+        "gradient_checkpointing": Level(trial.checkpoint_level).trl_level is Level.FULL,
         "beta": trial.beta,
         "loss_type": [t.loss],
         "learning_rate": t.lr,
@@ -194,7 +193,7 @@ def gaps(trial: TrialConfig, model: dict[str, Any], trl: TrlFields) -> list[Gap]
     if t.optimizer_in_backward:
         out.append(Gap("optimizer_in_backward", "optimizer_in_backward: each parameter stepped in its gradient hook "
                        "during backward; the Trainer steps the optimizer after backward (more gradient memory)", True))
-    if trial.checkpoint_level not in TRL_CHECKPOINTING:
+    if Level(trial.checkpoint_level).trl_level != trial.checkpoint_level:
         out.append(Gap(f"checkpoint_level {trial.checkpoint_level}",
                        f"checkpoint_level {trial.checkpoint_level}: TRL checkpoints whole decoder layers or "
                        "nothing; the selective levels L1-L3 need dpo_sweep.train.checkpointing applied to the model "

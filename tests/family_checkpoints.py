@@ -122,7 +122,7 @@ def support_table() -> str:
     family's tiny model, the levels it refuses, trial_facts' liger-kernel families."""
     from dpo_sweep.config import CHECKPOINT_LEVELS
     from dpo_sweep.train.family import family_of
-    from dpo_sweep.trial_facts import LIGER_ARCHS, refused_attention
+    from dpo_sweep.core.trial_facts import LIGER_ARCHS, refused_attention
 
     lines = ["| model_type | checkpoint levels | LoRA targets (`auto`) | liger-kernel | lean ops |",
              "| --- | --- | --- | --- | --- |"]

@@ -5,7 +5,7 @@ import pytest
 
 from dpo_sweep import cards
 from dpo_sweep.cli import main
-from dpo_sweep.telemetry.flops import peak_bf16_flops
+from dpo_sweep.core.flops import peak_bf16_flops
 
 
 def test_the_catalog_holds_the_common_training_cards_each_with_its_source():

@@ -8,7 +8,8 @@ import re
 from pathlib import Path
 
 from dpo_sweep.config import CHECKPOINT_LEVELS, REFUSED_LEVELS, ObjectivesSpec
-from dpo_sweep.records import RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS
+from dpo_sweep.core.status import Status
+from dpo_sweep.records import RESULTS_COLUMNS, STEPS_COLUMNS
 from dpo_sweep.results_dir import ResultsDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +62,7 @@ def test_slug_is_github_s_anchor():
 
 
 def test_the_table_reader_reads_first_cells_only():
-    assert first_cells("Status values") == list(STATUSES)
+    assert first_cells("Status values") == [s.value for s in Status]
     assert "nvml" not in first_cells("results.csv")  # a value named in a meaning cell is no column
 
 
@@ -74,7 +75,7 @@ def test_steps_csv_columns_are_the_ones_the_writer_writes_in_order():
 
 
 def test_statuses_are_the_code_s():
-    assert first_cells("Status values") == list(STATUSES)
+    assert first_cells("Status values") == [s.value for s in Status]
 
 
 def test_the_results_folder_s_files_are_results_dir_s_names():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dpo_sweep import space as space_mod
-from dpo_sweep import stability
+from dpo_sweep.core import stability
 from dpo_sweep.train.loop import run_trial
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
 from dpo_sweep.cli import main
 from dpo_sweep.plan.memory import predict_peak_gb
-from dpo_sweep.trial_facts import planned_device
+from dpo_sweep.core.trial_facts import planned_device
 from dpo_sweep.train.batching import pair_length
 from dpo_sweep.train.data import load_pairs
 from dpo_sweep.train.tokenizer import byte_level_tokenizer

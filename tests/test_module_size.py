@@ -8,7 +8,7 @@ PACKAGE = ROOT / "dpo_sweep"
 MAX_LINES = 420
 #: Modules over the limit that are being split now; each entry goes once its module is under it,
 #: and the list ends empty.
-SHRINKING = {"records.py"}
+SHRINKING: set[str] = set()
 
 
 def line_counts() -> dict[str, int]:

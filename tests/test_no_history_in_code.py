@@ -26,7 +26,7 @@ MACHINE = re.compile(r"\b(?:G?H[12]00|H800|A[18]00|A10G|B[12]00|V100|RTX ?\d{4}|
                      re.IGNORECASE)
 PATH = re.compile(r"\S*/\S*")
 #: Where a card's name is data, not a story: the card catalog and the peak-rate table by device name.
-MACHINE_NAMES_ARE_DATA = {"dpo_sweep/cards.py", "dpo_sweep/telemetry/flops.py"}
+MACHINE_NAMES_ARE_DATA = {"dpo_sweep/cards.py", "dpo_sweep/core/flops.py"}
 
 
 def prose(source: str) -> list[tuple[int, str]]:

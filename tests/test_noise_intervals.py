@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpo_sweep import noise
+from dpo_sweep.core import noise
 
 
 def test_the_expected_half_spread_of_two_draws_by_hand():

@@ -1,11 +1,11 @@
-"""The stability signals and verdict (dpo_sweep/stability.py) on hand-worked series."""
+"""The stability signals and verdict (dpo_sweep/core/stability.py) on hand-worked series."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from dpo_sweep import stability as st
+from dpo_sweep.core import stability as st
 
 
 def test_slope_and_detrended_spread_hand_worked():

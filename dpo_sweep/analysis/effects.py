@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from dpo_sweep.analysis import tables
+from dpo_sweep.core.levels import Level
+from dpo_sweep.core.status import Status
 
 #: The core dimensions, before the levers and the swept train fields.
 CORE = ("micro_batch", "checkpoint_level", "grad_acc", "beta")
-_LEVEL_ORDER = ("none", "L1", "L2", "L3", "full")
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def dimensions(analysed: pd.DataFrame) -> list[str]:
 
 def _order(values: list[str], dimension: str) -> list[str]:
     if dimension == "checkpoint_level":
-        return sorted(values, key=lambda v: (_LEVEL_ORDER.index(v) if v in _LEVEL_ORDER else len(_LEVEL_ORDER), v))
+        return sorted(values, key=lambda v: (getattr(Level.of(v), "memory_rank", len(Level)), v))
     try:
         return sorted(values, key=float)
     except ValueError:
@@ -57,7 +58,7 @@ def _order(values: list[str], dimension: str) -> list[str]:
 def effects(analysed: pd.DataFrame) -> list[Effect]:
     """Every varying dimension's values against its base (see the module doc)."""
     dims = dimensions(analysed)
-    ok = analysed[(analysed["status"] == "ok") & analysed["peak_mem_gb"].notna() & analysed["tokens_per_s"].notna()]
+    ok = analysed[(analysed["status"] == Status.OK) & analysed["peak_mem_gb"].notna() & analysed["tokens_per_s"].notna()]
     held = dims + (["effective_batch"] if "effective_batch" in analysed else [])
     labels = pd.DataFrame({d: [tables.fmt_setting(v) for v in analysed.loc[ok.index, d]] for d in held}, index=ok.index)
     out = []

@@ -6,7 +6,7 @@
   chosen, rejected; no padding). The preflight counts them once (data.json's ``tokens``, beside
   ``pairs``); nothing is tokenised here.
 * **Hours** = ``epochs x tokens / tokens_per_s / 3600``, at the winner's measured median
-  throughput; the interval is the same over the row's throughput interval (:mod:`dpo_sweep.noise`:
+  throughput; the interval is the same over the row's throughput interval (:mod:`dpo_sweep.core.noise`:
   its p10 and p90 step times). **GPU-hours** = hours x the row's workers. Start-up (model load, the
   reference precompute) and evaluation are not in it.
 * **Optimizer steps** = ``ceil(epochs x pairs / effective_batch)``: a last partial batch counted as
@@ -30,8 +30,10 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from dpo_sweep import budget, cards, noise
+from dpo_sweep import cards
+from dpo_sweep.core import budget, noise
 from dpo_sweep.cards import Card
+from dpo_sweep.core.status import TimeSource
 from dpo_sweep.results_dir import ResultsDir
 
 
@@ -143,7 +145,7 @@ def forecast(row: pd.Series | None, datasets: Sequence[Mapping[str, Any]], epoch
     hours = _hours(total, tps)
     hours_interval = (_hours(total, high), _hours(total, low))
     device = gpu_name(environment)
-    source = str(row.get("step_time_source") or "measured")
+    source = str(row.get("step_time_source") or TimeSource.MEASURED)
     measured_on = device or "the CPU"
     basis = (f"{tps:,.0f} tokens/s ({source} on {measured_on}, the p10-p90 step times give the interval) over "
              f"the {tokens:,} tokens of all {pairs:,} pairs (prompt twice, chosen, rejected, after truncation to "

@@ -8,6 +8,7 @@ import pandas as pd
 
 from dpo_sweep.analysis.reasons import amount
 from dpo_sweep.analysis.tables import is_finite
+from dpo_sweep.core.status import Status
 
 #: How an adapter is named in a sentence.
 ADAPTER_WORDS = {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}
@@ -24,23 +25,23 @@ def family_words(adapter: str, optimizer: str) -> str:
 def _lower_bound_gb(row: pd.Series) -> float:
     """What a row that did not complete says about its peak: an OOM's peak up to the failure, a
     pruned row's prediction."""
-    value = row["peak_mem_gb"] if row["status"] == "oom" else row.get("predicted_peak_gb")
+    value = row["peak_mem_gb"] if row["status"] == Status.OOM else row.get("predicted_peak_gb")
     return float(value) if is_finite(value) else float("nan")
 
 
 def _family_clause(rows: pd.DataFrame) -> str | None:
-    ok = rows[(rows["status"] == "ok") & rows["peak_mem_gb"].map(is_finite)]
+    ok = rows[(rows["status"] == Status.OK) & rows["peak_mem_gb"].map(is_finite)]
     if not ok.empty:
         best = ok.sort_values(["tokens_per_s", "peak_mem_gb"], ascending=[False, True], kind="mergesort").iloc[0]
         return (f"peaks at {float(best['peak_mem_gb']):.1f} GB at {amount(best['tokens_per_s'])} tokens/s "
                 f"at best ({best['trial_id']})")
-    failed = rows[rows["status"].isin(["oom", "pruned"])].copy()
+    failed = rows[rows["status"].isin([Status.OOM, Status.PRUNED])].copy()
     failed["bound"] = failed.apply(_lower_bound_gb, axis=1)
     failed = failed[failed["bound"].map(is_finite)]
     if failed.empty:
         return None
     least = failed.sort_values("bound", kind="mergesort").iloc[0]
-    how = "ran out of memory" if least["status"] == "oom" else "predicted, pruned"
+    how = "ran out of memory" if least["status"] == Status.OOM else "predicted, pruned"
     return f"needs at least {least['bound']:.1f} GB here ({least['trial_id']}, {how})"
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from dpo_sweep.analysis.tables import POOLED_COLUMN, fmt_sig, swept_train_columns, to_markdown
+from dpo_sweep.core.status import Status
 from dpo_sweep.results_dir import ResultsDir
 
 #: Columns that set the maths of a trial's updates (besides the swept train columns).
@@ -55,7 +56,7 @@ def with_pooled_loss_std(df: pd.DataFrame) -> pd.DataFrame:
     """A copy with ``loss_std_pooled``: the max loss_std over the row's ok same-maths group."""
     out = df.copy()
     key = same_maths_key(df)
-    ok = df["status"] == "ok"
+    ok = df["status"] == Status.OK
     std = df["loss_std"].astype(float)
     # max() skips NaN: a group member without a loss std does not erase the others'.
     group_max = std[ok].groupby(key[ok]).transform("max")
@@ -91,7 +92,7 @@ def _drift(steps: pd.DataFrame | None, ids: list[str]) -> tuple[int, float]:
 
 def noise_floor(df: pd.DataFrame, steps: pd.DataFrame | None) -> list[SameMathsGroup]:
     """Every group of two or more ok trials that are the same maths, in order of first row."""
-    ok = df[df["status"] == "ok"]
+    ok = df[df["status"] == Status.OK]
     groups = []
     for _, rows in ok.groupby(same_maths_key(ok), sort=False):
         if len(rows) < 2:

@@ -8,7 +8,7 @@ Definitions used throughout:
 * Throughput is the time objective, not time per optimizer step: a step of a larger effective
   batch does more work, and with equal effective batches both order the trials the same way.
 * Each objective value is an interval: throughput's is its p10-p90 interval in tokens/s
-  (:mod:`dpo_sweep.noise`), every other objective's the single measured value.
+  (:mod:`dpo_sweep.core.noise`), every other objective's the single measured value.
   ``a`` is *better* than ``b`` on an objective when ``a``'s whole interval is better than
   ``b``'s, and *no worse* when ``b`` is not better than ``a``.
 * ``a`` dominates ``b`` when ``a`` is no worse on every objective and better on one. So a trial
@@ -44,9 +44,11 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from dpo_sweep import migrate, noise
+from dpo_sweep import migrate
+from dpo_sweep.core import noise
 from dpo_sweep.analysis import noise_floor
 from dpo_sweep.config import ObjectivesSpec
+from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
 
 #: Space-file objective name -> results.csv column.
@@ -112,7 +114,7 @@ def eligible_mask(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> np.nda
     """True for rows that can be on the frontier: status ok, not judged diverging, and every
     objective finite."""
     values = df[[o.column for o in objectives]].to_numpy(dtype=float)
-    return (df["status"].to_numpy() == "ok") & ~diverging_mask(df) & np.isfinite(values).all(axis=1)
+    return (df["status"].to_numpy() == Status.OK) & ~diverging_mask(df) & np.isfinite(values).all(axis=1)
 
 
 def as_minimisation(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Sentences of the recommendation's reason that stand on their own: numbers as people write
 them (``51,640 tokens/s``), the tie and exact-comparison sentences (the rule is in
-:mod:`dpo_sweep.noise`), the learning set-ups one measurement stands for, and what
+:mod:`dpo_sweep.core.noise`), the learning set-ups one measurement stands for, and what
 failed when no trial completed."""
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Any
 
 import pandas as pd
 
-from dpo_sweep import noise
-from dpo_sweep.stability import MIN_STD_VALUES
+from dpo_sweep.core import noise
+from dpo_sweep.core.stability import MIN_STD_VALUES
 from dpo_sweep.analysis.noise_floor import same_maths_columns, same_maths_key
 from dpo_sweep.analysis.tables import fmt_sig, is_finite
+from dpo_sweep.core.status import Status
 
 
 def amount(value: Any) -> str:
@@ -110,8 +111,8 @@ def exactness_sentence(candidates: pd.DataFrame) -> str:
 
 
 #: How each failed status reads in a sentence; only ``oom`` gets memory advice.
-_FAILED_AS = {"oom": "ran out of memory", "error": "failed with an error", "diverged": "diverged",
-              "pruned": "were pruned", "timeout": "ran past their time limit"}
+_FAILED_AS = {Status.OOM: "ran out of memory", Status.ERROR: "failed with an error", Status.DIVERGED: "diverged",
+              Status.PRUNED: "were pruned", Status.TIMEOUT: "ran past their time limit"}
 _MEMORY_ADVICE = "try a smaller micro_batch, a stronger checkpoint level (L2, L3, full) or a GPU with more memory"
 
 
@@ -126,7 +127,7 @@ def failure_summary(df: pd.DataFrame, max_ids: int = 5) -> str:
         ids = [str(t) for t in rows["trial_id"]]
         shown = ", ".join(ids[:max_ids]) + (f" and {len(ids) - max_ids} more" if len(ids) > max_ids else "")
         messages = list(dict.fromkeys(str(e).strip() for e in rows["error"] if str(e).strip()))
-        if status == "oom":
+        if status == Status.OOM:
             detail = _MEMORY_ADVICE
         elif messages:
             detail = messages[0][:300] + (f" (and {len(messages) - 1} other message(s))" if len(messages) > 1 else "")
@@ -175,7 +176,7 @@ def all_diverging(rows: pd.DataFrame) -> bool:
 def no_loss_std_sentence(analysed: pd.DataFrame) -> str:
     """Why ``ok`` rows are off the frontier for want of a loss std (it is an objective: such a row
     cannot be compared), and the fix; "" when every ok row has one or none needs it."""
-    ok = analysed[analysed["status"] == "ok"]
+    ok = analysed[analysed["status"] == Status.OK]
     lacking = ok[~ok["eligible"].astype(bool) & ok["loss_std"].isna() & ~_is_diverging(ok)]
     if lacking.empty:
         return ""

@@ -2,7 +2,7 @@
 
 The rule: among the frontier configurations whose peak memory stays under the budget minus a
 safety margin and whose loss std lies within the sweep's normal range, take the one with the most
-tokens/s, with throughput compared within its measured noise (:mod:`dpo_sweep.noise`):
+tokens/s, with throughput compared within its measured noise (:mod:`dpo_sweep.core.noise`):
 every candidate whose p10-p90 throughput interval overlaps that of the candidate with the highest
 median tokens/s is tied with it, and the tie goes to the least peak memory, then the stability
 verdict (``stable`` before ``noisy`` before none; ``diverging`` never qualifies), then the most
@@ -27,19 +27,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpo_sweep import budget, noise
+from dpo_sweep.core import budget, noise
+from dpo_sweep.core.levels import Level
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.levers import lever_sentence
 from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
                                         left_out_sentence, listed, no_loss_std_sentence, shared_measurement_sentence,
                                         tie_sentence, tied_faster)
 from dpo_sweep.analysis.tables import fmt_setting, is_finite, swept_train_fields, varying_columns
+from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
 from dpo_sweep.results_dir import ResultsDir
 
 DEFAULT_SAFETY_MARGIN = budget.DEFAULT_SAFETY_MARGIN
-#: Strongest checkpointing first: the order in which a smaller-memory configuration is "cheaper".
-_LEVEL_STRENGTH = {"full": 0, "L3": 1, "L2": 2, "L1": 3, "none": 4}
 CONFIG_KEYS = ("micro_batch", "checkpoint_level", "grad_acc", "beta", "effective_batch",
                "num_workers", "seq_len", "model", "adapter", "optimizer")
 METRIC_KEYS = ("peak_mem_gb", "step_time_ms", "tokens_per_s", "loss_std")
@@ -250,12 +250,14 @@ def cheapest_row(df: pd.DataFrame) -> tuple[pd.Series | None, bool]:
     Returns (row, measured): measured is False when no ok row has a peak memory, and the row is
     then the one with the smallest micro_batch, strongest checkpointing, smallest grad_acc.
     """
-    ok = df[(df["status"] == "ok") & df["peak_mem_gb"].astype(float).notna()]
+    ok = df[(df["status"] == Status.OK) & df["peak_mem_gb"].astype(float).notna()]
     if len(ok):
         return ok.sort_values(["peak_mem_gb", "trial_id"], kind="mergesort").iloc[0], True
     if not len(df):
         return None, False
-    tried = df.assign(_strength=df["checkpoint_level"].map(_LEVEL_STRENGTH).fillna(len(_LEVEL_STRENGTH)))
+    # Strongest checkpointing first: the order in which a smaller-memory configuration is "cheaper".
+    strength = [getattr(Level.of(lv), "strength", len(Level)) for lv in df["checkpoint_level"]]
+    tried = df.assign(_strength=strength)
     tried = tried.sort_values(["micro_batch", "_strength", "grad_acc", "trial_id"], kind="mergesort")
     return tried.iloc[0].drop("_strength"), False
 
@@ -279,7 +281,7 @@ def recommend(
     if memory_budget_gb is None:
         budget_source = "none"
     usable = None if memory_budget_gb is None else budget.usable_gb(memory_budget_gb, safety_margin)
-    ok = analysed[analysed["status"] == "ok"]
+    ok = analysed[analysed["status"] == Status.OK]
     limit = stability_limit(ok[POOLED_COLUMN].to_numpy(dtype=float))
     varying = tuple(varying_columns(analysed))
     common = dict(memory_budget_gb=memory_budget_gb, budget_source=budget_source,

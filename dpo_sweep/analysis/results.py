@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from dpo_sweep import migrate
+from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError  # standard library only
 from dpo_sweep.config import CHECKPOINT_LEVELS
-from dpo_sweep.records import (RESULTS_COLUMNS, STATUSES, STEPS_COLUMNS, StepRecord, TrialResult, damaged_text,
+from dpo_sweep.records import (RESULTS_COLUMNS, STEPS_COLUMNS, StepRecord, TrialResult, damaged_text,
                                read_csv_table)
 from dpo_sweep.files import read_text
 from dpo_sweep.text import excerpt, shown
@@ -200,7 +201,7 @@ def load_results(out_dir: str | Path) -> "Any":
         raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; the {ResultsDir.RESULTS} "
                           f"contract needs at least {', '.join(ANALYSIS_REQUIRED_COLUMNS)}")
     kinds = _column_kinds(TrialResult)
-    _refuse_unreadable(path, df, kinds, allowed={"status": STATUSES})
+    _refuse_unreadable(path, df, kinds, allowed={"status": tuple(Status)})
     for col in RESULTS_COLUMNS:
         if col not in df.columns:
             df[col] = migrate.RESULTS_COLUMN_DEFAULTS.get(col, "" if col in _TEXT_COLUMNS else math.nan)

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from dpo_sweep.config import SWEPT_TRAIN_COLUMN, TrainSpec
+from dpo_sweep.core.status import Status, TimeSource
 from dpo_sweep.records import RESULTS_COLUMNS
 
 FRONTIER_HEADER: tuple[str, ...] = (
@@ -42,7 +43,7 @@ TRIALS_HEADER: tuple[str, ...] = (
     "reward accuracy", "frontier rank (distance)", "measured by", "time from", "stability from",
     "error",
 )
-_NO_MEASUREMENT = {"oom": "OOM", "error": "error", "pruned": "pruned"}
+_NO_MEASUREMENT = {Status.OOM: "OOM", Status.ERROR: "error", Status.PRUNED: "pruned"}
 #: Contract columns that hold a train setting: a column of the tables when the trials differ in it.
 _SETTING_COLUMNS = ("loss_type", "precision", "reference")
 #: Marks the step time of a row whose time was extrapolated from a shorter accumulation.
@@ -159,7 +160,7 @@ def fmt_ms(value: Any) -> str:
 
 def _step_time(r: Any) -> str:
     text = fmt_ms(r["step_time_ms"])
-    return EXTRAPOLATED_MARK + text if r.get("step_time_source") == "extrapolated" and text != "-" else text
+    return EXTRAPOLATED_MARK + text if r.get("step_time_source") == TimeSource.EXTRAPOLATED and text != "-" else text
 
 
 def frontier_header(df: pd.DataFrame) -> tuple[str, ...]:
@@ -197,7 +198,7 @@ def frontier_rows(analysed: pd.DataFrame) -> list[list[str]]:
             continue
         metrics = [fmt_float(r["peak_mem_gb"], 2), _step_time(r), fmt_sig(r["tokens_per_s"], 4),
                    fmt_sig(r["loss_std"], 3)]
-        if status == "ok":
+        if status == Status.OK:
             rows.append(config + metrics + verdict + ["yes" if r["on_frontier"] else "no"])
         else:
             rows.append(config + metrics[:3] + [status or "unknown"] + verdict + ["-"])
@@ -267,7 +268,7 @@ def _other(r: Any, column: str) -> str | None:
 def _measured_by(r: Any) -> str:
     """Whose memory measurement a row carries: ``-`` for its own (or none: an older results dir);
     ``predicted`` for a pruned row, which never ran."""
-    if r["status"] == "pruned":
+    if r["status"] == Status.PRUNED:
         return "predicted"
     other = _other(r, "measured_by")
     return short_id(other) if other else "-"
@@ -304,7 +305,7 @@ def prediction_error(analysed: pd.DataFrame, environment: dict[str, Any] | None 
     there would be an error of the comparison, not of the model."""
     if "predicted_peak_gb" not in analysed:
         return None
-    own = analysed[(analysed["status"] == "ok") & (analysed.get("measured_by", analysed["trial_id"]) == analysed["trial_id"])]
+    own = analysed[(analysed["status"] == Status.OK) & (analysed.get("measured_by", analysed["trial_id"]) == analysed["trial_id"])]
     pairs = [(float(r["predicted_peak_gb"]), float(r["peak_mem_gb"]), measured_on_cpu(r, environment))
              for _, r in own.iterrows()
              if is_finite(r["predicted_peak_gb"]) and is_finite(r["peak_mem_gb"]) and float(r["peak_mem_gb"]) > 0]
@@ -354,7 +355,7 @@ def stability_source(analysed: pd.DataFrame) -> str | None:
     and precision; None for a results file without ``stability_steps`` (an older version)."""
     if "stability_steps" not in analysed or "stability_precision" not in analysed:
         return None
-    rows = analysed[(analysed["status"] == "ok") & analysed["stability_steps"].map(is_finite)]
+    rows = analysed[(analysed["status"] == Status.OK) & analysed["stability_steps"].map(is_finite)]
     if rows.empty:
         return None
     groups: dict[tuple[int, str], set[str]] = {}

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pandas as pd
 
-from dpo_sweep import trial_facts
+from dpo_sweep.core import trial_facts
 from dpo_sweep.analysis.tables import fmt_beta, fmt_float, fmt_int, fmt_sig, is_finite, swept_train_columns, to_markdown
 from dpo_sweep.config import ModelSpec, TrialConfig
-from dpo_sweep.trl_export import TRL_CHECKPOINTING
+from dpo_sweep.core.levels import Level
+from dpo_sweep.core.status import Status
 
 if TYPE_CHECKING:
     from dpo_sweep.plan.shape import ModelShape
@@ -47,7 +48,7 @@ def nearest_other(trial: TrialConfig) -> TrialConfig:
     """``trial`` under the other trainer; into TRL, a selective checkpoint level becomes ``full``
     (TRL checkpoints whole layers or nothing: the nearest setting, more recompute, less memory)."""
     other = "trl" if trial.train.trainer == "native" else "native"
-    level = trial.checkpoint_level if other == "native" or trial.checkpoint_level in TRL_CHECKPOINTING else "full"
+    level = nearest_level(trial.checkpoint_level, other)
     return trial.model_copy(update={"train": trial.train.model_copy(update={"trainer": other}),
                                     "checkpoint_level": level})
 
@@ -78,8 +79,8 @@ def switch(analysed: pd.DataFrame, row: pd.Series, predicted_other_gb: float | N
     ``predicted`` (``predicted_other_gb``, the memory model's; no throughput) or ``none``."""
     other = "trl" if trainer_of(row) == "native" else "native"
     found = twin(analysed, row)
-    if found is not None and str(found.get("status")) == "ok":
-        return {"trainer": other, "trial_id": str(found["trial_id"]), "status": "ok", "source": "measured",
+    if found is not None and str(found.get("status")) == Status.OK:
+        return {"trainer": other, "trial_id": str(found["trial_id"]), "status": Status.OK, "source": "measured",
                 "peak_mem_gb": float(found["peak_mem_gb"]), "tokens_per_s": float(found["tokens_per_s"])}
     if found is not None:
         return {"trainer": other, "trial_id": str(found["trial_id"]), "status": str(found.get("status")),
@@ -94,7 +95,10 @@ def switch(analysed: pd.DataFrame, row: pd.Series, predicted_other_gb: float | N
 
 def nearest_level(level: str, trainer: str) -> str:
     """The checkpoint level ``trainer`` runs for ``level`` (:func:`nearest_other`)."""
-    return "full" if trainer == "trl" and level not in TRL_CHECKPOINTING else level
+    if trainer != "trl":
+        return level
+    known = Level.of(level)
+    return known.trl_level.value if known else Level.FULL.value
 
 
 def _float(value: Any) -> float | None:
@@ -114,7 +118,7 @@ def switch_text(row: pd.Series, moved: dict[str, Any]) -> str:
         return (f"{head}; with the {other} trainer{at} it is predicted to peak at {moved['peak_mem_gb']:.2f} GB "
                 f"({moved['peak_mem_gb'] - mem:+.2f} GB; predicted by the memory model, not measured: "
                 "search: {trainer: [native, trl]} measures it).")
-    if moved["status"] != "ok":
+    if moved["status"] != Status.OK:
         return f"{head}; with the {other} trainer ({moved['trial_id']}) it ended {moved['status']}."
     return (f"{head}; with the {other} trainer ({moved['trial_id']}, measured) it peaks at "
             f"{moved['peak_mem_gb']:.2f} GB ({moved['peak_mem_gb'] - mem:+.2f} GB) at {fmt_sig(moved['tokens_per_s'], 4)} "
@@ -133,7 +137,7 @@ def pairs_markdown(analysed: pd.DataFrame) -> str:
         found = twin(analysed, native)
         if found is None:
             continue
-        both_ok = str(native["status"]) == "ok" and str(found["status"]) == "ok"
+        both_ok = str(native["status"]) == Status.OK and str(found["status"]) == Status.OK
         rows.append([fmt_int(native["micro_batch"]), str(native["checkpoint_level"]), fmt_int(native["grad_acc"]),
                      fmt_beta(native["beta"]), _cell(native, "peak_mem_gb"), _cell(found, "peak_mem_gb"),
                      f"{float(found['peak_mem_gb']) - float(native['peak_mem_gb']):+.2f}" if both_ok else "-",
@@ -149,6 +153,6 @@ def pairs_markdown(analysed: pd.DataFrame) -> str:
 
 def _cell(row: pd.Series, column: str) -> str:
     status = str(row.get("status"))
-    if status != "ok":
-        return "OOM" if status == "oom" else status or "-"
+    if status != Status.OK:
+        return "OOM" if status == Status.OOM else status or "-"
     return fmt_float(row[column], 2) if column == "peak_mem_gb" else fmt_sig(row[column], 4)

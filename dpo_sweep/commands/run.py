@@ -36,7 +36,7 @@ import ray
 import yaml
 
 from dpo_sweep import preflight
-from dpo_sweep.train.lengths import write_data_json
+from dpo_sweep.core.lengths import write_data_json
 from dpo_sweep import space as space_mod
 from dpo_sweep.errors import UserError, os_error_line
 from dpo_sweep.results_dir import ResultsDir
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from dpo_sweep.config import ModelSpec, TrialConfig
     from dpo_sweep.plan.shape import ModelShape
     from dpo_sweep.sweep.tuner import SweepSummary
-    from dpo_sweep.train.lengths import LengthProfile
+    from dpo_sweep.core.lengths import LengthProfile
 
 
 def import_tune() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.status import Status
 from dpo_sweep.records import TrialResult, write_results, write_steps
 from dpo_sweep.results_dir import ResultsDir
 
@@ -87,7 +88,7 @@ def cmd_trial(args: argparse.Namespace) -> int:
     write_results(out, [outcome.result])
     write_steps(out, outcome.steps)
     r = outcome.result
-    if r.status == "ok":
+    if r.status == Status.OK:
         print(f"done: peak memory {r.peak_mem_gb:.3f} GB ({r.mem_source}), step time {r.step_time_ms:.0f} ms "
               f"(median of {r.measured_steps}), {r.tokens_per_s:,.0f} tokens/s, loss std "
               f"{r.loss_std:.4g}" + ("" if math.isnan(r.mfu) else f", MFU {r.mfu:.1%}"))
@@ -101,4 +102,4 @@ def cmd_trial(args: argparse.Namespace) -> int:
     else:
         print(f"done: status {r.status}: {r.error}", file=sys.stderr)
     print(f"wrote {ResultsDir(out).results} and {ResultsDir(out).steps}")
-    return 0 if r.status in ("ok", "oom", "diverged") else 1
+    return 0 if r.status in (Status.OK, Status.OOM, Status.DIVERGED) else 1

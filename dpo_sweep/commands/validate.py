@@ -7,7 +7,7 @@ import argparse
 
 from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
-from dpo_sweep.budget import DEFAULT_SAFETY_MARGIN
+from dpo_sweep.core.budget import DEFAULT_SAFETY_MARGIN
 from dpo_sweep.errors import UserError
 
 

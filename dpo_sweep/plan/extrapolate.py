@@ -5,7 +5,7 @@ median accumulating micro-step), which is as close or closer on the committed ru
 
 A measure trial runs a few micro-steps per optimizer step (``rules.measure_grad_acc``: at least
 24 timed on varied lengths); the row is for ``grad_acc`` G. The trainer's own pair order
-(``train/order.py``) lays out what every micro-batch of both runs holds (:func:`step_layout`:
+(``core/order.py``) lays out what every micro-batch of both runs holds (:func:`step_layout`:
 its FLOPs over the positions the kernels compute, padding included, and its real tokens). The
 short trial's micro-step times are fitted (:func:`fit_micro_steps`, :data:`FITS`), and the real
 run's step ``s`` is ``t_opt + the fitted time of each of its micro-batches + the first
@@ -25,11 +25,11 @@ from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.memory import ModelShape
-from dpo_sweep.trial_facts import pad_multiple, planned_attention, planned_device
+from dpo_sweep.core.trial_facts import pad_multiple, planned_attention, planned_device
 from dpo_sweep.records import StepRecord
-from dpo_sweep.telemetry.flops import DecoderShape, TokenCounts, dpo_step_flops
-from dpo_sweep.train.lengths import LengthProfile
-from dpo_sweep.train.order import batch_width, micro_batch_order
+from dpo_sweep.core.flops import DecoderShape, TokenCounts, dpo_step_flops
+from dpo_sweep.core.lengths import LengthProfile
+from dpo_sweep.core.order import batch_width, micro_batch_order
 
 #: steps -> ranks -> micro-batches -> work (FLOPs)
 Works = list[list[list[float]]]
@@ -69,7 +69,7 @@ class Layout:
 
 def step_layout(cfg: TrialConfig, lengths: LengthProfile, shape: ModelShape) -> Layout:
     """Every micro-batch of ``cfg``'s ``train.steps`` steps, per rank, in the order the trainer
-    runs them (``train/order.micro_batch_order``)."""
+    runs them (``core/order.micro_batch_order``)."""
     t = cfg.train
     world, chunked, g = cfg.resources.workers_per_trial, t.logp_chunk_tokens > 0, cfg.grad_acc
     dshape, attn, packed = decoder_shape(shape), planned_attention(cfg.model.attn_implementation), lengths.packed()

@@ -3,7 +3,7 @@ configuration that does not fit, fit: ``dpo-sweep validate SPACE --gpu NAME[,NAM
 
 Every number here is the memory model's prediction (:func:`~dpo_sweep.plan.memory.predict_peak_gb`,
 on CUDA: the NVML peak a card bounds, its CUDA context included), decided by the rule the
-recommendation uses (:mod:`dpo_sweep.budget`): a peak fits when it is at most the card's reported
+recommendation uses (:mod:`dpo_sweep.core.budget`): a peak fits when it is at most the card's reported
 memory less the safety margin, both to 0.01 GB. Nothing runs and nothing needs a GPU: QLoRA and
 the low-bit AdamW are predicted here like any other lever; only running them needs CUDA.
 
@@ -25,11 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence
 
-from dpo_sweep import budget, trial_facts
+from dpo_sweep.core import budget, trial_facts
+from dpo_sweep.core.levels import Level
 from dpo_sweep.cards import Card
 from dpo_sweep.config import CHECKPOINT_LEVELS, TrialConfig
 from dpo_sweep.plan.memory import predict_peak_gb
-from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.core.lengths import LengthProfile
 
 #: Predicts a configuration's NVML peak (GB) on a card; raises OSError / ValueError / KeyError
 #: where the model's config cannot be read here.
@@ -67,8 +68,8 @@ def _with(cfg: TrialConfig, **train: object) -> TrialConfig:
 
 
 def _levels_above(cfg: TrialConfig) -> list[str]:
-    mine = trial_facts.memory_order(cfg.checkpoint_level)
-    return [lv for lv in CHECKPOINT_LEVELS if trial_facts.memory_order(lv) > mine
+    mine = Level(cfg.checkpoint_level).memory_rank
+    return [lv for lv in CHECKPOINT_LEVELS if Level(lv).memory_rank > mine
             and trial_facts.refused_attention(lv, cfg.model.attn_implementation) is None]
 
 

@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.rules import measure_grad_acc
 from dpo_sweep.plan.schedule import Estimator, SweepPlan
-from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.core.lengths import LengthProfile
 
 
 def plan_labels(trials: Sequence[TrialConfig], budget_gb: float | None = None,

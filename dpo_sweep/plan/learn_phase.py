@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from dpo_sweep.core.status import Status
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.jobs import Job, JobKind, job_id, seconds, without_worst_case
 from dpo_sweep.plan.keys import LearningKey
@@ -117,7 +118,7 @@ class LearnPhase:
         """``job`` ended: its set-up learned from it (True), or, when it ran out of memory in the
         learning precision, waits to learn in the space's precision (False)."""
         set_up = self.of(job.source)
-        if result.status == "oom" and job.cfg.train.precision != job.source.train.precision:
+        if result.status == Status.OOM and job.cfg.train.precision != job.source.train.precision:
             # The memory model under-predicted the learning precision (it can by up to 6.8 %): learn
             # in the space's precision instead, as when it is predicted not to fit.
             set_up.state, set_up.ran_out = Learning.PENDING, f"{job.job_id} ran out of memory"

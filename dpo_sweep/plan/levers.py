@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dpo_sweep import trial_facts
+from dpo_sweep.core.levels import Level
 from dpo_sweep.config import LORA_AUTO, TrialConfig
 
 #: torchao NF4: 4 bits per value, an int8 scale per 64 values, a float32 scale per 256 of those.
@@ -94,7 +94,7 @@ def _region_targets(level: str, s) -> tuple[str, ...]:
     """The targets whose adapters run outside a checkpointed region at ``level`` (their saved
     tensors stay alive until backward): the family's attention and MLP linears (Llama's names for
     a shape without them)."""
-    regions = trial_facts.regions(level)
+    regions = Level(level).regions
     if regions.layer:
         return ()
     attention = s.attention_linears or _ATTENTION_TARGETS
@@ -131,7 +131,7 @@ def lever_bytes(cfg: TrialConfig, s, weight_bytes: int, activation_bytes: int, a
     kept = [x for x in names if x in _region_targets(cfg.checkpoint_level, s) and x in dims]
     saved = sum(t.lora_r * activation_bytes + (dims[x][0] * (activation_bytes + 1) if t.lora_dropout else 0)
                 for x in kept)
-    regions = trial_facts.regions(cfg.checkpoint_level)
+    regions = Level(cfg.checkpoint_level).regions
     mlp_kept = not (regions.mlp or regions.layer)  # the MLP's tensors live until backward
     if lean and mlp_kept and set(_MLP_TARGETS) & set(names):
         saved += 2 * activation_bytes * s.intermediate  # the stock MLP's silu(gate) and product

@@ -9,6 +9,7 @@ import math
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from dpo_sweep.core.status import Status
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.jobs import Due, Job, JobKind, without_eval
 from dpo_sweep.plan.keys import TimingKey
@@ -58,7 +59,7 @@ class MeasurePhase:
     def restore(self, rows: Sequence[TrialResult]) -> set[str]:
         """Take a resumed sweep's rows whose stability is still pending (:data:`PENDING`): a group
         whose every member has one is measured already. The trial ids of the rows taken."""
-        saved = {r.trial_id: r for r in rows if r.status == "ok" and r.stability == PENDING}
+        saved = {r.trial_id: r for r in rows if r.status == Status.OK and r.stability == PENDING}
         taken: set[str] = set()
         for group in self.groups:
             if group.members and all(m.trial_id in saved for m in group.members):
@@ -90,9 +91,9 @@ class MeasurePhase:
     def finish(self, job: Job, result: TrialResult, steps: Sequence[StepRecord]) -> None:
         group = self.of(job.source)
         group.state, group.result, group.steps = GroupState.DONE, result, tuple(steps)
-        if result.status == "ok" and math.isfinite(result.peak_mem_gb):
+        if result.status == Status.OK and math.isfinite(result.peak_mem_gb):
             self._peaks.add(job.cfg, result.peak_mem_gb)
-        if result.status == "oom" and not self.full_grid:
+        if result.status == Status.OOM and not self.full_grid:
             pending = {g.measuring.trial_id: g for g in self.pending()}
             for cfg, reason in prune_after_oom(job.cfg, [g.measuring for g in pending.values()]):
                 self._prune(pending[cfg.trial_id], reason)
@@ -119,7 +120,7 @@ class MeasurePhase:
         if math.isnan(group.predicted_gb):  # pruned after an OOM before it was next in line
             group.predicted_gb = self._peaks.predict(group.measuring)
         for m in group.members:
-            row = failed_result(m, "pruned", reason)
+            row = failed_result(m, Status.PRUNED, reason)
             self._rows.emit(replace(row, predicted_peak_gb=group.predicted_gb,
                                     trainable_params=_trainable(m, self._shapes)))
 

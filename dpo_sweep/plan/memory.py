@@ -67,8 +67,9 @@ from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan import trl_memory
 from dpo_sweep.plan.levers import lever_bytes
 from dpo_sweep.plan.shape import ModelShape, built_shape, model_shape, shape_key  # noqa: F401 (the planner's names)
-from dpo_sweep.train.lengths import LengthProfile
-from dpo_sweep import trial_facts
+from dpo_sweep.core.lengths import LengthProfile
+from dpo_sweep.core import trial_facts
+from dpo_sweep.core.levels import Level
 
 GB = 1e9
 #: NVML device-used minus torch's reserved peak on CUDA (see the module doc).
@@ -201,7 +202,7 @@ def layer_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *, l
     (``masked``: the micro-batch has padding, so the attention gets a mask). Regions wrap the
     family's own attention and MLP (train/checkpointing.py), so what a family adds inside them
     (q/k norms, experts) is freed by the level that recomputes them."""
-    regions = trial_facts.regions(level)
+    regions = Level(level).regions
     norms = s.norms_per_layer * _norm_bytes(s, b, lean, liger)
     # The normed inputs of attention and the MLP (one, shared, where one norm feeds both: Cohere).
     region_inputs = min(2, s.norms_per_layer) * b.activation * s.hidden
@@ -267,7 +268,7 @@ def decoder_saved_bytes_per_token(s: ModelShape, b: ElementBytes, level: str, *,
     ``full``). tests/plan/test_memory_families.py measures it on tiny models of many families."""
     layers = s.n_layers * layer_saved_bytes_per_token(s, b, level, lean=lean, liger=liger, attn=attn,
                                                       seq_len=seq_len, masked=masked)
-    rope = 0 if trial_facts.regions(level).layer else 2 * b.activation * (s.q_dim // s.n_heads)
+    rope = 0 if Level(level).regions.layer else 2 * b.activation * (s.q_dim // s.n_heads)
     return layers + _norm_bytes(s, b, lean, liger) + rope
 
 

@@ -22,6 +22,7 @@ import statistics
 from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.status import Status, TimeSource
 from dpo_sweep.plan.rules import extrapolate_step_ms, fit_step_time
 from dpo_sweep.records import PENDING, TIMING_COLUMNS, StepRecord, TrialResult, config_columns
 
@@ -29,7 +30,7 @@ from dpo_sweep.records import PENDING, TIMING_COLUMNS, StepRecord, TrialResult, 
 STABILITY_COLUMNS: dict[str, object] = {
     "loss_mean": math.nan, "loss_std": math.nan, "grad_norm_mean": math.nan, "reward_accuracy": math.nan,
     "reward_margin": math.nan,
-    # dpo_sweep/stability.py's signals and verdict, and the final weights' held-batch loss.
+    # dpo_sweep/core/stability.py's signals and verdict, and the final weights' held-batch loss.
     "stability": "", "loss_slope": math.nan, "loss_spread": math.nan, "grad_norm_spike": math.nan,
     "logratio_std_max": math.nan, "reward_accuracy_slope": math.nan, "reward_margin_slope": math.nan,
     "rollback_step": None, "eval_loss": math.nan,
@@ -70,8 +71,8 @@ def fitted_step_ms(steps: Sequence[StepRecord], ran_grad_acc: int, grad_acc: int
 
 def _time_columns(measured: TrialResult, steps: Sequence[StepRecord], ran_grad_acc: int,
                   grad_acc: int, workers: int) -> dict:
-    if grad_acc == ran_grad_acc or measured.status != "ok":
-        return {"step_time_source": "measured" if measured.status == "ok" else ""}
+    if grad_acc == ran_grad_acc or measured.status != Status.OK:
+        return {"step_time_source": TimeSource.MEASURED if measured.status == Status.OK else ""}
     fitted = fitted_step(steps, ran_grad_acc, grad_acc, workers)
     ratio = fitted.step_ms / measured.step_time_ms  # the spread and the rates scale with the step
     work = grad_acc / ran_grad_acc                   # tokens and FLOPs per step
@@ -79,7 +80,7 @@ def _time_columns(measured: TrialResult, steps: Sequence[StepRecord], ran_grad_a
     return {"step_time_ms": fitted.step_ms, "step_time_p10_ms": measured.step_time_p10_ms * ratio / widen,
             "step_time_p90_ms": measured.step_time_p90_ms * ratio * widen,
             "tokens_per_s": measured.tokens_per_s * work / ratio, "mfu": measured.mfu * work / ratio,
-            "step_time_source": "extrapolated", "extrapolation_error": fitted.rel_error}
+            "step_time_source": TimeSource.EXTRAPOLATED, "extrapolation_error": fitted.rel_error}
 
 
 def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepRecord], *, ran_grad_acc: int,
@@ -121,15 +122,15 @@ def with_stability(row: TrialResult, learned: LearningSource | None) -> TrialRes
     """``row`` with the stability columns of its learning trial ``learned`` (None: there is none,
     e.g. every configuration of the set-up ran out of memory). A learning trial that diverged
     makes the row ``diverged``: the learning, not the memory, is what diverges."""
-    if row.status != "ok":
+    if row.status != Status.OK:
         return row
     if learned is None:
         return dataclasses.replace(row, **STABILITY_COLUMNS, stability_from="")
     got = learned.result
     update = {c: getattr(got, c) for c in STABILITY_COLUMNS}
-    if got.status == "diverged":
-        update.update(status="diverged", error=f"diverged in learning trial {learned.trial_id}: {got.error}")
-    elif got.status != "ok":
+    if got.status == Status.DIVERGED:
+        update.update(status=Status.DIVERGED, error=f"diverged in learning trial {learned.trial_id}: {got.error}")
+    elif got.status != Status.OK:
         update = dict(STABILITY_COLUMNS)
     return dataclasses.replace(row, **update, stability_from=learned.trial_id, stability_steps=learned.steps,
                                stability_precision=learned.precision, stability_note=learned.note)

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from dpo_sweep.config import CHECKPOINT_LEVELS, TrialConfig
+from dpo_sweep.config import TrialConfig
 from dpo_sweep.field_effects import Effect, Memory, declared_effects
 from dpo_sweep.plan.keys import LearningKey, MeasurementKey, MemoryFamily
 from dpo_sweep.plan.memory import MemoryEstimate
-from dpo_sweep.trial_facts import memory_order
+from dpo_sweep.core.levels import Level
 
 #: Every field's declared effect, by its path into ``TrialConfig.model_dump()``.
 EFFECTS: Mapping[tuple[str, ...], Effect] = MappingProxyType(declared_effects(TrialConfig))
@@ -127,10 +127,6 @@ def order(trials: Sequence[TrialConfig], predict: Predict) -> list[TrialConfig]:
     return sorted(trials, key=predict)
 
 
-def _level_rank(level: str) -> int:
-    return len(CHECKPOINT_LEVELS) - memory_order(level)  # none keeps the most
-
-
 def dominates_in_memory(a: TrialConfig, b: TrialConfig) -> bool:
     """True when ``a`` needs at least the memory of ``b``: the same configuration in every other
     memory field, and a micro_batch, max_length and grad_acc class at least ``b``'s and a level
@@ -141,7 +137,7 @@ def dominates_in_memory(a: TrialConfig, b: TrialConfig) -> bool:
     if memory_family(a) != memory_family(b):
         return False
     return (a.micro_batch >= b.micro_batch and a.train.max_length >= b.train.max_length
-            and _level_rank(a.checkpoint_level) >= _level_rank(b.checkpoint_level)
+            and Level(a.checkpoint_level).memory_rank <= Level(b.checkpoint_level).memory_rank
             and short_grad_acc(a) >= short_grad_acc(b))
 
 
@@ -255,4 +251,4 @@ def pick_learning_trial(group: Sequence[TrialConfig], predict: Predict, budget_g
         return None
     if step_ms is not None:
         return min(fits, key=step_ms)
-    return min(fits, key=lambda c: (-c.micro_batch, c.grad_acc, memory_order(c.checkpoint_level)))
+    return min(fits, key=lambda c: (-c.micro_batch, c.grad_acc, Level(c.checkpoint_level).memory_rank))

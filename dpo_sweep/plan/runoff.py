@@ -29,7 +29,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from dpo_sweep import budget, noise
+from dpo_sweep.core import budget, noise
+from dpo_sweep.core.status import Status, TimeSource
 from dpo_sweep.records import TrialResult
 
 #: At most this many finalists are timed in full (fastest first): each costs a trial at the real
@@ -56,9 +57,9 @@ def finalists(rows: Sequence[TrialResult], usable_gb: float | None,
     """The extrapolated rows of ``rows`` to time in full, fastest first, one per configuration
     (rows that share a measurement and a grad_acc - e.g. betas - are one configuration): the ok
     rows peaking within ``usable_gb`` (None: any) whose throughput interval overlaps the fastest
-    such row's (:mod:`dpo_sweep.noise`, the recommendation's tie rule); at most ``limit`` (None:
+    such row's (:mod:`dpo_sweep.core.noise`, the recommendation's tie rule); at most ``limit`` (None:
     all). Empty when every finalist was already measured at its grad_acc."""
-    fitting = sorted((r for r in rows if r.status == "ok" and math.isfinite(r.tokens_per_s)
+    fitting = sorted((r for r in rows if r.status == Status.OK and math.isfinite(r.tokens_per_s)
                       and budget.fits(r.peak_mem_gb, usable_gb)), key=lambda r: -r.tokens_per_s)
     if not fitting:
         return []
@@ -68,7 +69,7 @@ def finalists(rows: Sequence[TrialResult], usable_gb: float | None,
     seen: set[tuple[str, int]] = set()
     for r, is_tied in zip(fitting, tied):
         key = (r.measured_by, r.grad_acc)
-        if is_tied and r.step_time_source == "extrapolated" and key not in seen:
+        if is_tied and r.step_time_source == TimeSource.EXTRAPOLATED and key not in seen:
             seen.add(key)
             out.append(r)
     return out[:limit]
@@ -83,7 +84,7 @@ def frontier_ties(rows: Sequence[TrialResult], limit: int | None = RUNOFF_MAX) -
     throughput only (the plan may not import the analyser): a row dominated beyond the noise stays
     off the frontier whatever its timing, and loss std is left out: what the runoff narrows is
     throughput."""
-    ok = [r for r in rows if r.status == "ok" and math.isfinite(r.tokens_per_s) and math.isfinite(r.peak_mem_gb)]
+    ok = [r for r in rows if r.status == Status.OK and math.isfinite(r.tokens_per_s) and math.isfinite(r.peak_mem_gb)]
     if not ok:
         return []
     low, high = noise.throughput_interval(pd.DataFrame([dataclasses.asdict(r) for r in ok]))
@@ -96,7 +97,7 @@ def frontier_ties(rows: Sequence[TrialResult], limit: int | None = RUNOFF_MAX) -
         if not tied:
             continue  # on the memory/throughput frontier: nothing to settle
         for r in [rj, *(ok[i] for i in tied)]:
-            if r.step_time_source == "extrapolated":
+            if r.step_time_source == TimeSource.EXTRAPOLATED:
                 picked.setdefault((r.measured_by, r.grad_acc), r)
     return sorted(picked.values(), key=lambda r: -r.tokens_per_s)[:limit]
 
@@ -107,4 +108,4 @@ def timed_row(row: TrialResult, runoff: TrialResult) -> TrialResult:
     return dataclasses.replace(
         row, step_time_ms=runoff.step_time_ms, step_time_p10_ms=runoff.step_time_p10_ms,
         step_time_p90_ms=runoff.step_time_p90_ms, tokens_per_s=runoff.tokens_per_s, mfu=runoff.mfu,
-        step_time_source="runoff", extrapolation_error=math.nan, timed_by=runoff.trial_id)
+        step_time_source=TimeSource.RUNOFF, extrapolation_error=math.nan, timed_by=runoff.trial_id)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from dpo_sweep import budget
+from dpo_sweep.core.status import TimeSource
+from dpo_sweep.core import budget
 from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.jobs import Due, Job, JobKind, seconds, without_eval, without_worst_case
 from dpo_sweep.plan.keys import TimingKey
@@ -52,7 +53,7 @@ class RunoffPhase:
 
     def needs_timing(self, cfg: TrialConfig) -> bool:
         """``cfg``'s step time is extrapolated and no timing in full of it is taken or claimed."""
-        return self.time_row(cfg).step_time_source == "extrapolated" and self.key(cfg) not in self.tried
+        return self.time_row(cfg).step_time_source == TimeSource.EXTRAPOLATED and self.key(cfg) not in self.tried
 
     def claim(self, key: TimingKey, by_learning: bool = False) -> None:
         self.tried.add(key)

@@ -52,6 +52,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from dpo_sweep.core.status import Status
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.jobs import Due, Job, JobKind
 from dpo_sweep.plan.learn_phase import LearnPhase
@@ -63,7 +64,7 @@ from dpo_sweep.plan.rules import BUDGET_MARGIN, learning_config
 from dpo_sweep.plan.runoff_phase import RunoffPhase
 from dpo_sweep.plan.state import Group, GroupState, Rows
 from dpo_sweep.records import StepRecord, TrialResult
-from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.core.lengths import LengthProfile
 
 __all__ = ["DataEstimate", "Estimator", "SweepPlan"]
 
@@ -142,12 +143,12 @@ class SweepPlan:
         self._rows.steps.extend(steps)
         if job.kind is JobKind.LEARN:
             if self._learn.finish(job, result) and job.times_row:
-                if result.status == "ok":
+                if result.status == Status.OK:
                     self._take_full_time(job, result)
                 else:  # a runoff may time it yet
                     self._runoff.release(self._runoff.key(job.source))
         elif job.kind is JobKind.RUNOFF:
-            if result.status == "ok":
+            if result.status == Status.OK:
                 self._take_full_time(job, result)
             else:
                 self._rows.note(f"runoff: {job.job_id} {result.status}; its rows keep the extrapolated step time")
@@ -245,7 +246,7 @@ class SweepPlan:
         """``m``'s results row; while its learning trial is still to come, with its stability
         columns pending (:func:`~dpo_sweep.plan.rows.pending_stability`)."""
         row = self._runoff.time_row(m)
-        if row.status != "ok":
+        if row.status != Status.OK:
             return row
         if self._measure.own_learning(m):
             return with_stability(row, LearningSource.of(m, row))

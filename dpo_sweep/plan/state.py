@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.status import Status
 from dpo_sweep.plan.rows import shared_row
 from dpo_sweep.plan.runoff import timed_row
 from dpo_sweep.records import PENDING, StepRecord, TrialResult
@@ -45,7 +46,7 @@ class Group:
 
     @property
     def measured_ok(self) -> bool:
-        return self.state is GroupState.DONE and self.result.status == "ok"
+        return self.state is GroupState.DONE and self.result.status == Status.OK
 
     def ran_in_full(self, cfg: TrialConfig) -> bool:
         """``cfg`` is the configuration measured, and at its own grad_acc."""
@@ -57,7 +58,7 @@ class Group:
         row = self.saved.get(m.trial_id) or shared_row(
             m, self.result, self.steps, ran_grad_acc=self.ran_grad_acc, measured_by=self.measuring.trial_id,
             predicted_peak_gb=self.predicted_gb)
-        return timed_row(row, runoff) if runoff is not None and row.status == "ok" else row
+        return timed_row(row, runoff) if runoff is not None and row.status == Status.OK else row
 
 
 @dataclass

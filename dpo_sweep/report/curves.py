@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from dpo_sweep.analysis import tables
+from dpo_sweep.core.status import Status
 from dpo_sweep.report.figures import esc, num, nums, trial_label
 from dpo_sweep.results_dir import ResultsDir
 
@@ -48,7 +49,7 @@ def step_curves(steps: pd.DataFrame, analysed: pd.DataFrame, column: str, title:
         name = trial_label(row) if row is not None else esc(tables.short_id(str(trial_id)))
         status = str(row["status"]) if row is not None else f"not in {ResultsDir.RESULTS}"
         x, y = nums(rows["step"]), nums(rows[column]) if column in rows else []
-        key = (tuple(x), tuple(y), status == "ok")
+        key = (tuple(x), tuple(y), status == Status.OK)
         if key in curves:
             curves[key]["names"].append(name)
             continue
@@ -62,7 +63,7 @@ def step_curves(steps: pd.DataFrame, analysed: pd.DataFrame, column: str, title:
             "type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": esc(curve["trial_id"]),
             "x": curve["x"], "y": curve["y"],
             "hovertemplate": f"{hover} ({esc(status)})<br>step %{{x}}: %{{y}}<extra></extra>",
-            "line": {"width": 1.5, "dash": "solid" if status == "ok" else "dot"}, "marker": {"size": 4},
+            "line": {"width": 1.5, "dash": "solid" if status == Status.OK else "dot"}, "marker": {"size": 4},
         })
     last = max((v for t in traces for v in t["x"] if v is not None), default=1)
     layout = {"title": {"text": title},

@@ -15,9 +15,9 @@ from dpo_sweep.analysis import effects, noise_floor, tables
 from dpo_sweep.analysis.pareto import Objective
 from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.analysis.winner import Winner
-from dpo_sweep.records import STATUSES
+from dpo_sweep.core.status import Status
 from dpo_sweep.results_dir import ResultsDir
-from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
+from dpo_sweep.core.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
 from dpo_sweep.analysis.completeness import Completeness
 from dpo_sweep.report import curves, figures, headline, parallel, scatter
 from dpo_sweep.report.data_shape import data_shape_section
@@ -200,7 +200,7 @@ def _drop_shared_columns(header: list[str], rows: list[list[Cell]]
 def failure_lines(analysed: pd.DataFrame, short_ids: dict[str, str]) -> list[str]:
     """What failed, one line per status that is not ok: ``3 oom: t000, t001, t002. First error: ...``."""
     lines = []
-    for status, rows in analysed[analysed["status"] != "ok"].groupby("status", sort=False):
+    for status, rows in analysed[analysed["status"] != Status.OK].groupby("status", sort=False):
         ids = [short_ids[str(t)] for t in rows["trial_id"]]
         named = ", ".join(ids[:MAX_IDS_PER_FAILURE]) + (
             f" and {len(ids) - MAX_IDS_PER_FAILURE} more" if len(ids) > MAX_IDS_PER_FAILURE else "")
@@ -259,7 +259,7 @@ def scatter_caption(analysed: pd.DataFrame) -> str:
     if enc.hover_only:
         parts.append("In the hover and the panels below: " + ", ".join(enc.hover_only) + ".")
     parts.append("The green ring with a dot and the arrow: the recommended trial.")
-    if analysed["status"].isin(["oom", "pruned"]).any():
+    if analysed["status"].isin([Status.OOM, Status.PRUNED]).any():
         parts.append("OOM and pruned trials have no throughput: they sit in the strip under each panel, OOM at its "
                      "measured peak (else the budget), pruned at its predicted peak.")
     return " ".join(parts)
@@ -306,15 +306,15 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     notes: list[str] = []  # the page's first line states the units, once
     # With nothing completed the scatter and the panels would be empty axes (or OOM marks on
     # made-up step times): the report says what failed instead.
-    completed = bool((analysed["status"] == "ok").any())
-    unplotted = analysed[(analysed["status"] != "oom")
+    completed = bool((analysed["status"] == Status.OK).any())
+    unplotted = analysed[(analysed["status"] != Status.OOM)
                          & (analysed["peak_mem_gb"].isna() | analysed["tokens_per_s"].isna())]
     if len(unplotted) and completed:
         notes.append(f"{len(unplotted)} trial(s) without a memory and throughput measurement are not in "
                      "the scatter plot; they are listed in the tables: "
                      + ", ".join(f"{t} ({s})" for t, s in zip(unplotted["trial_id"], unplotted["status"])))
     diverging = analysed["stability"].astype(object) == "diverging" if "stability" in analysed else False
-    ineligible_ok = analysed[(analysed["status"] == "ok") & ~analysed["eligible"] & ~diverging]
+    ineligible_ok = analysed[(analysed["status"] == Status.OK) & ~analysed["eligible"] & ~diverging]
     if len(ineligible_ok):
         notes.append("Completed but missing an objective metric (NaN), so not compared for the frontier: "
                      + ", ".join(ineligible_ok["trial_id"]))
@@ -348,7 +348,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
     ordered = tables.memory_order(analysed)
     verdicts = ordered["stability"] if "stability" in ordered else pd.Series("", index=ordered.index)
     # A diverging row may sit on the frontier of its objectives, but it is never drawn as a best row.
-    row_classes = [(f"status-{s}" if s in STATUSES else "status-other")
+    row_classes = [(f"status-{s}" if Status.of(s) else "status-other")
                    + (" verdict-diverging" if v == "diverging" else " frontier" if on else "")
                    for s, on, v in zip(ordered["status"], ordered["on_frontier"], verdicts)]
     models = sorted({m for m in analysed["model"] if m})

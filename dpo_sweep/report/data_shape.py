@@ -1,6 +1,6 @@
 """The data's shape in the report: length histograms after tokenisation, truncated and dropped
 pairs, and the padding share each trial measured. Built from ``data.json`` (written by ``run``
-from preflight's one read of the data, :mod:`dpo_sweep.train.lengths`) and results.csv."""
+from preflight's one read of the data, :mod:`dpo_sweep.core.lengths`) and results.csv."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from dpo_sweep.core.status import Status
 from dpo_sweep.results_dir import ResultsDir
 
 #: Which lengths get a histogram, and their legend names.
@@ -52,7 +53,7 @@ def padding_line(analysed: pd.DataFrame) -> str:
     """The padding share the trials measured (results.csv ``padding_frac``), "" when none did."""
     if "padding_frac" not in analysed:
         return ""
-    ok = analysed[(analysed["status"] == "ok") & analysed["padding_frac"].notna()]
+    ok = analysed[(analysed["status"] == Status.OK) & analysed["padding_frac"].notna()]
     if ok.empty:
         return ""
     lo, hi = float(ok["padding_frac"].min()), float(ok["padding_frac"].max())

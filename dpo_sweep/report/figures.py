@@ -19,6 +19,7 @@ import pandas as pd
 
 from dpo_sweep.analysis import tables
 from dpo_sweep.config import CHECKPOINT_LEVELS
+from dpo_sweep.core.status import Status
 
 _STATUS_STYLE = {  # status group -> (legend name, colour, symbol)
     "frontier": ("ok, on frontier", "#d62728", "circle"),
@@ -118,7 +119,7 @@ def oom_x_gb(analysed: pd.DataFrame, budget_gb: float | None) -> float | None:
 
 def _noise_bars(rows: pd.DataFrame) -> dict[str, Any]:
     """Error bars from each point's tokens/s down and up to its p10-p90 throughput interval
-    (dpo_sweep/noise.py): points whose bars overlap are ties. Zero-length without a spread."""
+    (dpo_sweep/core/noise.py): points whose bars overlap are ties. Zero-length without a spread."""
     tps = rows["tokens_per_s"].astype(float)
     return {"type": "data", "symmetric": False, "visible": True, "thickness": 1, "width": 3,
             "color": "#555", "array": nums(rows["throughput_high"].astype(float) - tps),
@@ -184,11 +185,11 @@ def _axis_suffix(k: int) -> str:
 
 
 def _status_group(row: pd.Series) -> str:
-    if row["status"] == "ok":
+    if row["status"] == Status.OK:
         if row.get("stability") == "diverging":
             return "diverging"
         return "frontier" if row["on_frontier"] else "ok"
-    return "oom" if row["status"] == "oom" else "other"
+    return "oom" if row["status"] == Status.OOM else "other"
 
 
 def panel_dimensions(analysed: pd.DataFrame) -> list[tuple[str, str]]:

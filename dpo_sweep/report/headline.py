@@ -13,14 +13,15 @@ from typing import Any
 
 import pandas as pd
 
-from dpo_sweep import noise
+from dpo_sweep.core import noise
 from dpo_sweep.analysis.completeness import Completeness
 from dpo_sweep.analysis.reasons import amount, tied_faster
 from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.analysis.tables import fmt_setting, is_finite, row_of, short_id
+from dpo_sweep.core.status import TimeSource
 from dpo_sweep.records import PENDING
 from dpo_sweep.results_dir import ResultsDir
-from dpo_sweep.stability import ROLLBACK_LOGRATIO_STD
+from dpo_sweep.core.stability import ROLLBACK_LOGRATIO_STD
 
 #: Tied rows (overlapping throughput intervals, the winner's included) from which the top rows
 #: count as not separated by the machine.
@@ -88,7 +89,7 @@ def _watch(win: pd.Series) -> str:
     if verdict == PENDING:
         return ("Watch: its stability is not judged yet (its learning trial did not run); resume the sweep "
                 "before trusting it for a long run.")
-    if win.get("step_time_source") == "extrapolated":
+    if win.get("step_time_source") == TimeSource.EXTRAPOLATED:
         return (f"Watch: its step time is extrapolated from a shorter accumulation; `dpo-sweep trial "
                 f"{ResultsDir.RECOMMENDED}` times it at grad_acc {fmt_setting(win.get('grad_acc'))}.")
     if verdict == "noisy":
@@ -113,7 +114,7 @@ def banners(analysed: pd.DataFrame, rec: Recommendation, state: Completeness) ->
         out.append(Banner("pending", f"{lead}: their learning trials did not run, so their loss std and stability "
                           "verdict are missing; `dpo-sweep run SPACE --output DIR --resume` runs them."))
     win = row_of(analysed, rec.trial_id)
-    if win is not None and win.get("step_time_source") == "extrapolated":
+    if win is not None and win.get("step_time_source") == TimeSource.EXTRAPOLATED:
         out.append(Banner("extrapolated", f"The recommended trial's step time and tokens/s are extrapolated from a "
                           f"shorter gradient accumulation, not measured at grad_acc {fmt_setting(win.get('grad_acc'))}."))
     if win is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from dpo_sweep.analysis import effects, tables
+from dpo_sweep.core.status import Status
 from dpo_sweep.report.figures import _hover, _status_group, esc, num
 
 #: The objectives' axes after the dimensions: (column, title).
@@ -68,7 +69,7 @@ def parallel_coordinates(analysed: pd.DataFrame, recommended: str | None = None
     ax = axes(analysed)
     swept = tables.swept_columns(analysed, levers=True)
     groups = ["recommended" if str(r["trial_id"]) == str(recommended)
-              else (_status_group(r) if r["status"] != "pruned" else "other") for _, r in analysed.iterrows()]
+              else (_status_group(r) if r["status"] != Status.PRUNED else "other") for _, r in analysed.iterrows()]
     order = sorted(range(len(analysed)), key=lambda i: _DRAW_ORDER[groups[i]])
     traces, trials, legend = [], [], set()
     for i in order:

@@ -22,11 +22,11 @@ import numpy as np
 import pandas as pd
 
 from dpo_sweep.analysis import tables
+from dpo_sweep.core.levels import Level
+from dpo_sweep.core.status import Status
 from dpo_sweep.report.figures import (_axis_range, _flat_range, _hover, _noise_bars, _tick_format, esc,
                                       level_order, num, nums, oom_x_gb)
 
-#: Marker shapes of the shape dimension's values; checkpoint levels keep theirs in every report.
-LEVEL_SYMBOLS = {"none": "circle", "L1": "square", "L2": "diamond", "L3": "triangle-up", "full": "hexagon"}
 OTHER_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "hexagon", "pentagon", "triangle-down",
                  "hourglass", "cross", "bowtie")
 #: The recommended trial's marker: no value of any dimension gets it.
@@ -39,7 +39,7 @@ MAX_FACETS = 12
 #: Most values a non-checkpoint dimension may have to take the marker's shape.
 MAX_SYMBOL_VALUES = len(OTHER_SYMBOLS)
 _SIZES = (9, 12, 15, 18, 21)
-_STRIP = {"oom": 0, "pruned": 1}
+_STRIP = {Status.OOM: 0, Status.PRUNED: 1}
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,10 @@ def _values(df: pd.DataFrame, column: str) -> list[str]:
 def _symbols(df: pd.DataFrame, column: str) -> dict[str, str]:
     values = _values(df, column)
     if column == "checkpoint_level":
-        others = [v for v in values if v not in LEVEL_SYMBOLS]
-        spare = [s for s in OTHER_SYMBOLS if s not in LEVEL_SYMBOLS.values()]
-        return {v: LEVEL_SYMBOLS.get(v) or spare[others.index(v) % len(spare)] for v in values}
+        # Checkpoint levels keep their own marker (Level.symbol) in every report.
+        others = [v for v in values if Level.of(v) is None]
+        spare = [s for s in OTHER_SYMBOLS if s not in {lv.symbol for lv in Level}]
+        return {v: lv.symbol if (lv := Level.of(v)) else spare[others.index(v) % len(spare)] for v in values}
     return {v: OTHER_SYMBOLS[i % len(OTHER_SYMBOLS)] for i, v in enumerate(values)}
 
 
@@ -144,13 +145,13 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
     enc = encoding(analysed)
     swept = tables.swept_columns(analysed, levers=True)
     measured = analysed[analysed["peak_mem_gb"].notna() & analysed["tokens_per_s"].notna()]
-    ok = measured[measured["status"] == "ok"]
+    ok = measured[measured["status"] == Status.OK]
     diverging = _is_diverging(ok)
     learning = ok[~diverging]
     std = learning["loss_std"].astype(float)
     std = std[np.isfinite(std)]
-    oom = analysed[analysed["status"] == "oom"]
-    pruned = analysed[(analysed["status"] == "pruned")
+    oom = analysed[analysed["status"] == Status.OOM]
+    pruned = analysed[(analysed["status"] == Status.PRUNED)
                       & (analysed["predicted_peak_gb"].notna() if "predicted_peak_gb" in analysed else False)]
     x_oom = num(oom_x_gb(analysed, budget_gb))
     has_strip = bool(len(oom) or len(pruned))
@@ -251,7 +252,7 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
             traces.append(_points(bad, name, "diverging", legend_once(name), axes, swept, {
                 "symbol": [f"{symbols.get(tables.fmt_setting(v), 'circle')}-open" for v in bad[enc.symbol]],
                 "size": 13, "color": DIVERGING_COLOUR, "line": {"width": 2.5, "color": DIVERGING_COLOUR}}))
-        failed = _facet_of(measured[measured["status"] != "ok"], enc.facets, key)
+        failed = _facet_of(measured[measured["status"] != Status.OK], enc.facets, key)
         if len(failed):
             name = "diverged / error (measured before it stopped)"
             traces.append(_points(failed, name, "failed", legend_once(name), axes, swept,
@@ -271,10 +272,10 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
                 "font": {"color": "#2ca02c", "size": 12}, "arrowcolor": "#2ca02c"})
         if has_strip:
             for status, rows, x, name, style in (
-                    ("oom", _facet_of(oom, enc.facets, key), None,
+                    (Status.OOM, _facet_of(oom, enc.facets, key), None,
                      "OOM (no throughput; at its measured peak, else the budget)",
                      {"symbol": "x-thin-open", "size": 14, "color": "#000", "line": {"width": 3}}),
-                    ("pruned", _facet_of(pruned, enc.facets, key), "predicted_peak_gb",
+                    (Status.PRUNED, _facet_of(pruned, enc.facets, key), "predicted_peak_gb",
                      "pruned (never ran; at its predicted peak)",
                      {"symbol": "circle-open", "size": 13, "color": "#9467bd", "line": {"width": 2}})):
                 if not len(rows):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.status import Status
 from dpo_sweep.records import StepRecord, TrialResult, config_columns, failed_result
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, TrialFailure, short_error
 
@@ -57,7 +58,7 @@ class TrialCollector:
             return self._finish(key, ending.failure)
         return None
 
-    def abandon(self, key: str, cfg: TrialConfig, error: str, status: str = "error") -> CollectedTrial:
+    def abandon(self, key: str, cfg: TrialConfig, error: str, status: str = Status.ERROR) -> CollectedTrial:
         """Close a trial whose process died or was ended (``status`` ``timeout``: past its limit):
         lost to the machine, so its row is marked for --resume to run again."""
         self._get(key, cfg)
@@ -71,7 +72,7 @@ class TrialCollector:
         if failure is None and p.outcome is not None:
             result = p.outcome.result
         else:
-            failure = failure or TrialFailure("error", "the trainer returned without reporting its outcome")
+            failure = failure or TrialFailure(Status.ERROR, "the trainer returned without reporting its outcome")
             result = failed_result(p.cfg, failure.status, failure.error, p.steps, failing_peak_gb=failure.peak_mem_gb,
                                    startup_s=p.startup_s, measure_s=p.measure_s)
         # Its configuration's columns again: the outcome crossed as JSON, which turns tuples into lists.

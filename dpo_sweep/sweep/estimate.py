@@ -40,7 +40,7 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.plan.jobs import Due, Job, JobKind
 from dpo_sweep.records import StepRecord, TrialResult
 from dpo_sweep.sweep.collector import CollectedTrial
-from dpo_sweep.trial_facts import memory_order
+from dpo_sweep.core.levels import Level
 
 #: A reference pass (one forward, no gradients, batched by tokens) of one step's pairs, as a share
 #: of a training step's time (forward and backward, and the level's recompute).
@@ -191,7 +191,7 @@ def _distance(ended: EndedTrial, cfg: TrialConfig) -> tuple[float, int]:
     """How far an ended trial's configuration is from ``cfg``: micro-batch (by factors of 2) first,
     then checkpoint level."""
     return (abs(math.log2(ended.micro_batch) - math.log2(cfg.micro_batch)),
-            abs(memory_order(ended.level) - memory_order(cfg.checkpoint_level)))
+            abs(Level(ended.level).memory_rank - Level(cfg.checkpoint_level).memory_rank))
 
 
 def _finite(x: object) -> bool:

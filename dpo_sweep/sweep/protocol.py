@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dpo_sweep.core.status import Status
 from dpo_sweep.records import StepRecord, TrialResult, peak_up_to_failure_gb
 
 STEP_KEY = "dpo/step"          # a StepRecord, as a dict, one report per optimizer step
@@ -100,7 +101,7 @@ class TrialFailure:
     def process_usable(self) -> bool:
         """Whether the failed process may run another trial: after an OOM the allocator recovers;
         after any other error a CUDA context may be left unusable."""
-        return self.status == "oom"
+        return self.status == Status.OOM
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class TrialEnding:
         if not isinstance(report.get(ENDING_KEY), str):
             return None
         data = json.loads(report[ENDING_KEY])
-        status = data.get("status", "error")
+        status = data.get("status", Status.ERROR)
         wall_s = float(data.get("wall_s", math.nan))
         if status == "finished":
             return TrialEnding(None, wall_s)
@@ -154,12 +155,12 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
         ranked = sorted(failures.items())
         for rank, err in ranked:
             if _is_oom(err):
-                return "oom", short_error(f"rank {rank}: {_root_message(err)}")
+                return Status.OOM, short_error(f"rank {rank}: {_root_message(err)}")
         rank, err = ranked[0]
-        return "error", short_error(f"rank {rank}: {type(_root(err)).__name__}: {_root_message(err)}")
+        return Status.ERROR, short_error(f"rank {rank}: {type(_root(err)).__name__}: {_root_message(err)}")
     if _is_oom(exc):
-        return "oom", short_error(_root_message(exc))
-    return "error", short_error(f"{type(exc).__name__}: {exc}")
+        return Status.OOM, short_error(_root_message(exc))
+    return Status.ERROR, short_error(f"{type(exc).__name__}: {exc}")
 
 
 #: Ray's errors for a process, node or object lost under a trial (not the trial's own exception).

@@ -15,6 +15,7 @@ import ray
 from ray import tune
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.status import Status, TimeSource
 from dpo_sweep.errors import os_error_line
 from dpo_sweep.files import unwritable
 from dpo_sweep.plan.jobs import Job
@@ -78,7 +79,7 @@ def progress_line(index: int, total: int, result: TrialResult, elapsed_s: float 
             f"{_peak_and_step(result)}  startup {_num(result.startup_s, '.1f')} s")
     if result.measured_by and result.measured_by != result.trial_id:
         line += f"  (measured by {result.measured_by})"
-    if result.step_time_source == "extrapolated":
+    if result.step_time_source == TimeSource.EXTRAPOLATED:
         line += "  (step time extrapolated)"
     if math.isfinite(elapsed_s):
         line += f"  | {duration(elapsed_s)} elapsed, ~{duration(left_s)} left"
@@ -181,7 +182,7 @@ class SweepRecorder(tune.Callback):
         left = self.left_s()  # once per flush: the rows of one flush are all done
         # The rows that ran first: a row pruned for the memory of a trial of the same flush (it ran
         # out) follows that trial's own line. results.csv keeps the plan's order.
-        for row in sorted(rows, key=lambda r: r.status == "pruned"):
+        for row in sorted(rows, key=lambda r: r.status == Status.PRUNED):
             self.finished += 1
             say(progress_line(self.finished, self.total, row, time.monotonic() - self.started_at, left))
         if rows:
@@ -205,7 +206,7 @@ class SweepRecorder(tune.Callback):
         done = self._reported.pop(tune_id, None)
         if done is None and error and self.stop.reason is None:
             if job.job_id in self.timed_out:
-                done = self.collector.abandon(tune_id, job.cfg, self.timed_out[job.job_id], status="timeout")
+                done = self.collector.abandon(tune_id, job.cfg, self.timed_out[job.job_id], status=Status.TIMEOUT)
             else:
                 self.crashed.append(job.job_id)
                 done = self.collector.abandon(tune_id, job.cfg, "the Tune trial process failed")

@@ -33,7 +33,7 @@ from dpo_sweep import preflight
 from dpo_sweep.config import ModelSpec, TrialConfig, distinct_models
 from dpo_sweep.errors import UserError
 from dpo_sweep.plan.memory import ModelShape, model_shape, shape_key
-from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.core.lengths import LengthProfile
 from dpo_sweep import trl_fields
 
 #: Added to the preflight process's niceness (see the module doc).

@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 
 from ray import tune
 
+from dpo_sweep.core.status import Status
 from dpo_sweep.plan.jobs import Job
 from dpo_sweep.sweep.collector import CollectedTrial
 from dpo_sweep.sweep.signals import STOP_SIGNALS
@@ -154,7 +155,7 @@ def same_early_failure(endings: Sequence[Ending], todo: int,
     first = list(endings[:need])
     if need < 1 or len(first) < need:
         return None
-    if any(e.status != "error" or e.steps > 0 for e in first):
+    if any(e.status != Status.ERROR or e.steps > 0 for e in first):
         return None
     causes = {normalise_cause(e.error, e.trial_id) for e in first}
     return first[0].error if len(causes) == 1 else None

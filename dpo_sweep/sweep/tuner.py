@@ -11,14 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import ray
 from ray import tune
 
 from dpo_sweep import space as space_mod
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.memory import ModelShape
 from dpo_sweep.plan.schedule import SweepPlan
-from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.core.lengths import LengthProfile
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.task import Trainer, TrialTask, trial_id_of
 from dpo_sweep.sweep.trainable import TRIAL_CPUS, tune_trainable

@@ -48,6 +48,7 @@ from typing import Any, Iterator, Sequence
 import ray
 
 from dpo_sweep.config import TrialConfig, distinct_models
+from dpo_sweep.core.status import Status
 from dpo_sweep.sweep.protocol import TrialFailure, short_error
 from dpo_sweep.sweep.task import Trainer, TrialTask, resolve_trainer
 from dpo_sweep.sweep.trial_run import output_to_file, run_and_report, worker_log_path
@@ -260,7 +261,7 @@ def run_in_warm_worker(task: TrialTask) -> TrialFailure | None:
             else:
                 tune.report(item)
     except ray.exceptions.RayActorError as exc:
-        failure = TrialFailure("error", short_error(f"the trial's worker process died: {exc}"), infrastructure=True)
+        failure = TrialFailure(Status.ERROR, short_error(f"the trial's worker process died: {exc}"), infrastructure=True)
     finally:
         # After an error (or a dead actor) a new worker takes this one's place.
         pool.release.remote(worker, failure is not None and not failure.process_usable, trial_id)

@@ -4,7 +4,7 @@ Units everywhere: GB = 1e9 bytes, times in ms unless a name says ``_s``.
 """
 
 from .environment import environment_info, write_environment
-from .flops import (
+from dpo_sweep.core.flops import (
     DecoderShape,
     ForwardFlops,
     TokenCounts,

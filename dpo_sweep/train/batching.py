@@ -1,4 +1,4 @@
-"""Micro-batches of whole pairs: padding them into tensors (which pairs each one takes: train/order.py)."""
+"""Micro-batches of whole pairs: padding them into tensors (which pairs each one takes: core/order.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,9 +6,9 @@ from typing import Iterator
 
 import torch
 
-from dpo_sweep.telemetry.flops import TokenCounts
+from dpo_sweep.core.flops import TokenCounts
 from dpo_sweep.train.data import PairDataset, TokenizedPair
-from dpo_sweep.train.order import batch_width, micro_batch_order, packed_tokens, pair_length, usable_pairs, worst_case_order
+from dpo_sweep.core.order import batch_width, micro_batch_order, packed_tokens, pair_length, usable_pairs, worst_case_order
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def micro_batches(ds: PairDataset, micro_batch: int, world_size: int, rank: int,
 
 
 def flop_token_counts(mb: MicroBatch, chunked_head: bool) -> TokenCounts:
-    """The exact token counts the FLOP count needs (telemetry.flops), from a CPU micro-batch.
+    """The exact token counts the FLOP count needs (core/flops.py), from a CPU micro-batch.
 
     ``chunked_head``: the log-prob head computes the lm_head on response tokens only
     (``logp_chunk_tokens > 0``); the plain head computes it on every position but the last.

@@ -50,7 +50,8 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from dpo_sweep.config import CHECKPOINT_LEVELS
 from dpo_sweep.train.family import family_of, find_layers, input_projections
-from dpo_sweep.trial_facts import refused_attention, regions
+from dpo_sweep.core.levels import Level
+from dpo_sweep.core.trial_facts import refused_attention
 
 #: Substrings of the attention-kernel operators whose outputs L2/L3 keep instead of re-running:
 #: sdpa's fused kernels (``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` on CUDA,
@@ -122,7 +123,7 @@ def apply_checkpoint_level(model: nn.Module, level: str) -> None:
     """Turn on one checkpoint level for every decoder layer of ``model`` (in place)."""
     if level not in CHECKPOINT_LEVELS:
         raise ValueError(f"checkpoint level {level!r}; allowed: {', '.join(CHECKPOINT_LEVELS)}")
-    wrapped = regions(level)
+    wrapped = Level(level).regions
     if wrapped.layer:
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it

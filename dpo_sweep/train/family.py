@@ -168,9 +168,9 @@ class Family:
 
     def refused_level(self, level: str) -> str | None:
         """Why checkpoint ``level`` is refused for this family; None when it runs exactly."""
-        from dpo_sweep.trial_facts import regions
+        from dpo_sweep.core.levels import Level
 
-        r = regions(level)
+        r = Level(level).regions
         if r.layer and not self.gradient_checkpointing:
             return (f"checkpoint_level full: {self.model_type} models do not support transformers' gradient "
                     "checkpointing; use L1 or none")

@@ -35,19 +35,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpo_sweep import stability, trial_facts
+from dpo_sweep.core import stability, trial_facts
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
 from dpo_sweep.telemetry import MemorySampler, StepTimer, TrialClock, failure_peak_gb, make_memory_sampler
-from dpo_sweep.telemetry.flops import NO_TOKENS
+from dpo_sweep.core.flops import NO_TOKENS
 from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
 from dpo_sweep.train import evaluation, knobs, metrics
 from dpo_sweep.train.adapters import InBackwardOptimizer
 from dpo_sweep.train.batching import MicroBatch, flop_token_counts
 from dpo_sweep.train.faults import InjectedFault, inject
 from dpo_sweep.train.loss import dpo_loss
-from dpo_sweep.train.order import worst_case_micro_steps
+from dpo_sweep.core.order import worst_case_micro_steps
 from dpo_sweep.train.reference import missing_rows
 from dpo_sweep.train.setup import (
     Logger,
@@ -120,12 +121,12 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] out of memory: {str(err).splitlines()[0] if str(err) else ''}")
-        return TrialOutcome(_failed(cfg, "oom", err, done), tuple(done))
+        return TrialOutcome(_failed(cfg, Status.OOM, err, done), tuple(done))
     except Exception as err:  # noqa: BLE001 - a trial's failure is a result, not a crash
         if not catch_failures:
             raise
         say(f"[{cfg.trial_id}] error: {type(err).__name__}: {err}")
-        return TrialOutcome(_failed(cfg, "error", err, done), tuple(done))
+        return TrialOutcome(_failed(cfg, Status.ERROR, err, done), tuple(done))
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -153,7 +154,7 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
         clock.mark("model")
         timer = StepTimer(device, cfg.train.warmup_steps)
         steps: list[StepOutput] = []
-        status, error = "ok", ""
+        status, error = Status.OK, ""
         for step in range(1, cfg.train.steps + 1 + cfg.train.worst_case_step):
             sampler.reset_peak()  # this step's own peak (not the model build's or earlier steps')
             out = train_step(setup, step, timer, sampler, clock, fault)
@@ -162,14 +163,14 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
             say(_step_line(cfg, out.record))
             error = divergence(out.record, cfg.train.precision)
             if error:
-                status = "diverged"
+                status = Status.DIVERGED
                 say(f"[{cfg.trial_id}] diverged: {error}; stopping")
                 break
     sampler.close()
     if setup.ema is not None:
         setup.ema.copy_to_params()  # the EMA weights are the trial's final weights
     records = [out.record for out in steps if not out.record.worst_case]  # the learning signals: typical steps
-    eval_loss = math.nan if status != "ok" or not cfg.train.evaluate else evaluation.held_batch_loss(
+    eval_loss = math.nan if status != Status.OK or not cfg.train.evaluate else evaluation.held_batch_loss(
         lambda model, held: precompute_reference(model, held, cfg, device, setup.data.pad_token_id),
         setup.policy, setup.reference, setup.ref_table, setup.data.pairs, cfg.effective_batch(),
         records[-1].beta, cfg.train)

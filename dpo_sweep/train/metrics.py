@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from dpo_sweep.stability import detrended_std, median  # noqa: F401 - shared with the verdict
+from dpo_sweep.core.stability import detrended_std, median  # noqa: F401 - shared with the verdict
 
 @dataclass(frozen=True)
 class HostCounts:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dpo_sweep.config import ModelSpec
-from dpo_sweep import trial_facts
+from dpo_sweep.core import trial_facts
 
 #: Shapes of public models. Memory and time do not depend on the weights' values, so a
 #: random-initialised model of the same shape measures the same as the real one.

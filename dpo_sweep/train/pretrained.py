@@ -109,7 +109,7 @@ def load_checkpoint_tokenizer(spec: ModelSpec) -> Any:
 def attention_support(spec: ModelSpec) -> tuple[str | None, tuple[str, ...], str]:
     """(the attention ``spec``'s config.json names or None, the implementations its model class
     supports of trial_facts.ATTENTIONS, the class name). A preset: none named, all supported."""
-    from dpo_sweep.trial_facts import ATTENTIONS
+    from dpo_sweep.core.trial_facts import ATTENTIONS
 
     if spec.preset is not None:
         return None, ATTENTIONS, ""

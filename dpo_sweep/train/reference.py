@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.train.order import micro_batch_order, packed_tokens, pair_length, worst_case_order
+from dpo_sweep.core.order import micro_batch_order, packed_tokens, pair_length, worst_case_order
 from dpo_sweep.train.data import PairDataset
 
 #: ``compute(indices) -> [len(indices), 2]`` (chosen, rejected) log-probs of those pairs.

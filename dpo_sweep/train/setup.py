@@ -29,11 +29,11 @@ from dpo_sweep.train.data import PairDataset
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.model import BuiltModel, build_model, disable_dropout, freeze_reference
-from dpo_sweep.train.order import padded_width, pair_length, usable_pairs
+from dpo_sweep.core.order import padded_width, pair_length, usable_pairs
 from dpo_sweep.train.reference import ReferenceTables, pairs_read, reference_batches, table_key
 from dpo_sweep.train.tokenizer import tokenized_pairs
 from dpo_sweep.train.warm_state import WarmState
-from dpo_sweep.trial_facts import pad_multiple
+from dpo_sweep.core.trial_facts import pad_multiple
 
 Logger = Callable[[str], None]
 
@@ -66,7 +66,7 @@ class TrialSetup:
     scaler: torch.amp.GradScaler
     batches: Iterator[MicroBatch]  # this rank's micro-batches, endless
     worst_batches: Iterator[MicroBatch]  # the worst-case step's: the longest pairs (train.worst_case_step)
-    shape: DecoderShape  # for the FLOP count (telemetry.flops)
+    shape: DecoderShape  # for the FLOP count (core/flops.py)
     grad_acc_schedule: knobs.GradAccSchedule  # micro-steps per step (train.grad_acc_schedule)
     adaptive_clip: knobs.AdaptiveClip | None  # train.adaptive_clip
     ema: knobs.WeightEma | None  # train.ema_decay

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dpo_sweep import trial_facts
+from dpo_sweep.core import trial_facts
 from dpo_sweep.config import LORA_AUTO, TrialConfig
 from dpo_sweep.records import StepRecord, TrialResult, config_columns
 from dpo_sweep.telemetry import MemoryPeaks, StepTimer, TokenCounts, TrialClock, dpo_step_flops, max_peaks, mfu
-from dpo_sweep.telemetry.flops import NO_TOKENS
+from dpo_sweep.core.flops import NO_TOKENS
 from dpo_sweep.train import metrics
 from dpo_sweep.train.setup import TrialSetup
 
@@ -22,7 +22,7 @@ from dpo_sweep.train.setup import TrialSetup
 @dataclass(frozen=True)
 class StepOutput:
     """One optimizer step: its row, the exact count of policy tokens it trained on (all workers),
-    the token counts the FLOP count needs (this worker's: telemetry.flops.TokenCounts) and the
+    the token counts the FLOP count needs (this worker's: core.flops.TokenCounts) and the
     step's own memory peaks (the row's ``peak_mem_gb`` is their max over workers)."""
 
     record: StepRecord
@@ -53,7 +53,7 @@ def _lean_mlp_used(cfg: TrialConfig) -> bool:
 def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, clock: TrialClock, *,
               status: str, error: str, mem_source: str, signals: dict[str, float | int | str | None]) -> TrialResult:
     """The trial's results.csv row from its steps (medians and means over the measured ones);
-    ``signals``: the stability columns (dpo_sweep/stability.py) and ``eval_loss``."""
+    ``signals``: the stability columns (dpo_sweep/core/stability.py) and ``eval_loss``."""
     cfg, device = setup.cfg, setup.device
     records = [out.record for out in steps]
     # Peaks over the measured steps, the worst-case step included (peak_mem_gb: what a real run

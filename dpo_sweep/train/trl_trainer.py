@@ -31,8 +31,10 @@ from typing import Any, Callable
 
 import torch
 
-from dpo_sweep import stability, trial_facts, trl_export, trl_fields
+from dpo_sweep import trl_export, trl_fields
+from dpo_sweep.core import stability, trial_facts
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, config_columns
 from dpo_sweep.telemetry import MemoryPeaks, StepTimer, TrialClock, make_memory_sampler, max_peaks
@@ -41,7 +43,7 @@ from dpo_sweep.train import metrics
 from dpo_sweep.train.data import PairDataset, TokenizedPair
 from dpo_sweep.train.faults import FAULTS_ENV, InjectedFault, inject
 from dpo_sweep.train.model import build_model, freeze_reference
-from dpo_sweep.train.order import batch_width, micro_batch_order, pair_length, worst_case_order
+from dpo_sweep.core.order import batch_width, micro_batch_order, pair_length, worst_case_order
 from dpo_sweep.train.setup import Logger, configure_device_memory, load_data
 from dpo_sweep.train.warm_state import WarmState
 
@@ -128,7 +130,7 @@ class _Steps:
     pending: tuple[float, MemoryPeaks, list[float]] | None = None
     phases: PhaseMarks | None = None  # this step's: its begin, each micro-step's end, the optimizer's end
     shapes_run: set[tuple[int, int]] = field(default_factory=set)
-    status: str = "ok"
+    status: str = Status.OK
     error: str = ""
 
     def micro_step_done(self) -> None:
@@ -176,7 +178,7 @@ def _callback(cfg: TrialConfig, plans: list[StepPlan], timer: StepTimer, sampler
                 f"{record.tokens_per_s:,.0f} tok/s peak {record.peak_mem_gb:.2f} GB (trl)"
                 + ("" if record.measured else " (warm-up)") + (" (worst case: longest pairs)" if plan.worst_case else ""))
             if not math.isfinite(record.loss) or not math.isfinite(record.grad_norm):
-                steps.status, steps.error = "diverged", f"non-finite loss or grad_norm at step {record.step}"
+                steps.status, steps.error = Status.DIVERGED, f"non-finite loss or grad_norm at step {record.step}"
                 say(f"[{cfg.trial_id}] diverged: {steps.error}; stopping")
                 control.should_training_stop = True
 
@@ -289,7 +291,7 @@ def train(cfg: TrialConfig, device: torch.device, clock: TrialClock, on_step: Ca
         trainer.remove_callback(PrinterCallback)  # its dict per log: the step line below says it once
         trainer.add_callback(_callback(cfg, plans, timer, sampler, clock, on_step, say, steps, fault))
         trainer.train()
-        eval_loss = (float(trainer.evaluate()["eval_loss"]) if cfg.train.evaluate and steps.status == "ok"
+        eval_loss = (float(trainer.evaluate()["eval_loss"]) if cfg.train.evaluate and steps.status == Status.OK
                      else math.nan)
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     sampler.close()

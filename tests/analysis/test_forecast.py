@@ -129,7 +129,7 @@ def test_data_json_tokens_are_what_the_trainers_tokens_per_s_counts():
     from dpo_sweep.config import DataSpec
     from dpo_sweep.train.batching import make_batch
     from dpo_sweep.train.data import load_pairs
-    from dpo_sweep.train.lengths import LengthProfile, data_shape
+    from dpo_sweep.core.lengths import LengthProfile, data_shape
     from dpo_sweep.train.tokenizer import byte_level_tokenizer
 
     spec = DataSpec(synthetic={"pairs": 40, "prompt_tokens": 30, "response_tokens": 20,

@@ -87,7 +87,7 @@ def test_without_a_spread_throughputs_are_compared_exactly_and_the_reason_says_s
 
 
 def test_throughput_interval_from_the_step_time_percentiles(tmp_path):
-    from dpo_sweep import noise
+    from dpo_sweep.core import noise
 
     df = pd.DataFrame({"tokens_per_s": [1000.0, 500.0, 800.0, 700.0],
                        "step_time_ms": [100.0, 100.0, 100.0, 100.0],

@@ -47,7 +47,7 @@ def test_a_peak_at_exactly_the_usable_budget_fits(tmp_path):
 
 
 def test_the_budget_a_peak_needs_is_the_least_it_fits():
-    from dpo_sweep import budget
+    from dpo_sweep.core import budget
 
     for peak in (0.004, 1.0, 22.80, 22.81, 22.8049, 79.99, 140.0):
         for margin in (0.0, 0.05, 0.2):

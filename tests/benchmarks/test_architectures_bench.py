@@ -58,7 +58,7 @@ def test_every_real_configuration_is_accepted_by_its_family(arch, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from dpo_sweep.train.family import family_of
-    from dpo_sweep.trial_facts import refused_attention
+    from dpo_sweep.core.trial_facts import refused_attention
 
     raw = __import__("yaml").safe_load(architectures.space_text(arch, tmp_path / "ckpt", smoke=False))
     trials = space_mod.parse(raw).trials

@@ -7,7 +7,7 @@ import pytest
 
 from dpo_sweep.plan import calibrate as cal
 from dpo_sweep.plan.memory import predict_peak_gb, worst_micro_batch
-from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.core.lengths import LengthProfile
 from tests.testkit import make_cfg
 
 

@@ -9,7 +9,7 @@ from dpo_sweep.plan.extrapolate import MIN_REPEATED, computed_counts, extrapolat
 from dpo_sweep.plan.memory import ModelShape
 from dpo_sweep.plan.rows import fitted_step_ms
 from dpo_sweep.records import StepRecord
-from dpo_sweep.train.lengths import LengthProfile
+from dpo_sweep.core.lengths import LengthProfile
 from tests.testkit import make_cfg
 
 SHAPE = ModelShape(n_params=10**9, n_layers=16, hidden=2048, intermediate=8192, n_heads=32, q_dim=2048,

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpo_sweep import budget, cards, space as space_mod
+from dpo_sweep import cards, space as space_mod
+from dpo_sweep.core import budget
 from dpo_sweep.cli import main
 from dpo_sweep.plan import fit
 from dpo_sweep.plan.memory import predict_peak_gb

@@ -113,7 +113,7 @@ def test_the_memory_model_uses_liger_exactly_where_the_trainer_does(monkeypatch)
     from dpo_sweep.config import ModelSpec
     from dpo_sweep.errors import UserError
     from dpo_sweep.plan import memory
-    from dpo_sweep import trial_facts as liger
+    from dpo_sweep.core import trial_facts as liger
     from dpo_sweep.train import model
 
     cases = [(setting, arch, dev, installed) for setting in ("auto", True, False) for arch in ("llama", "qwen2", "gpt2")

@@ -8,7 +8,7 @@ import statistics
 import pandas as pd
 import pytest
 
-from dpo_sweep.noise import throughput_interval
+from dpo_sweep.core.noise import throughput_interval
 from dpo_sweep.plan.rows import fitted_step, shared_row
 from dpo_sweep.plan.runoff import finalists, timed_row
 from dpo_sweep.records import StepRecord, TrialResult, failed_result

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from dpo_sweep.noise import throughput_interval
+from dpo_sweep.core.noise import throughput_interval
 from dpo_sweep.plan.runoff import finalists, frontier_ties
 from dpo_sweep.records import TrialResult
 
@@ -21,7 +21,7 @@ def row(tid, mb, tps, spread=0.01, peak=20.0, source="extrapolated", measured_by
 
 
 def test_interval_is_the_throughput_at_p90_and_p10():
-    # the analyser's interval (dpo_sweep/noise.py), which the runoff reads ties with
+    # the analyser's interval (dpo_sweep/core/noise.py), which the runoff reads ties with
     frame = pd.DataFrame([dataclasses.asdict(row("a", 8, 1000.0, spread=0.25))])
     low, high = (float(x[0]) for x in throughput_interval(frame))
     assert low == 800.0 and math.isclose(high, 1000.0 / 0.75)

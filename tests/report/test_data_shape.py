@@ -10,7 +10,7 @@ from dpo_sweep.commands.report import analyse_dir
 from dpo_sweep.config import DataSpec
 from dpo_sweep.report.data_shape import load_data_json
 from dpo_sweep.train.data import load_pairs
-from dpo_sweep.train.lengths import LengthProfile, data_shape, histogram, write_data_json
+from dpo_sweep.core.lengths import LengthProfile, data_shape, histogram, write_data_json
 from dpo_sweep.train.tokenizer import byte_level_tokenizer
 
 

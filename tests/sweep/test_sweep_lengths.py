@@ -16,7 +16,7 @@ from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
 from dpo_sweep.cli import main
 from dpo_sweep.plan.memory import predict_peak_gb
-from dpo_sweep.trial_facts import planned_device
+from dpo_sweep.core.trial_facts import planned_device
 from dpo_sweep.plan.rules import BUDGET_MARGIN
 from dpo_sweep.records import StepRecord, TrialResult, read_csv_rows
 from dpo_sweep.commands import run as command

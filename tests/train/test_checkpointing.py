@@ -170,7 +170,7 @@ def test_auto_attention_never_resolves_to_eager(monkeypatch):
     import sys
     import types
 
-    from dpo_sweep.trial_facts import KERNEL_ATTENTION
+    from dpo_sweep.core.trial_facts import KERNEL_ATTENTION
     from dpo_sweep.train import model as model_mod
 
     got = {model_mod.resolve_attn_implementation("auto", CPU)}

@@ -139,7 +139,7 @@ def test_decoder_of_a_causal_lm_that_is_its_own_base_model():
 
 
 def test_auto_attention_honours_the_checkpoint_and_what_the_model_supports():
-    from dpo_sweep.trial_facts import attention
+    from dpo_sweep.core.trial_facts import attention
 
     assert attention("auto", "cpu", False, named="eager") == "eager"  # the checkpoint's own choice
     assert attention("auto", "cpu", False, named="flash_attention_2") == "sdpa"  # cannot run here

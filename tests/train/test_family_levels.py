@@ -8,7 +8,7 @@ import torch
 
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.family import family_of
-from dpo_sweep.trial_facts import refused_attention
+from dpo_sweep.core.trial_facts import refused_attention
 from family_checkpoints import FAMILIES, REFUSED_LEVELS, family_model
 
 LEVELS = ("L1", "L2", "L3", "full")

@@ -10,12 +10,26 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
+from dpo_sweep.core.order import TokenizedPair, batch_width, pair_length
 from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
-from dpo_sweep.train.data import PairDataset
-from dpo_sweep.train.order import batch_width, pair_length
+
+
+class PairDataset(Protocol):
+    """What the lengths read of a data set (train/data.py's PairDataset)."""
+
+    @property
+    def pairs(self) -> Sequence[TokenizedPair]: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def truncated(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    def __len__(self) -> int: ...
+
 
 #: Bars per histogram in data.json: enough to show a long tail, few enough to read.
 HISTOGRAM_BINS = 24
@@ -52,7 +66,7 @@ class LengthProfile:
 
     def worst_micro_batch(self, micro_batch: int, padding_free: bool, multiple: int = 1) -> tuple[int, int]:
         """(tokens, longest row) of that micro-batch: padded, 2 x micro_batch rows of its width
-        (:func:`~dpo_sweep.train.order.batch_width`: the widest, rounded up to ``multiple`` when
+        (:func:`~dpo_sweep.core.order.batch_width`: the widest, rounded up to ``multiple`` when
         it has padding); packed, its pairs' tokens in one row."""
         longest = self._worst_pairs(micro_batch, padding_free)
         if not padding_free:

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
-if TYPE_CHECKING:
-    from dpo_sweep.train.data import TokenizedPair
+
+class TokenizedPair(Protocol):
+    """What the order reads of a pair: its token ids (train/data.py's TokenizedPair)."""
+
+    @property
+    def prompt_ids(self) -> Sequence[int]: ...
+    @property
+    def chosen_ids(self) -> Sequence[int]: ...
+    @property
+    def rejected_ids(self) -> Sequence[int]: ...
 
 
 def pair_length(p: TokenizedPair) -> int:

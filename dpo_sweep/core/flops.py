@@ -41,6 +41,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from dpo_sweep.core.levels import Level
+
 # Dense (no 2:4 sparsity) bf16 tensor-core peak, FLOP/s, per GPU. Patterns are matched against
 # the upper-cased device name with '-'/'_' turned into spaces (torch.cuda.get_device_name gives
 # e.g. "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090"). The more
@@ -145,14 +147,6 @@ class ForwardFlops:
         return self.qkv + self.o_proj + self.mlp_in + self.mlp_down + self.attention + self.head
 
 
-#: The parts of :class:`ForwardFlops` each checkpoint level re-runs in backward (module doc).
-RECOMPUTED_PARTS: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "L1": ("mlp_in",),
-    "L2": ("mlp_in", "qkv"),
-    "L3": ("mlp_in", "qkv"),
-    "full": ("qkv", "o_proj", "attention", "mlp_in"),
-}
 #: Attention backward over forward: the kernels recompute the scores, then four matmuls.
 ATTENTION_BACKWARD_FACTOR = 2.5
 
@@ -181,9 +175,10 @@ def recompute_flops(fwd: ForwardFlops, level: str, lean_mlp: bool) -> float:
     ``lean_mlp``: the MLP is lean ops' single autograd function (``model.lean_ops``), which
     re-runs whole, ``down`` included: early stop cannot cut inside one function's forward.
     """
-    if level not in RECOMPUTED_PARTS:
-        raise ValueError(f"checkpoint level {level!r}; allowed: {', '.join(RECOMPUTED_PARTS)}")
-    parts = RECOMPUTED_PARTS[level]
+    known = Level.of(level)
+    if known is None:
+        raise ValueError(f"checkpoint level {level!r}; allowed: {', '.join(Level)}")
+    parts = known.recomputed  # the parts of ForwardFlops it re-runs (module doc)
     if lean_mlp and "mlp_in" in parts:
         parts = (*parts, "mlp_down")
     return sum(getattr(fwd, part) for part in parts)

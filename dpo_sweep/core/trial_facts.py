@@ -1,5 +1,6 @@
-"""Where a trial runs and with what: its device, attention implementation, liger-kernel and what
-its checkpoint level recomputes, each decided by one function here.
+"""Where a trial runs and with what: its device, attention implementation, liger-kernel and
+whether its checkpoint level goes with its attention, each decided by one function here (what a
+level recomputes is the level's own: core/levels.py).
 
 The trainer (train/loop.py, train/model.py, train/checkpointing.py), the memory model
 (plan/memory.py, plan/rules.py) and the preflight (preflight.py) ask here, each with what its
@@ -12,11 +13,10 @@ Standard library only: the sweep's driver plans without importing torch.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from dpo_sweep.config import CHECKPOINT_LEVELS
 from dpo_sweep.refusals import cuda_levers
+from dpo_sweep.core.levels import Level
 from dpo_sweep.errors import UserError
 
 if TYPE_CHECKING:
@@ -165,38 +165,6 @@ def planned_liger(setting: str | bool, arch: str, device: str) -> bool:
 # --- checkpoint levels --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LevelRegions:
-    """What a checkpoint level recomputes in one decoder layer's backward (train/checkpointing.py
-    wraps these regions; plan/memory.py counts the tensors they do not keep)."""
-
-    mlp: bool  # the MLP sub-block is a region
-    attention: bool  # the attention projections are a region (the kernel's outputs kept)
-    qkv: bool  # q, k and v projections are regions of their own inside it
-    layer: bool  # the whole decoder layer is one region
-
-
-_REGIONS = {
-    "none": LevelRegions(mlp=False, attention=False, qkv=False, layer=False),
-    "L1": LevelRegions(mlp=True, attention=False, qkv=False, layer=False),
-    "L2": LevelRegions(mlp=True, attention=True, qkv=False, layer=False),
-    "L3": LevelRegions(mlp=True, attention=True, qkv=True, layer=False),
-    "full": LevelRegions(mlp=False, attention=False, qkv=False, layer=True),
-}
-assert tuple(_REGIONS) == CHECKPOINT_LEVELS
-
-
-def regions(level: str) -> LevelRegions:
-    """What ``level`` (one of config.CHECKPOINT_LEVELS) recomputes."""
-    return _REGIONS[level]
-
-
-def memory_order(level: str) -> int:
-    """``level``'s place from most activations kept (``none``: 0) to fewest (``full``): the order
-    of config.CHECKPOINT_LEVELS (none > L1 > L2 >= L3 > full)."""
-    return CHECKPOINT_LEVELS.index(level)
-
-
 #: Attention implementations whose kernel is one torch op, which that policy can keep (``auto``
 #: resolves to sdpa or flash_attention_2). eager is a chain of matmul, softmax and dropout ops.
 KERNEL_ATTENTION: tuple[str, ...] = ("auto", "sdpa", "flash_attention_2")
@@ -205,7 +173,7 @@ KERNEL_ATTENTION: tuple[str, ...] = ("auto", "sdpa", "flash_attention_2")
 def refused_attention(level: str, attn_implementation: str) -> str | None:
     """Why ``level`` is refused with ``attn_implementation``; None when they go together: a level
     whose attention is a region keeps the kernel's outputs, which needs a kernel that is one op."""
-    if not regions(level).attention or attn_implementation in KERNEL_ATTENTION:
+    if not Level(level).regions.attention or attn_implementation in KERNEL_ATTENTION:
         return None
     return (
         f"{level} with attn_implementation {attn_implementation} is refused: {attn_implementation} attention "
