@@ -6,7 +6,7 @@ import time
 import pytest
 
 from dpo_sweep.telemetry import TrialClock
-from dpo_sweep.train import loop
+from dpo_sweep.train import summary
 from dpo_sweep.train.loop import run_trial
 
 
@@ -48,13 +48,13 @@ def test_the_flop_count_gets_the_exact_token_count(cfg_factory, monkeypatch, tmp
     path.write_text("\n".join(json.dumps({"prompt": text(2, 8), "chosen": text(1, 6), "rejected": text(1, 6)})
                               for _ in range(24)))
     seen: list[int] = []
-    real = loop.dpo_step_flops
+    real = summary.dpo_step_flops
 
     def spy(**kw):
         seen.append(kw["counts"].tokens)
         return real(**kw)
 
-    monkeypatch.setattr(loop, "dpo_step_flops", spy)
+    monkeypatch.setattr(summary, "dpo_step_flops", spy)
     out = run_trial(cfg_factory(micro_batch=3, grad_acc=2, worst_case_step=False, steps=5, warmup_steps=1, data={"path": str(path)},
                                 max_length=96), log=None)
     assert out.result.status == "ok", out.result.error
