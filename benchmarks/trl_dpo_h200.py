@@ -111,7 +111,7 @@ def run_child(cfg: BenchConfig, scale: Scale, gpu: str, result_path: Path) -> in
         from transformers import AutoModelForCausalLM, TrainerCallback
         from trl import DPOConfig, DPOTrainer
 
-        from dpo_sweep.train.model import preset_config
+        from dpo_sweep.models.presets import preset_config
         from dpo_sweep.train.tokenizer import byte_level_tokenizer
 
         row["_versions"] = (f"trl {trl.__version__}, transformers {transformers.__version__}, "

@@ -38,7 +38,7 @@ OptimizerName = Literal["adamw", "adamw_8bit", "adamw_4bit"]
 #: them, never the lm_head (its weight is the chunked head's, frozen: train/logprobs.py).
 DEFAULT_LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                          "down_proj")
-#: ``train.lora_targets: auto``: the model family's own linear layers (train/family.py).
+#: ``train.lora_targets: auto``: the model family's own linear layers (models/family.py).
 LORA_AUTO: tuple[str, ...] = ("auto",)
 LossType = Literal["sigmoid", "ipo", "hinge"]
 LOSS_TYPES: tuple[str, ...] = get_args(LossType)

@@ -125,7 +125,7 @@ class CheckedModels:
 def _require_checkpoint_files(spec: ModelSpec) -> None:
     """``spec``'s checkpoint folder holds a config, tokenizer files and weights (a hub id: nothing
     to check here)."""
-    from dpo_sweep.train import pretrained
+    from dpo_sweep.models import pretrained
 
     pretrained.require_files(pretrained.locate(spec.name_or_path or ""), (pretrained.CONFIG_FILE,),
                              pretrained.TOKENIZER_FILES, pretrained.WEIGHT_FILES)
@@ -133,8 +133,8 @@ def _require_checkpoint_files(spec: ModelSpec) -> None:
 
 def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
     """Each distinct checkpoint's files, config and tokenizer (presets need nothing)."""
-    from dpo_sweep.train import pretrained
-    from dpo_sweep.train.model import PRESETS
+    from dpo_sweep.models import pretrained
+    from dpo_sweep.models.presets import PRESETS
     from dpo_sweep.train.tokenizer import load_tokenizer
 
     tokenizers: dict[TokenizerKey, Any] = {}
@@ -156,10 +156,10 @@ def check_models(trials: Iterable[TrialConfig]) -> CheckedModels:
 
 
 def check_families(trials: Iterable[TrialConfig]) -> None:
-    """Each trial's model family takes its checkpoint level and LoRA targets exactly (train/family.py:
+    """Each trial's model family takes its checkpoint level and LoRA targets exactly (models/family.py:
     read from the model's meta-device build): a hybrid model, a level without the region it
     recomputes, or a LoRA target that is no linear layer is refused here, before any trial."""
-    from dpo_sweep.train.family import refused_trial
+    from dpo_sweep.models.family import refused_trial
 
     for cfg in trials:
         try:
@@ -181,7 +181,7 @@ def _auto_attention_refusal(cfg: TrialConfig) -> str | None:
     space's check sees only ``auto``): a model whose config names eager, or that supports no fused
     kernel, runs L2/L3's attention region on separate ops. None where it goes, or where flash
     attention may be chosen on the trial's GPU (its trial says whether flash-attn is there)."""
-    from dpo_sweep.train import pretrained
+    from dpo_sweep.models import pretrained
 
     if cfg.model.attn_implementation != "auto" or not Level(cfg.checkpoint_level).regions.attention:
         return None

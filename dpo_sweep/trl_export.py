@@ -145,7 +145,7 @@ def target_modules(trial: TrialConfig) -> list[str] | str:
     if trial.train.lora_targets != LORA_AUTO:
         return list(trial.train.lora_targets)
     try:
-        from dpo_sweep.train.family import spec_family
+        from dpo_sweep.models.family import spec_family
 
         return list(spec_family(trial.model).linears)
     except Exception:  # noqa: BLE001 - a folder no longer there, a hub id not cached: peft's own rule

@@ -49,7 +49,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
 #: soft-capped attention runs on eager only, whose matmul/softmax L2/L3's policy cannot keep).
 REFUSED_LEVELS = {("gemma2", "L2"): "eager", ("gemma2", "L3"): "eager"}
 
-#: State-space / linear-attention hybrids, refused whole by validate (train/family.py).
+#: State-space / linear-attention hybrids, refused whole by validate (models/family.py).
 HYBRIDS: dict[str, dict[str, Any]] = {
     "falcon_h1": dict(head_dim=16, mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16,
                       mamba_chunk_size=16),
@@ -118,10 +118,10 @@ def family_model(model_type: str, device: str = "meta") -> Any:
 
 
 def support_table() -> str:
-    """docs/trainer.md's table of families, from the code: what train/family.py reads of each
+    """docs/trainer.md's table of families, from the code: what models/family.py reads of each
     family's tiny model, the levels it refuses, trial_facts' liger-kernel families."""
     from dpo_sweep.config import CHECKPOINT_LEVELS
-    from dpo_sweep.train.family import family_of
+    from dpo_sweep.models.family import family_of
     from dpo_sweep.core.trial_facts import LIGER_ARCHS, refused_attention
 
     lines = ["| model_type | checkpoint levels | LoRA targets (`auto`) | liger-kernel | lean ops |",

@@ -24,7 +24,7 @@ import pytest
 from dpo_sweep.analysis.results import load_results
 from dpo_sweep.records import TrialResult, write_results
 from dpo_sweep.cli import main
-from dpo_sweep.train import pretrained
+from dpo_sweep.models import pretrained
 from dpo_sweep.train.sources import read_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,7 +219,7 @@ def checkpoint(tmp_path_factory) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from dpo_sweep.train.model import preset_config
+    from dpo_sweep.models.presets import preset_config
     from dpo_sweep.train.tokenizer import byte_level_tokenizer
 
     folder = tmp_path_factory.mktemp("ckpt") / "tiny"

@@ -112,7 +112,7 @@ def test_the_planner_counts_the_adapters_lora_auto_makes(model_type, folders):
 def test_a_model_that_cannot_be_built_is_refused_with_its_reason(folders, tmp_path, capsys, monkeypatch):
     """A config that loads but whose model transformers cannot build (remote code gone wrong, a
     family newer than the installed transformers): one line and exit 2, not a traceback."""
-    from dpo_sweep.train import family
+    from dpo_sweep.models import family
 
     def fails(spec):
         raise RuntimeError("shape mismatch in the family's __init__\nsecond line")

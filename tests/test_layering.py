@@ -6,15 +6,15 @@
   the package imports them but the command line (cli.py, __main__.py);
 - the producers never import the preflight (the commands run it before any work), but for the one
   module that runs it in a process of its own beside Ray's start (sweep/startup.py).;
-- the planner (plan/) imports neither the trainer (train/) nor the telemetry, but for one meta build
-  (PLAN_EXEMPT), and the neutral core (core/) imports no other layer."""
+- the planner (plan/) imports neither the trainer (train/) nor the telemetry; what a model is
+  (models/) imports only the neutral core, and the neutral core (core/) imports no other layer."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dpo_sweep"
-PRODUCERS = ("train", "sweep", "telemetry", "plan")
+PRODUCERS = ("train", "sweep", "telemetry", "plan", "models")
 CONSUMERS = ("dpo_sweep.analysis", "dpo_sweep.report")
 COMMANDS = "dpo_sweep.commands"
 PREFLIGHT = "dpo_sweep.preflight"
@@ -146,33 +146,25 @@ def test_no_module_imports_one_that_imports_it_back():
 #: The layers of the package: its sub-packages (top-level modules such as config.py, errors.py and
 #: records.py are the package's own ground, which every layer may import).
 LAYERS = tuple(sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()))
-#: plan/shape.py reads a model's shape from its meta-device build, through the trainer's own reading
-#: of a family's modules (train/family.py: torch and transformers, imported inside ``built_shape``
-#: only), so the planner sizes exactly the modules the trainer wraps; a driver given the shapes by
-#: the preflight never runs it.
-PLAN_EXEMPT = {("plan/shape.py", "dpo_sweep.train.family")}
-
-
 def _layers(*names: str) -> tuple[str, ...]:
     return tuple(f"dpo_sweep.{name}" for name in names)
 
 
-def _is_module(name: str) -> bool:
-    """Whether ``name`` is a module or package of the source tree, not a name imported from one."""
-    path = PACKAGE.parent / name.replace(".", "/")
-    return path.with_suffix(".py").is_file() or path.is_dir()
-
-
 def test_the_layers_are_the_sub_packages():
-    assert {"core", "plan", "train", "telemetry", "analysis", "report", "sweep", "commands"} <= set(LAYERS)
+    assert {"core", "models", "plan", "train", "telemetry", "analysis", "report", "sweep", "commands"} <= set(LAYERS)
 
 
 def test_plan_imports_neither_train_nor_telemetry():
-    found = {(str(p.relative_to(PACKAGE)), m) for p in sorted((PACKAGE / "plan").rglob("*.py"))
-             for m in imports_of(p, _layers("train", "telemetry"))}
-    modules = {(f, m) for f, m in found if _is_module(m)}
-    assert modules - PLAN_EXEMPT == set()
-    assert PLAN_EXEMPT <= modules  # an exemption that no longer applies is taken out
+    # A model's shape comes from models/ (what the trainer reads of a family too), not from train/.
+    found = {str(p.relative_to(PACKAGE)): imports_of(p, _layers("train", "telemetry"))
+             for p in sorted((PACKAGE / "plan").rglob("*.py"))}
+    assert found and {k: v for k, v in found.items() if v} == {}
+
+
+def test_models_import_only_the_core():
+    others = _layers(*(layer for layer in LAYERS if layer not in ("core", "models")))
+    found = {str(p.relative_to(PACKAGE)): imports_of(p, others) for p in sorted((PACKAGE / "models").rglob("*.py"))}
+    assert found and {k: v for k, v in found.items() if v} == {}
 
 
 def test_core_imports_no_other_layer():

@@ -22,7 +22,7 @@ def test_the_space_names_a_checkpoint_and_a_data_file():
 def test_validate_reads_the_shipped_pairs_with_a_local_checkpoint(tmp_path, capsys, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from dpo_sweep.train.model import preset_config
+    from dpo_sweep.models.presets import preset_config
     from dpo_sweep.train.tokenizer import byte_level_tokenizer
 
     ckpt = tmp_path / "ckpt"

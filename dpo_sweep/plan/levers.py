@@ -46,7 +46,7 @@ _MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 
 def targets_of(s, names: tuple[str, ...]) -> tuple[str, ...]:
     """The linear layer names ``train.lora_targets`` adapts on the model of shape ``s`` (auto: the
-    family's own, train/family.py)."""
+    family's own, models/family.py)."""
     return s.auto_targets if names == LORA_AUTO else names
 
 

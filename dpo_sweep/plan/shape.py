@@ -1,5 +1,5 @@
 """A causal LM's shape for the memory model (:class:`ModelShape`), read from its meta-device build
-and its family (train/family.py): the widths, norms, MLP kind and experts that what autograd saves
+and its family (models/family.py): the widths, norms, MLP kind and experts that what autograd saves
 depends on (plan/memory.py), and each linear layer's size (LoRA: plan/levers.py)."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class ModelShape:
     attn_proj_params: int  # q/k/v/o weights of all layers (what autocast caches under lean ops)
     mlp_params: int        # gate/up/down weights of all layers
     arch: str              # the transformers model_type (llama, qwen2, ...)
-    lean_norm: bool = True          # its RMSNorms are Llama's: lean ops replace them (train/family.py)
+    lean_norm: bool = True          # its RMSNorms are Llama's: lean ops replace them (models/family.py)
     lean_mlp: bool = True           # its MLPs are Llama's SwiGLU: lean ops replace them
     gated_mlp: bool = True          # act(gate) * up (SwiGLU, GeGLU); False: act(fc) (GPT-2, GPT-NeoX)
     norms_per_layer: int = 2        # Gemma-2/3: 4 (pre and post norms); Cohere: 1 (parallel blocks)
@@ -69,9 +69,9 @@ def model_shape(spec: ModelSpec, known: Mapping[ModelSpec, ModelShape] | None = 
 @functools.lru_cache(maxsize=16)  # a cache of a pure function: the meta build costs ~1 s the first time
 def built_shape(spec: ModelSpec) -> ModelShape:
     """The shape of ``spec``'s model, read from its meta-device build (no weights are allocated)
-    and its family (train/family.py): widths from the modules themselves, so a family whose config
+    and its family (models/family.py): widths from the modules themselves, so a family whose config
     names them otherwise (GPT-2's ``n_inner``, a per-layer ``head_dim``) is read alike."""
-    from dpo_sweep.train.family import family_of, meta_model
+    from dpo_sweep.models.family import family_of, meta_model
 
     model = meta_model(spec)
     cfg = model.config
@@ -116,13 +116,13 @@ def built_shape(spec: ModelSpec) -> ModelShape:
 
 
 def _layers(model):
-    from dpo_sweep.train.family import find_layers
+    from dpo_sweep.models.family import find_layers
 
     return find_layers(model)[1]
 
 
 def _linear_widths(mlp) -> list[tuple[str, int, int]]:
-    from dpo_sweep.train.family import linear_modules
+    from dpo_sweep.models.family import linear_modules
 
     out = []
     for name, m in linear_modules(mlp):
@@ -193,7 +193,7 @@ def _act_saved(mlps) -> int:
 
 def _rope_cat(attn) -> bool:
     """Whether the family's ``apply_rotary_pos_emb`` joins a rotated and a passed part with torch.cat
-    (read from its code, as train/family.py reads the lean ops' modules)."""
+    (read from its code, as models/family.py reads the lean ops' modules)."""
     import inspect
     import sys
 

@@ -4,7 +4,7 @@
 
 * ``full`` - every weight is trained; the live reference is a frozen copy (train/setup.py).
 * ``lora`` - peft's ``get_peft_model`` puts adapters on ``train.lora_targets`` and freezes every
-  other weight; ``auto`` is the family's own linear layers of attention and MLP (train/family.py:
+  other weight; ``auto`` is the family's own linear layers of attention and MLP (models/family.py:
   Phi-3's fused ``qkv_proj``, GPT-2's ``Conv1D`` ``c_attn``, ...); an MoE's 3-D expert weights
   are no linear layer, so they stay frozen (and naming them is refused with that reason). The adapters are made in the weights' dtype (``autocast_adapter_dtype=False``:
   pure bf16 keeps bf16 adapters, as it keeps bf16 weights; fp32 master weights get fp32
@@ -41,7 +41,7 @@ from torch import nn
 from dpo_sweep.config import TrainSpec
 from dpo_sweep.errors import UserError
 from dpo_sweep.train.checkpointing import decoder_layers
-from dpo_sweep.train.family import family_of, lora_targets, refused_lora_targets
+from dpo_sweep.models.family import family_of, lora_targets, refused_lora_targets
 
 #: torchao's NF4 blocks: one scale per 64 values, the scales quantised in blocks of 256.
 NF4_BLOCK = 64

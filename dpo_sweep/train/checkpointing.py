@@ -32,7 +32,7 @@ L2/L3 at validation (``trial_facts.refused_attention``), and an attention forwar
 the policy kept no kernel op raises instead of silently recomputing the attention.
 
 Levels L1-L3 wrap the ``forward`` of each layer's MLP and attention instance, found by
-train/family.py in the model's own modules (Llama's ``mlp`` / ``self_attn``, GPT-2's ``mlp`` /
+models/family.py in the model's own modules (Llama's ``mlp`` / ``self_attn``, GPT-2's ``mlp`` /
 ``attn`` at ``transformer.h``, GPT-NeoX's ``attention``, ...): the family's maths runs unchanged
 inside the regions, so each level is exact for every family it accepts; ``validate`` refuses a level
 whose region a family lacks (``Family.refused_level``). ``full`` uses the model's own
@@ -49,7 +49,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from dpo_sweep.config import CHECKPOINT_LEVELS
-from dpo_sweep.train.family import family_of, find_layers, input_projections
+from dpo_sweep.models.family import family_of, find_layers, input_projections
 from dpo_sweep.core.levels import Level
 from dpo_sweep.core.trial_facts import refused_attention
 

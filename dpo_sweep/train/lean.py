@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpo_sweep.train.family import is_llama_rmsnorm, is_llama_swiglu
+from dpo_sweep.models.family import is_llama_rmsnorm, is_llama_swiglu
 from dpo_sweep.train.logprobs import compute_dtype
 
 
@@ -133,14 +133,14 @@ def _mlp_forward(self: nn.Module, x: torch.Tensor, fused=None) -> torch.Tensor:
 
 
 def _is_hf_rmsnorm(m: nn.Module) -> bool:
-    # Only the stock modules whose forward is Llama's (train/family.py reads it from their code: not
+    # Only the stock modules whose forward is Llama's (models/family.py reads it from their code: not
     # Gemma's 1 + weight, OLMo-2's order, gated norms); a fused replacement (liger-kernel's) is lean already.
     return (type(m).__name__.endswith("RMSNorm") and is_llama_rmsnorm(m)
             and isinstance(getattr(m, "weight", None), torch.Tensor))
 
 
 def _is_swiglu_mlp(m: nn.Module) -> bool:
-    # Llama's MLP forward only (train/family.py): not Falcon-H1's multipliers, GELU or fused gate/up.
+    # Llama's MLP forward only (models/family.py): not Falcon-H1's multipliers, GELU or fused gate/up.
     # Plain nn.Linear with plain weights only: a peft LoRA layer is not one (the lean forward would
     # read its base weight and skip the adapter), nor is a linear with an NF4 weight (QLoRA).
     linears = [getattr(m, n, None) for n in ("gate_proj", "up_proj", "down_proj")]

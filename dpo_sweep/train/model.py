@@ -12,34 +12,7 @@ from torch import nn
 
 from dpo_sweep.config import ModelSpec
 from dpo_sweep.core import trial_facts
-
-#: Shapes of public models. Memory and time do not depend on the weights' values, so a
-#: random-initialised model of the same shape measures the same as the real one.
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny-llama": dict(
-        arch="llama", hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=512, max_position_embeddings=2048,
-        tie_word_embeddings=False, rope_theta=10000.0,
-    ),
-    "llama-3.2-1b": dict(
-        arch="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-        max_position_embeddings=131072, tie_word_embeddings=True, rope_theta=500000.0,
-        rms_norm_eps=1e-5,
-        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    ),
-    "llama-3-8b": dict(
-        arch="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-        max_position_embeddings=8192, tie_word_embeddings=False, rope_theta=500000.0, rms_norm_eps=1e-5,
-    ),
-    "qwen2-7b": dict(
-        arch="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
-        max_position_embeddings=32768, tie_word_embeddings=False, rope_theta=1000000.0, rms_norm_eps=1e-6,
-    ),
-}
+from dpo_sweep.models.presets import PRESETS, preset_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,25 +24,6 @@ class BuiltModel:
     n_params: int
     n_params_non_embedding: int
     liger_kernel: bool = False
-
-
-def preset_config(name: str) -> Any:
-    """The transformers config of a preset."""
-    from transformers import LlamaConfig, Qwen2Config
-
-    kw = dict(PRESETS[name])
-    arch = kw.pop("arch")
-    rope_scaling = kw.pop("rope_scaling", None)
-    cfg = (LlamaConfig if arch == "llama" else Qwen2Config)(**kw)
-    if rope_scaling is not None:
-        # transformers 5 keeps rope settings in rope_parameters (rope_scaling before that).
-        params = dict(getattr(cfg, "rope_parameters", None) or {})
-        params.update(rope_scaling, rope_theta=kw["rope_theta"])
-        if hasattr(cfg, "rope_parameters"):
-            cfg.rope_parameters = params
-        else:
-            cfg.rope_scaling = rope_scaling
-    return cfg
 
 
 def flash_attn_imports() -> bool:
@@ -90,7 +44,7 @@ def resolve_attn_implementation(requested: str, device: torch.device, spec: Mode
     only where ``auto`` on CUDA asks for it. An implementation the model does not support is a UserError."""
     from dpo_sweep.errors import UserError
 
-    from dpo_sweep.train.pretrained import attention_support
+    from dpo_sweep.models.pretrained import attention_support
 
     named, supported, model_class = attention_support(spec) if spec is not None else (None, trial_facts.ATTENTIONS, "")
     if refusal := trial_facts.refused_attention_support(requested, supported, model_class):
@@ -147,7 +101,7 @@ def model_arch(spec: ModelSpec) -> str:
     """``llama``, ``qwen2``, ... (the transformers model_type)."""
     if spec.preset is not None:
         return PRESETS[spec.preset]["arch"]
-    from dpo_sweep.train.pretrained import load_config
+    from dpo_sweep.models.pretrained import load_config
 
     return load_config(spec).model_type
 

@@ -244,8 +244,8 @@ def cpu_params(spec: ModelSpec) -> int:
     """``spec``'s parameter count, from its config on the meta device (no weights read)."""
     from transformers import AutoModelForCausalLM
 
-    from dpo_sweep.train.model import PRESETS, preset_config
-    from dpo_sweep.train.pretrained import load_config
+    from dpo_sweep.models.presets import PRESETS, preset_config
+    from dpo_sweep.models.pretrained import load_config
 
     cfg = preset_config(spec.preset) if spec.preset in PRESETS else load_config(spec)
     with torch.device("meta"):

@@ -6,7 +6,7 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.errors import UserError
 from dpo_sweep.train.data import PairDataset, load_pairs
-from dpo_sweep.train.pretrained import load_checkpoint_tokenizer
+from dpo_sweep.models.pretrained import load_checkpoint_tokenizer
 
 #: Special tokens of the byte-level tokenizer: 256 byte tokens come first, these follow.
 BYTE_SPECIALS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}

@@ -57,7 +57,7 @@ print("modeling imported here:", "transformers.models.qwen3_moe.modeling_qwen3_m
 def test_every_real_configuration_is_accepted_by_its_family(arch, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from dpo_sweep.train.family import family_of
+    from dpo_sweep.models.family import family_of
     from dpo_sweep.core.trial_facts import refused_attention
 
     raw = __import__("yaml").safe_load(architectures.space_text(arch, tmp_path / "ckpt", smoke=False))

@@ -1,13 +1,13 @@
 """Every checkpoint level a model family accepts gives the loss and gradients of ``none`` (fp32),
 on tiny models of the families in tests/family_checkpoints.py; the levels it refuses are refused
-by the family's own reading (train/family.py), which ``validate`` asks (tests/test_family_validate.py)."""
+by the family's own reading (models/family.py), which ``validate`` asks (tests/test_family_validate.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
-from dpo_sweep.train.family import family_of
+from dpo_sweep.models.family import family_of
 from dpo_sweep.core.trial_facts import refused_attention
 from family_checkpoints import FAMILIES, REFUSED_LEVELS, family_model
 

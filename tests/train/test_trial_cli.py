@@ -39,7 +39,7 @@ def test_name_or_path_loads_a_local_checkpoint(tmp_path, cfg_factory):
     """The real loading path (from_pretrained) on a checkpoint the test saves."""
     from transformers import AutoModelForCausalLM
 
-    from dpo_sweep.train.model import preset_config
+    from dpo_sweep.models.presets import preset_config
 
     ckpt = tmp_path / "ckpt"
     torch.manual_seed(0)

@@ -233,10 +233,10 @@ def family_of(model: nn.Module) -> Family:
 def hf_config(spec: ModelSpec) -> Any:
     """The transformers config ``spec`` builds its model from (a preset's, or the checkpoint's)."""
     if spec.preset is not None:
-        from dpo_sweep.train.model import preset_config
+        from dpo_sweep.models.presets import preset_config
 
         return preset_config(spec.preset)
-    from dpo_sweep.train import pretrained
+    from dpo_sweep.models import pretrained
 
     return pretrained.load_config(spec)
 
