@@ -19,7 +19,7 @@ from torch import nn
 
 from dpo_sweep.config import TrainSpec, TrialConfig
 from dpo_sweep.errors import DataError
-from dpo_sweep.telemetry import DecoderShape
+from dpo_sweep.core.flops import DecoderShape
 from dpo_sweep.train import knobs, parity
 from dpo_sweep.train.adapters import (AdaptersOff, InBackwardOptimizer, apply_adapter, build_optimizer, reference_view,
                                      refuse_cpu_levers)

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from dpo_sweep.core import trial_facts
 from dpo_sweep.config import LORA_AUTO, TrialConfig
 from dpo_sweep.records import StepRecord, TrialResult, config_columns
-from dpo_sweep.telemetry import MemoryPeaks, StepTimer, TokenCounts, TrialClock, dpo_step_flops, max_peaks, mfu
+from dpo_sweep.core.flops import TokenCounts, dpo_step_flops, mfu
+from dpo_sweep.telemetry import MemoryPeaks, StepTimer, TrialClock, max_peaks
 from dpo_sweep.core.flops import NO_TOKENS
 from dpo_sweep.train import metrics
 from dpo_sweep.train.setup import TrialSetup

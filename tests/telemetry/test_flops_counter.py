@@ -18,7 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from dpo_sweep.config import ModelSpec
-from dpo_sweep.telemetry import DecoderShape, dpo_step_flops, forward_flops
+from dpo_sweep.core.flops import DecoderShape, dpo_step_flops, forward_flops
 from dpo_sweep.train.batching import collate, flop_token_counts
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.data import TokenizedPair
@@ -128,7 +128,7 @@ def test_mlp_share_of_a_1b_layer_with_grouped_query_attention():
     # The number: with 8 kv heads of 32, the MLP is ~0.83 of a Llama-3.2-1B layer's matmuls.
     shape = DecoderShape.from_config(preset_config("llama-3.2-1b"))
     assert (shape.n_heads, shape.n_kv_heads, shape.head_dim) == (32, 8, 64)
-    from dpo_sweep.telemetry import TokenCounts
+    from dpo_sweep.core.flops import TokenCounts
 
     fwd = forward_flops(shape, TokenCounts(tokens=1, causal_pairs=0, head_rows=0))
     mlp = fwd.mlp_in + fwd.mlp_down

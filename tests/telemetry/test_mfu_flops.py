@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dpo_sweep.telemetry import (
+from dpo_sweep.core.flops import (
     DecoderShape,
     TokenCounts,
     dpo_step_flops,
