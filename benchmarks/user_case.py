@@ -225,7 +225,8 @@ def extrapolate_rows(case: Path, effective: int, max_length: int, steps: int, co
     ``plan/extrapolate.py`` beside it, the second's measured step time. Every step of both trials
     goes to ``out_dir/extrapolation_steps.csv`` (their micro-step times in ``micro_ms``)."""
     from dpo_sweep.plan.extrapolate import extrapolate, fit_micro_steps, step_layout
-    from dpo_sweep.plan.memory import built_shape, predict_peak_gb
+    from dpo_sweep.plan.memory import predict_peak_gb
+    from dpo_sweep.plan.shape import built_shape
     from dpo_sweep.core.trial_facts import planned_device
     from dpo_sweep.plan.rows import shared_row
     from dpo_sweep.plan.rules import measure_grad_acc
@@ -314,7 +315,7 @@ def refit(case: Path, steps_csv: Path, max_length: int, pad: int = 1, out_csv: P
     first-of-their-shape micro-steps left out (:func:`with_shape_flags` where the file has no
     ``micro_new``; ``pad``: the run's ``train.pad_to_multiple_of``)."""
     from dpo_sweep.plan.extrapolate import FITS, extrapolate, fit_micro_steps, step_layout
-    from dpo_sweep.plan.memory import built_shape
+    from dpo_sweep.plan.shape import built_shape
     from dpo_sweep.plan.rows import fitted_step
     from dpo_sweep.records import StepRecord, read_csv_rows, rows_as
     from dpo_sweep.telemetry.timing import percentile
@@ -394,7 +395,8 @@ MEMORY_CONFIGS = tuple((mb, lv, 2) for mb in (1, 4) for lv in ("none", "L1", "L2
 
 def memory(case: Path, out_dir: Path, max_length: int, steps: int, configs=MEMORY_CONFIGS, ema: bool = False) -> None:
     """Predicted (the planner's memory model on the data's own lengths) vs measured peaks."""
-    from dpo_sweep.plan.memory import built_shape, predict_peak_gb
+    from dpo_sweep.plan.memory import predict_peak_gb
+    from dpo_sweep.plan.shape import built_shape
     from dpo_sweep.core.trial_facts import planned_device
     from dpo_sweep.core.lengths import LengthProfile
 
@@ -421,8 +423,8 @@ def probe(case: Path, out_dir: Path, max_length: int, micro_batch: int) -> None:
     backward adds at its peak, at each checkpoint level, against the memory model's terms."""
     import torch
 
-    from dpo_sweep.plan.memory import (GB, built_shape, element_bytes, last_layer_bytes_per_token,
-                                       model_saved_bytes_per_token)
+    from dpo_sweep.plan.memory import (GB, element_bytes, last_layer_bytes_per_token, model_saved_bytes_per_token)
+    from dpo_sweep.plan.shape import built_shape
     from dpo_sweep.train.setup import autocast, build_trial, configure_device_memory, forward_inputs, load_data
     from dpo_sweep.core.trial_facts import planned_attention
 

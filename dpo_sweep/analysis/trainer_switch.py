@@ -59,7 +59,8 @@ def predicted_other_gb(trial: TrialConfig, row: pd.Series,
     between the two (plan/memory.py; a difference, so what the model misses of both cancels). None
     when the model's shape cannot be read here or the row has no measured peak. ``shapes``: model
     shapes built elsewhere (``dpo-sweep run``'s preflight), so this process need not build one."""
-    from dpo_sweep.plan.memory import model_shape, predict_peak_gb
+    from dpo_sweep.plan.memory import predict_peak_gb
+    from dpo_sweep.plan.shape import model_shape
 
     if not is_finite(row.get("peak_mem_gb")):
         return None

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.plan.memory import ModelShape
+from dpo_sweep.plan.shape import ModelShape
 from dpo_sweep.core.trial_facts import pad_multiple, planned_attention, planned_device
 from dpo_sweep.records import StepRecord
 from dpo_sweep.core.flops import DecoderShape, TokenCounts, dpo_step_flops

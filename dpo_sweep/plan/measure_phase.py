@@ -14,7 +14,7 @@ from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.jobs import Due, Job, JobKind, without_eval
 from dpo_sweep.plan.keys import TimingKey
 from dpo_sweep.plan.levers import trainable_params
-from dpo_sweep.plan.memory import ModelShape, model_shape
+from dpo_sweep.plan.shape import ModelShape, model_shape
 from dpo_sweep.plan.peaks import PeakModel
 from dpo_sweep.plan.rules import dedupe, learning_config, measure_grad_acc, prune_after_oom
 from dpo_sweep.plan.state import Group, GroupState, Rows

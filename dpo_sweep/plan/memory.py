@@ -61,12 +61,11 @@ to every head and each layer keeps a ``T x T`` bias per row (:func:`_attention_i
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Mapping
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan import trl_memory
 from dpo_sweep.plan.levers import lever_bytes
-from dpo_sweep.plan.shape import ModelShape, built_shape, model_shape, shape_key  # noqa: F401 (the planner's names)
+from dpo_sweep.plan.shape import ModelShape, model_shape
 from dpo_sweep.core.lengths import LengthProfile
 from dpo_sweep.core import trial_facts
 from dpo_sweep.core.levels import Level

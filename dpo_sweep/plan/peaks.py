@@ -8,7 +8,8 @@ from typing import Callable, Mapping
 
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.calibrate import Measurement, calibrate, predicted
-from dpo_sweep.plan.memory import MemoryEstimate, ModelShape, model_shape, predict_peak_gb
+from dpo_sweep.plan.memory import MemoryEstimate, predict_peak_gb
+from dpo_sweep.plan.shape import ModelShape, model_shape
 from dpo_sweep.plan.rules import budgeted_gb, prune_over_budget
 from dpo_sweep.core.lengths import LengthProfile
 from dpo_sweep.core.trial_facts import planned_device

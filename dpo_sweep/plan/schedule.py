@@ -57,7 +57,7 @@ from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan.jobs import Due, Job, JobKind
 from dpo_sweep.plan.learn_phase import LearnPhase
 from dpo_sweep.plan.measure_phase import MeasurePhase
-from dpo_sweep.plan.memory import ModelShape
+from dpo_sweep.plan.shape import ModelShape
 from dpo_sweep.plan.peaks import DataEstimate, Estimator, PeakModel
 from dpo_sweep.plan.rows import LearningSource, pending_stability, with_stability
 from dpo_sweep.plan.rules import BUDGET_MARGIN, learning_config

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from dpo_sweep import preflight
 from dpo_sweep.config import ModelSpec, TrialConfig, distinct_models
 from dpo_sweep.errors import UserError
-from dpo_sweep.plan.memory import ModelShape, model_shape, shape_key
+from dpo_sweep.plan.shape import ModelShape, model_shape, shape_key
 from dpo_sweep.core.lengths import LengthProfile
 from dpo_sweep import trl_fields
 
@@ -58,7 +58,7 @@ class CheckedInputs:
 
 
 def model_shapes(trials: Sequence[TrialConfig]) -> dict[ModelSpec, ModelShape]:
-    """Each model's shape for the planner's memory model (``plan.memory.model_shape``: the meta
+    """Each model's shape for the planner's memory model (``plan.shape.model_shape``: the meta
     build imports transformers' modelling code, about half of the preflight's time). A
     model whose shape cannot be built is left out: the planner meets it again where that is
     handled."""

@@ -15,7 +15,7 @@ from ray import tune
 
 from dpo_sweep import space as space_mod
 from dpo_sweep.config import ModelSpec, TrialConfig
-from dpo_sweep.plan.memory import ModelShape
+from dpo_sweep.plan.shape import ModelShape
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.core.lengths import LengthProfile
 from dpo_sweep.sweep import warm_worker

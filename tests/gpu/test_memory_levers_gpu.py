@@ -42,7 +42,7 @@ def _check_run(out, label: str) -> None:
 def test_qlora_trial_on_a_1b_llama(reference):
     from dpo_sweep.config import DEFAULT_LORA_TARGETS
     from dpo_sweep.plan.levers import lora_params
-    from dpo_sweep.plan.memory import model_shape
+    from dpo_sweep.plan.shape import model_shape
     from dpo_sweep.train.loop import run_trial
 
     cfg = lever_cfg("llama-3.2-1b", adapter="qlora", reference=reference)

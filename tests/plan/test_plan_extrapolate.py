@@ -6,7 +6,7 @@ import random
 import pytest
 
 from dpo_sweep.plan.extrapolate import MIN_REPEATED, computed_counts, extrapolate, fit_micro_steps, step_layout
-from dpo_sweep.plan.memory import ModelShape
+from dpo_sweep.plan.shape import ModelShape
 from dpo_sweep.plan.rows import fitted_step_ms
 from dpo_sweep.records import StepRecord
 from dpo_sweep.core.lengths import LengthProfile

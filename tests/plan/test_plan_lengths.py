@@ -2,7 +2,8 @@
 import pytest
 
 from dpo_sweep.plan.memory import (GB, element_bytes, first_backward_bytes_per_token, layer_saved_bytes_per_token,
-                                   model_shape, predict_peak_gb, worst_micro_batch, worst_micro_batch_padded)
+                                   predict_peak_gb, worst_micro_batch, worst_micro_batch_padded)
+from dpo_sweep.plan.shape import model_shape
 from dpo_sweep.core.lengths import LengthProfile
 from tests.testkit import make_cfg
 

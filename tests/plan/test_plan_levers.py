@@ -7,7 +7,8 @@ import torch
 from dpo_sweep.config import DEFAULT_LORA_TARGETS, TrainSpec
 from dpo_sweep.plan import rules
 from dpo_sweep.plan.levers import NF4_BYTES_PER_PARAM, OPTIMIZER_STATE_BYTES, lever_bytes, lora_params
-from dpo_sweep.plan.memory import GB, element_bytes, model_saved_bytes_per_token, model_shape, predict_peak_gb
+from dpo_sweep.plan.memory import GB, element_bytes, model_saved_bytes_per_token, predict_peak_gb
+from dpo_sweep.plan.shape import model_shape
 from dpo_sweep.train.adapters import apply_adapter
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.lean import apply_lean_ops

@@ -4,9 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpo_sweep.plan.memory import (
-    GB, element_bytes, model_saved_bytes_per_token, model_shape, predict_peak_gb,
-)
+from dpo_sweep.plan.memory import GB, element_bytes, model_saved_bytes_per_token, predict_peak_gb
+from dpo_sweep.plan.shape import model_shape
 from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
@@ -130,7 +129,7 @@ def test_the_memory_model_uses_liger_exactly_where_the_trainer_does(monkeypatch)
     # The prediction follows: without lean ops liger's SwiGLU saves 3 widths, the stock MLP 4.
     monkeypatch.setattr(liger, "liger_installed", lambda: True)
     cfg = make_cfg(model={"preset": "tiny-llama", "lean_ops": False})
-    shape = memory.model_shape(cfg.model)
+    shape = model_shape(cfg.model)
     on = memory.predict_peak_gb(cfg, device="cuda", shape=shape)
     off = memory.predict_peak_gb(cfg, device="cuda", shape=dataclasses.replace(shape, arch="gpt2"))
     assert off.activations_gb > on.activations_gb

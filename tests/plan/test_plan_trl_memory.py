@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from dpo_sweep.plan import trl_memory
-from dpo_sweep.plan.memory import GB, element_bytes, model_saved_bytes_per_token, model_shape, predict_peak_gb
+from dpo_sweep.plan.memory import GB, element_bytes, model_saved_bytes_per_token, predict_peak_gb
+from dpo_sweep.plan.shape import model_shape
 from tests.testkit import make_cfg
 
 ONE_B = {"preset": "llama-3.2-1b"}

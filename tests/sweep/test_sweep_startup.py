@@ -159,20 +159,20 @@ def test_a_resumed_sweep_with_every_row_starts_no_ray(tmp_path, monkeypatch, cap
 def test_the_memory_model_is_built_with_the_preflight_and_the_driver_takes_it(monkeypatch):
     """The planner's first suggestion, inside Tune's start, finds the model's shape built, in the
     driver that never built one (the preflight's process did): the plan is given the shapes."""
-    from dpo_sweep.plan import memory
+    from dpo_sweep.plan import memory, shape
     from dpo_sweep.plan.schedule import SweepPlan
     from testkit import make_cfg
 
     cfg = make_cfg()
-    memory.built_shape.cache_clear()
+    shape.built_shape.cache_clear()
     shapes = startup.model_shapes([cfg, make_cfg(micro_batch=2)])  # one model: built once
-    assert list(shapes) == [cfg.model] and memory.built_shape.cache_info().currsize == 1
-    memory.built_shape.cache_clear()
+    assert list(shapes) == [cfg.model] and shape.built_shape.cache_info().currsize == 1
+    shape.built_shape.cache_clear()
     plan = SweepPlan([cfg], budget_gb=80.0, shapes=shapes)
     assert plan.next_job().cfg.trial_id == cfg.trial_id  # ordered and sized by the memory model
-    assert memory.built_shape.cache_info().currsize == 0  # nothing built here
+    assert shape.built_shape.cache_info().currsize == 0  # nothing built here
     memory.predict_peak_gb(cfg, device="cpu")  # without the shapes: built here
-    assert memory.built_shape.cache_info().currsize == 1
+    assert shape.built_shape.cache_info().currsize == 1
 
     def broken(spec):
         raise OSError("no config.json")
@@ -263,7 +263,7 @@ def test_a_learning_trial_that_drops_the_models_dtype_finds_its_shape_built():
     """bf16 rows learn in bf16-mixed, which drops ``model.dtype: bfloat16``: that spec is not the
     one the preflight built, yet its shape is (on the H200 user case the driver built it again on
     the first trial's end, importing torch and transformers: a 10.4 s Tune callback)."""
-    from dpo_sweep.plan import memory
+    from dpo_sweep.plan import shape
     from dpo_sweep.plan.rules import learning_config
     from testkit import make_cfg
 
@@ -271,9 +271,9 @@ def test_a_learning_trial_that_drops_the_models_dtype_finds_its_shape_built():
     learning = learning_config(cfg, "bf16-mixed")
     assert learning.model != cfg.model  # the case: another spec of one model
     shapes = startup.model_shapes([cfg])
-    memory.built_shape.cache_clear()
-    assert memory.model_shape(learning.model, shapes) == memory.model_shape(cfg.model, shapes)
-    assert memory.built_shape.cache_info().currsize == 0  # nothing built in the driver
+    shape.built_shape.cache_clear()
+    assert shape.model_shape(learning.model, shapes) == shape.model_shape(cfg.model, shapes)
+    assert shape.built_shape.cache_info().currsize == 0  # nothing built in the driver
 
 
 def test_no_ray_handle_is_freed_while_ray_shuts_down_beside_the_analysis(monkeypatch):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from dpo_sweep.config import DEFAULT_LORA_TARGETS, TrainSpec
 from dpo_sweep.errors import UserError
 from dpo_sweep.plan.levers import lora_params
-from dpo_sweep.plan.memory import built_shape
+from dpo_sweep.plan.shape import built_shape
 from dpo_sweep.train import adapters
 from dpo_sweep.train.adapters import AdaptersOff, apply_adapter, build_optimizer
 from dpo_sweep.train.batching import collate
