@@ -67,7 +67,7 @@ class BenchConfig:
     """One named configuration of the benchmark."""
 
     name: str
-    preset: str               # dpo_sweep.train.model.PRESETS key (the h200 scale)
+    preset: str               # dpo_sweep.models.presets.PRESETS key (the h200 scale)
     micro_batch: int
     checkpoint_level: str     # none | L1 | L2 | L3 | full
     reference: str = "live"   # live | precomputed

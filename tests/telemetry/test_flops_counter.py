@@ -25,7 +25,8 @@ from dpo_sweep.train.data import TokenizedPair
 from dpo_sweep.train.lean import apply_lean_ops
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.loss import dpo_loss
-from dpo_sweep.train.model import build_model, freeze_reference, preset_config
+from dpo_sweep.models.presets import preset_config
+from dpo_sweep.train.model import build_model, freeze_reference
 
 aten = torch.ops.aten
 CPU = torch.device("cpu")
