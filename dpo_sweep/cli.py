@@ -2,7 +2,8 @@
 parsed, then the command's body called (:mod:`dpo_sweep.commands`, one module each), and its
 exceptions turned into exit codes.
 
-Exit codes: 0 done (OOM or diverged trials are results), 1 infrastructure failure (or ``run``'s
+Exit codes: 0 done (OOM or diverged trials are results), 1 infrastructure failure (a ``run``
+whose trials timed out or were lost, or whose final analysis failed, included; or ``run``'s
 first trials all failing the same way before a step), 2 invalid input (the message names the
 field, the value and what is allowed), 130 Ctrl-C.
 """
@@ -22,6 +23,19 @@ def _safety_margin_flag(parser: argparse.ArgumentParser) -> None:
     # None = analysis.recommend.DEFAULT_SAFETY_MARGIN (not imported here: it pulls in pandas).
     parser.add_argument("--safety-margin", type=float, default=None,
                         help="fraction of the budget kept free (default 0.05)")
+
+
+def _simulate_ranks_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--simulate-ranks", choices=("auto", "true", "false"), default=None,
+                        help="resources.simulate_ranks: run a trial of N workers as rank 0 alone on one device "
+                        "through the fake process group (true), as N real workers (false), or simulated only "
+                        "where the cluster has fewer GPUs than the trial's workers (auto, the default)")
+
+
+def _simulate_override(args: argparse.Namespace) -> None:
+    """``--simulate-ranks X`` as the override ``resources.simulate_ranks=X`` (after any --set)."""
+    if getattr(args, "simulate_ranks", None) is not None:
+        args.overrides = [*args.overrides, f"resources.simulate_ranks={args.simulate_ranks}"]
 
 
 def _budget_gb(text: str) -> float:
@@ -78,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--output", help="results directory (default: reports/<space name>/)")
     r.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS or a new local one)")
     r.add_argument("--resume", action="store_true", help="continue a sweep, skipping finished trials")
+    r.add_argument("--accept-rows", action="store_true",
+                   help=f"with --resume: keep the folder's rows although its {ResultsDir.SPACE} is missing or does not "
+                   "name them (your word that they measured this space's settings)")
     r.add_argument("--max-concurrent", type=int, help="trials running at once (default: from GPUs)")
     r.add_argument("--no-dashboard", action="store_true", help="start Ray without its dashboard")
     r.add_argument("--memory-budget-gb", type=_budget_gb, help=f"budget for the recommendation: {_BUDGET_HELP}")
@@ -90,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
                    "--resume runs it again (default 900; 0: no limit)")
     r.add_argument("--full-grid", action="store_true",
                    help="run every configuration in full: no pruning, shared measurements or short accumulation")
+    _simulate_ranks_flag(r)
     _safety_margin_flag(r)
     _forecast_flags(r)
 
@@ -129,11 +147,13 @@ def _parser() -> argparse.ArgumentParser:
                    "--set train.steps=3 (repeatable)")
     t.add_argument("--output", help="results directory (default: reports/<space name>-trial/; beside a space "
                    "file that lies in a sweep's results folder: <that folder>/<space name>-trial/)")
+    _simulate_ranks_flag(t)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _simulate_override(args)
     try:
         if args.command == "validate":
             from dpo_sweep.commands.validate import cmd_validate

@@ -14,24 +14,18 @@ from typing import Any, Iterable, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from dpo_sweep.field_effects import Memory, affects
+from dpo_sweep.core.dimensions import CARRIED_TRAIN_FIELDS, DIMENSIONS, TRAIN_COLUMNS, Memory, value_at
+
+from dpo_sweep.field_effects import affects
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sections import (MODEL_PRESETS, DataSpec, ModelPreset, ModelSpec,  # noqa: F401 (imported from here)
-                                ObjectivesSpec, ResourcesSpec, SamplerSpec, SyntheticData, _Strict)
+                                ObjectivesSpec, ResourcesSpec, SamplerSpec, SCHEDULER_KEY, SchedulerSpec, SyntheticData,
+                                scheduler_of, _Strict)
 
 #: From most activations kept to fewest (none > L1 > L2 >= L3 > full): the order the planner prunes
 #: weaker levels in after an OOM (core/levels.py: Level.memory_rank) and the tables list them in.
 CheckpointLevel = Literal["none", "L1", "L2", "L3", "full"]
 CHECKPOINT_LEVELS: tuple[str, ...] = get_args(CheckpointLevel)
-#: Levels that are refused at validation, with the reason shown to the user.
-REFUSED_LEVELS: dict[str, str] = {
-    "L4": (
-        "L4 is refused: checkpointing inside RMSNorm/LayerNorm or softmax splits a numerically "
-        "sensitive reduction across the recompute boundary and saves almost nothing (the norm's "
-        "input is kept anyway); use L3 or full instead"
-    ),
-}
-
 Adapter = Literal["full", "lora", "qlora"]
 OptimizerName = Literal["adamw", "adamw_8bit", "adamw_4bit"]
 #: The decoder's linear layers (Llama/Qwen2/Mistral names) that LoRA adapts by default: all of
@@ -184,6 +178,13 @@ class TrainSpec(_Strict):
         json_schema_extra=affects(Memory.NONE, learning=False,
                                   why="the held batch runs after the timed steps"),
     )
+    eval_steps: int | None = Field(
+        None, ge=1,
+        description="With data.eval_pairs: a learning trial scores the held-out split every this many "
+        "steps and after its last (the rungs search.scheduler compares). null: 4 points, every "
+        "ceil(steps / 4) steps.",
+        json_schema_extra=affects(Memory.NONE, learning=False, why="the held-out split is scored between steps"),
+    )
     learning_steps: int | None = Field(
         None, ge=1,
         description="Optimizer steps of the planner's learning trials (<trial_id>-learning), which give "
@@ -295,23 +296,15 @@ class TrainSpec(_Strict):
         """The steps a learning trial runs (``learning_steps``, null: see DEFAULT_LEARNING_STEPS)."""
         return self.learning_steps if self.learning_steps is not None else max(self.steps, DEFAULT_LEARNING_STEPS)
 
+    def eval_every(self) -> int:
+        """Steps between held-out eval points (``eval_steps``; null: a quarter of the steps)."""
+        return self.eval_steps or max(1, -(-self.steps // 4))
+
     def learning_precision_resolved(self) -> Precision:
         """The precision a learning trial runs in (``learning_precision``; auto: bf16 -> bf16-mixed)."""
         if self.learning_precision != "auto":
             return self.learning_precision
         return "bf16-mixed" if self.precision == "bf16" else self.precision
-
-
-#: results.csv column of a swept train field where it is not the field's own name: a contract
-#: column already holds the setting (loss_type, seq_len, precision, reference), or a column with
-#: another meaning has the name (steps: the steps that ran; device: the torch device used).
-SWEPT_TRAIN_COLUMN: dict[str, str] = {
-    "loss": "loss_type", "max_length": "seq_len", "precision": "precision", "reference": "reference",
-    "adapter": "adapter", "optimizer": "optimizer", "trainer": "trainer",
-    "steps": "train_steps", "device": "train_device",
-}
-#: Swept train fields that the result row already carries in its own column.
-_CARRIED_TRAIN_FIELDS = ("loss", "max_length", "precision", "reference", "adapter", "optimizer", "trainer")
 
 
 class TrialConfig(_Strict):
@@ -345,22 +338,18 @@ class TrialConfig(_Strict):
         return self.micro_batch * self.grad_acc * self.resources.workers_per_trial
 
     def knobs(self) -> dict[str, Any]:
-        """The swept settings that identify this trial in tables."""
-        return {
-            "model": self.model.label(),
-            "seq_len": self.train.max_length,
-            "micro_batch": self.micro_batch,
-            "checkpoint_level": self.checkpoint_level,
-            "grad_acc": self.grad_acc,
-            "beta": self.beta,
-            "num_workers": self.resources.workers_per_trial,
-            "effective_batch": self.effective_batch(),
-        }
+        """The settings that identify this trial in tables and results.csv, by column: the model,
+        seq_len, the four knobs, the resource dimensions and the effective batch
+        (:data:`dpo_sweep.core.dimensions.CONFIG_COLUMNS`)."""
+        tree = self.model_dump(include={"micro_batch", "checkpoint_level", "grad_acc", "beta", "resources"})
+        values = {d.column: value_at(tree, d.path) for d in DIMENSIONS if d.path and d.path[0] in tree}
+        return {"model": self.model.label(), "seq_len": self.train.max_length, **values,
+                "effective_batch": self.effective_batch()}
 
     def swept_columns(self) -> dict[str, Any]:
         """results.csv columns of the swept train fields that no fixed column carries already."""
-        return {SWEPT_TRAIN_COLUMN.get(name, name): getattr(self.train, name)
-                for name in self.swept_train if name not in _CARRIED_TRAIN_FIELDS}
+        return {TRAIN_COLUMNS.get(name, name): getattr(self.train, name)
+                for name in self.swept_train if name not in CARRIED_TRAIN_FIELDS}
 
 
 def distinct_models(trials: Iterable[TrialConfig]) -> list[ModelSpec]:

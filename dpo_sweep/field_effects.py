@@ -14,20 +14,12 @@ which costs trials, never a wrong row).
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
-
-class Memory(enum.StrEnum):
-    """What a field can do to a trial's peak memory and step time."""
-
-    NONE = "none"        # nothing: configurations that differ only in it share a measurement
-    CHANGES = "changes"  # it can: configurations that differ in it are measured apart
-    GROWS = "grows"      # it can, and memory only grows with it: an OOM prunes what is larger in it
-    ACCUMULATES = "accumulates"  # grad_acc: only 1 against >= 2 changes the peak (rules.short_grad_acc)
+from dpo_sweep.core.dimensions import Memory
 
 
 def affects(memory: Memory, learning: bool, why: str = "") -> dict[str, Any]:

@@ -127,4 +127,17 @@ def positional_trial_ids(index: int, trial_id: str, model_part: str = "", legacy
 
 #: Columns that rows written before them lack, and the value every such row had: every trial then
 #: trained all weights with torch's AdamW, in the native trainer.
-RESULTS_COLUMN_DEFAULTS: dict[str, str] = {"adapter": "full", "optimizer": "adamw", "trainer": "native"}
+RESULTS_COLUMN_DEFAULTS: dict[str, str] = {"adapter": "full", "optimizer": "adamw", "trainer": "native",
+                                           "parallelism": "ddp"}
+#: Columns that earlier versions wrote under another name: old -> today's.
+RENAMED_RESULTS_COLUMNS: dict[str, str] = {"num_workers": "workers_per_trial"}
+
+
+def renamed_results_columns(df: Any) -> Any:
+    """``df`` (results.csv's rows) with each column of :data:`RENAMED_RESULTS_COLUMNS` under today's
+    name; where both are there (a file resumed across the rename), the old fills today's gaps."""
+    for old, new in RENAMED_RESULTS_COLUMNS.items():
+        if old in df.columns:
+            df[new] = df[new].fillna(df[old]) if new in df.columns else df[old]
+            df = df.drop(columns=[old])
+    return df

@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from dpo_sweep.csv_table import read_csv_table
+from dpo_sweep.core.held_out import FIELD_OF_COLUMN, HELD_OUT_COLUMNS
 from dpo_sweep.core.status import Status
-from dpo_sweep.errors import UserError
 from dpo_sweep.files import append_text, read_text, write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.text import excerpt
@@ -67,6 +68,13 @@ class StepRecord:
     optimizer_ms: float = math.nan   # unscale, clip, AdamW step, zero_grad, schedule
     micro_ms: str = ""  # each micro-step's forward+backward in order, "183.1,184.0" (plan/extrapolate.py)
     micro_new: str = ""  # per micro-step "1" where its shape ran first in the process (CUDA), else "0": "100"
+    # The held-out split at an eval point (train.eval_steps), else NaN (core/held_out.py).
+    eval_reward_accuracy: float = math.nan
+    eval_reward_margin: float = math.nan
+    eval_rewards_chosen: float = math.nan
+    eval_logps_chosen: float = math.nan
+    eval_chosen_drift: float = math.nan
+    eval_loss: float = math.nan
 
     def steady_micro_steps(self, last_syncs: bool = False) -> list[float]:
         """The times of this step's micro-steps that its ``micro_step_ms`` is the median of
@@ -106,8 +114,9 @@ class TrialResult:
     checkpoint_level: str
     grad_acc: int
     beta: float
-    num_workers: int
+    workers_per_trial: int
     effective_batch: int
+    parallelism: str = "ddp"  # how the trial's workers share it (resources.parallelism)
     peak_mem_gb: float = math.nan
     torch_peak_alloc_gb: float = math.nan
     torch_peak_reserved_gb: float = math.nan
@@ -121,8 +130,7 @@ class TrialResult:
     reward_accuracy: float = math.nan
     reward_margin: float = math.nan
     error: str = ""
-    # Lost to the machine, not to the configuration (a trial or worker process that died, a trial
-    # past its time limit): its row says so, and --resume runs the configuration again.
+    # Lost to the machine, not the configuration (a process died, a time limit passed): --resume reruns it.
     infrastructure_failure: bool = False
     # Beyond the contract's minimum: how the numbers were obtained.
     peak_mem_typical_gb: float = math.nan  # the highest peak of the typical measured steps (peak_mem_gb: worst case)
@@ -142,6 +150,8 @@ class TrialResult:
     optimizer: str = ""                # adamw | adamw_8bit | adamw_4bit
     trainable_params: int | None = None  # parameters the optimizer steps (LoRA: the adapters only)
     trainer: str = ""                  # native | trl (train.trainer; "": rows of before the column, native)
+    ranks_simulated: bool = False  # rank 0 of workers_per_trial alone (resources.simulate_ranks; train/parallel.py)
+    comm_ms: float = math.nan      # simulated: the modelled communication per step (core/comms.py)
     device: str = ""
     steps: int = 0
     measured_steps: int = 0
@@ -163,7 +173,15 @@ class TrialResult:
     reward_accuracy_slope: float = math.nan
     reward_margin_slope: float = math.nan
     rollback_step: int | None = None
-    eval_loss: float = math.nan
+    eval_loss: float = math.nan  # with data.eval_pairs: the held-out split's DPO loss at the final weights
+    # The held-out split at the last eval point (core/held_out.py).
+    eval_reward_accuracy: float = math.nan
+    eval_reward_margin: float = math.nan
+    eval_rewards_chosen: float = math.nan
+    eval_logps_chosen: float = math.nan
+    eval_chosen_drift: float = math.nan
+    eval_pairs: int = 0  # pairs in the held-out split (0: none)
+    stopped_step: int | None = None  # status stopped: the step its learning trial was stopped at
     # The planner (dpo_sweep/plan/schedule.py): where this row's numbers come from.
     predicted_peak_gb: float = math.nan  # the memory model's prediction when the measurement started
     measured_by: str = ""          # the trial whose memory/time measurement this row carries (own id: itself)
@@ -178,7 +196,7 @@ class TrialResult:
 
 
 def _columns(cls: type) -> list[str]:
-    return [f.name for f in fields(cls) if f.name != "extra"]
+    return [HELD_OUT_COLUMNS.get(f.name, f.name) for f in fields(cls) if f.name != "extra"]
 
 
 RESULTS_COLUMNS: list[str] = _columns(TrialResult)
@@ -188,7 +206,7 @@ STEPS_COLUMNS: list[str] = _columns(StepRecord)
 
 
 def _row(obj: Any, columns: list[str]) -> dict[str, Any]:
-    d = asdict(obj)
+    d = {HELD_OUT_COLUMNS.get(k, k): v for k, v in asdict(obj).items()}
     d.update(d.pop("extra", None) or {})
     return {c: d.get(c, "") for c in columns}
 
@@ -241,75 +259,10 @@ def _csv_text(rows: list[dict[str, Any]], columns: list[str], *, with_header: bo
     return buf.getvalue()
 
 
-@dataclass(frozen=True)
-class DamagedLine:
-    """A record of a CSV file that is no whole row: what a kill or a full disk during an append
-    leaves (a cut-off last line), or a hand edit that lost or added a comma."""
-
-    line: int      # the file line it starts on (a quoted cell may span lines)
-    trial_id: str  # its first cell, as far as it goes ("" when there is none)
-    reason: str
-
-    def text(self) -> str:
-        return f"line {self.line}" + (f" (trial {self.trial_id})" if self.trial_id else "") + f": {self.reason}"
-
-
-@dataclass(frozen=True)
-class CsvTable:
-    """A CSV file read record by record: the header, the whole rows, and the damaged ones."""
-
-    header: list[str]
-    rows: list[dict[str, str]]
-    damaged: list[DamagedLine]
-
-
-def read_csv_table(path: str | Path) -> CsvTable:
-    """``path`` with every record checked: a row must have exactly the header's cells, and the
-    file must end with the line break the writers put after every row (else its last line was
-    cut, maybe inside a cell: ``4061`` cut to ``40`` looks whole). Blank lines are no rows."""
-    path = Path(path)
-    if not path.is_file() or path.stat().st_size == 0:
-        return CsvTable([], [], [])
-    text = read_text(path)
-    header: list[str] | None = None
-    rows: list[dict[str, str]] = []
-    damaged: list[DamagedLine] = []
-    reader = csv.reader(io.StringIO(text, newline=""))
-    start, records = 1, []
-    try:
-        for record in reader:
-            records.append((start, record))
-            start = reader.line_num + 1
-    except csv.Error as err:
-        raise UserError(f"{path}: line {start} cannot be read as CSV ({excerpt(str(err), 200)}); "
-                        "correct or delete that line, or re-run the sweep to rewrite the file") from None
-    for i, (line, record) in enumerate(records):
-        if not record or (len(record) == 1 and not record[0].strip()):
-            continue
-        if header is None:
-            header = record
-            continue
-        reasons = []
-        if len(record) != len(header):
-            reasons.append(f"it has {len(record)} of the header's {len(header)} cells")
-        if i == len(records) - 1 and not text.endswith(("\n", "\r")):
-            reasons.append("the file ends inside it (no line break after it)")
-        if reasons:
-            damaged.append(DamagedLine(line, record[0].strip(), " and ".join(reasons)))
-        else:
-            rows.append(dict(zip(header, record)))
-    return CsvTable(header or [], rows, damaged)
-
-
 def read_csv_rows(path: str | Path) -> list[dict[str, str]]:
     """The whole rows of a CSV file as dicts of strings (:func:`read_csv_table`: a damaged record
     is no row); [] when the file is missing or empty."""
     return read_csv_table(path).rows
-
-
-def damaged_text(path: str | Path, damaged: list[DamagedLine]) -> str:
-    """One sentence naming every damaged record of ``path``."""
-    return f"{path}: " + "; ".join(d.text() for d in damaged)
 
 
 def write_environment_json(out_dir: str | Path, info: dict[str, Any]) -> Path:
@@ -343,14 +296,6 @@ def replace_results(out_dir: str | Path, rows: Iterable[TrialResult]) -> None:
 def write_steps(out_dir: str | Path, steps: Iterable[StepRecord], append: bool = False) -> list[str]:
     """steps.csv; returns the columns appending added to its header (:func:`write_csv`)."""
     return write_csv(ResultsDir(out_dir).steps, steps, STEPS_COLUMNS, append=append)
-
-
-def widened_line(path: str | Path, added: list[str]) -> str:
-    """The console's note that appending widened ``path``'s header."""
-    return (f"{path}: its header lacked {len(added)} column(s) of this version ({', '.join(added)}); "
-            "rewrote it with every column of both, earlier rows empty in the new ones")
-
-
 
 
 def error_text(err: BaseException) -> str:
@@ -411,6 +356,7 @@ def rows_as(cls: type, rows: Iterable[dict[str, str]]) -> list[Any]:
     has_extra = any(f.name == "extra" for f in fields(cls))
     out = []
     for row in rows:
+        row = {FIELD_OF_COLUMN.get(k, k): v for k, v in row.items()}
         known = {k: _cell(v, kinds[k]) for k, v in row.items() if k in kinds}
         if has_extra:
             known["extra"] = {k: v for k, v in row.items() if k not in kinds and k}

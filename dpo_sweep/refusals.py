@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dpo_sweep.config import ResourcesSpec, TrainSpec
+    from dpo_sweep.config import DataSpec, ObjectivesSpec, ResourcesSpec, TrainSpec
 
 
 #: (field, value) of the levers that run only on a CUDA GPU: torchao's NF4 base weights and its
@@ -55,3 +55,27 @@ def cuda_levers(train: TrainSpec) -> list[str]:
     """``field: value`` of each of ``train``'s levers that needs a CUDA GPU (CUDA_LEVERS)."""
     return [f"{field}: {getattr(train, field)}" for field, value in CUDA_LEVERS
             if getattr(train, field) == value]
+
+
+def refused_held_out(data: DataSpec, objectives: ObjectivesSpec, search: dict | None) -> str | None:
+    """Why a held-out objective or ``search.scheduler`` is refused (a bad scheduler, or no
+    ``data.eval_pairs`` for them to score); None when they can run."""
+    from pydantic import ValidationError
+
+    from dpo_sweep.sections import SCHEDULER_KEY, scheduler_of
+
+    try:
+        scheduler_of(search)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"search.scheduler{'.' + where if where else ''}: {first['msg']}"
+    if data.eval_pairs is not None:
+        return None
+    wants = [f"objectives.{n}" for n in objectives.held_out()]
+    if (search or {}).get(SCHEDULER_KEY) is not None:
+        wants.append("search.scheduler")
+    if not wants:
+        return None
+    return (f"{', '.join(wants)} score(s) the held-out split, and this space has none; set data.eval_pairs "
+            "(a count, e.g. 64, or a share, e.g. 0.1) or drop them")

@@ -29,6 +29,8 @@ class ResultsDir:
     PREVIOUS: ClassVar[str] = "previous-"  # prefix of the folder a fresh run moves earlier results to
     #: The files ``trial`` and ``run`` write rows into.
     ROW_FILES: ClassVar[tuple[str, ...]] = (RESULTS, STEPS)
+    #: The files the analysis writes from the rows (``report DIR`` writes them again).
+    ANALYSIS_FILES: ClassVar[tuple[str, ...]] = (FRONTIER, RECOMMENDATION, RECOMMENDED, REPORT)
 
     __slots__ = ("root",)
 
@@ -85,6 +87,10 @@ class ResultsDir:
     @property
     def row_files(self) -> tuple[Path, ...]:
         return tuple(self.root / name for name in self.ROW_FILES)
+
+    @property
+    def analysis_files(self) -> tuple[Path, ...]:
+        return tuple(self.root / name for name in self.ANALYSIS_FILES)
 
     def previous(self, stamp: str) -> Path:
         """``previous-<stamp>/``: where a run without ``--resume`` moves the earlier rows."""

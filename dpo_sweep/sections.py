@@ -9,7 +9,8 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dpo_sweep import migrate
-from dpo_sweep.field_effects import Memory, affects
+from dpo_sweep.core.dimensions import Memory
+from dpo_sweep.field_effects import affects
 
 
 ModelPreset = Literal["tiny-llama", "llama-3.2-1b", "llama-3-8b", "qwen2-7b"]
@@ -93,6 +94,15 @@ class SyntheticData(_Strict):
         description="Spread of lognormal lengths (log-space standard deviation); unused with fixed.",
     )
     seed: int = Field(0, description="Seed of the generator.")
+    signal: Literal["echo", "vocabulary"] = Field(
+        "echo",
+        description="What tells the chosen reply from the rejected one. echo: the chosen reply echoes "
+        "the prompt (each token one more than the prompt token it follows), the rejected one is random. "
+        "vocabulary: the prompt, drawn from ids 0-127 or 128-255, and the chosen reply share a half, the "
+        "rejected reply uses the other: no token is better on its own, so only a model that reads the prompt "
+        "ranks pairs it never saw; a tiny model learns it in a few dozen steps at a good learning rate "
+        "(search_spaces/quality-cpu.yaml).",
+    )
 
 
 class DataSpec(_Strict):
@@ -108,6 +118,16 @@ class DataSpec(_Strict):
         description="Rename columns: {prompt: question, chosen: good, rejected: bad}.",
     )
     max_pairs: int | None = Field(None, ge=1, description="Use at most this many pairs.")
+    eval_pairs: int | float | None = Field(
+        None, gt=0,
+        description="A held-out split no trial trains on: a count of pairs (an integer) or a share of "
+        "them (a number below 1), drawn with eval_seed before training. Learning trials score it at "
+        "their eval points (train.eval_steps): eval_rewards/accuracies, eval_rewards/margins, eval_loss, "
+        "eval_logps/chosen_drift. null: no split (eval_loss is then a held batch of training pairs).",
+        json_schema_extra=affects(Memory.NONE, learning=True, why="fewer training pairs"),
+    )
+    eval_seed: int = Field(0, description="Seed of the held-out draw (data.eval_pairs).",
+                           json_schema_extra=affects(Memory.NONE, learning=True))
     min_prompt_tokens: int = Field(
         16, ge=1, description="Truncation never cuts a prompt below this many tokens (its end is kept)."
     )
@@ -165,8 +185,22 @@ class ResourcesSpec(_Strict):
     )
     cpus_per_worker: float = Field(0.5, gt=0, description="CPUs reserved per Ray Train worker.",
                                    json_schema_extra=affects(Memory.CHANGES, learning=False))
-    parallelism: Literal["ddp", "fsdp"] = Field("ddp", description="How several workers share a trial.",
-                                                json_schema_extra=affects(Memory.CHANGES, learning=False))
+    parallelism: Literal["ddp", "fsdp", "fsdp_grad_op"] = Field(
+        "ddp", description="How several workers share a trial: ddp (a replica per worker, gradients "
+        "all-reduced), fsdp (FSDP2 full shard: parameters, gradients and optimizer state sharded, "
+        "each layer gathered for its forward and again for its backward), fsdp_grad_op (FSDP2 "
+        "without resharding after forward, ZeRO-2-like: the gathered layers stay from forward to "
+        "backward, one all-gather less per micro-step). Under FSDP2 the live reference is sharded too.",
+        json_schema_extra=affects(Memory.CHANGES, learning=False))
+    simulate_ranks: Literal["auto", True, False] = Field(
+        "auto",
+        description="Run a trial of N workers as rank 0 alone on one device through PyTorch's fake "
+        "process group (collectives return at once; the rank's shards, gathered layers and "
+        "activations are real): its row has ranks_simulated true, the per-GPU peaks, and a step "
+        "time modelled from the one-rank compute plus each step's communication over the card's "
+        "interconnect. auto: simulate where the cluster has fewer GPUs than a trial's workers.",
+        json_schema_extra=affects(Memory.NONE, learning=False,
+                                  why="the rank's peak is the same whether its peers are real or simulated"))
     sync_every_micro_step: bool = Field(
         False,
         description="All-reduce gradients on every accumulation micro-step instead of once per "
@@ -193,6 +227,18 @@ class ObjectivesSpec(_Strict):
         "Not time per optimizer step: a step of a larger effective batch does more work.",
     )
     loss_std: Literal["min", "max"] | None = Field("min", description="loss_std (stability).")
+    # Held-out quality (data.eval_pairs): the learning trial's last eval point.
+    eval_reward_accuracy: Literal["min", "max"] | None = Field(
+        None, description="eval_rewards/accuracies: the share of held-out pairs whose chosen reply's "
+        "implicit reward beats the rejected one's (max). Needs data.eval_pairs.")
+    eval_reward_margin: Literal["min", "max"] | None = Field(
+        None, description="eval_rewards/margins: the held-out mean reward margin (max). Needs data.eval_pairs.")
+    eval_loss: Literal["min", "max"] | None = Field(
+        None, description="eval_loss: the held-out DPO loss at the final weights (min). Needs data.eval_pairs.")
+
+    def held_out(self) -> list[str]:
+        """The held-out objectives this names (a space without data.eval_pairs refuses them)."""
+        return [n for n in ("eval_reward_accuracy", "eval_reward_margin", "eval_loss") if getattr(self, n)]
 
     @model_validator(mode="before")
     @classmethod
@@ -203,3 +249,35 @@ class ObjectivesSpec(_Strict):
         if refusal:
             raise ValueError(refusal)
         return data
+
+
+class SchedulerSpec(_Strict):
+    """``search.scheduler``: an early-stopping scheduler of Ray Tune over the learning trials. Each
+    learning trial reports its held-out metric at its eval points (``train.eval_steps``); Ray Tune's
+    ``ASHAScheduler`` stops one whose metric at a rung is below the best ``1 / reduction_factor``
+    of the trials that reached that rung before it. A stopped trial's configuration is a row of
+    status ``stopped`` with ``stopped_step``. Needs ``data.eval_pairs``."""
+
+    name: Literal["asha"] = Field("asha", description="asha: ray.tune.schedulers.ASHAScheduler.")
+    metric: Literal["eval_reward_accuracy", "eval_reward_margin", "eval_loss"] = Field(
+        "eval_reward_accuracy", description="The held-out metric the rungs compare.")
+    mode: Literal["min", "max"] | None = Field(
+        None, description="null: max for the accuracy and the margin, min for the loss.")
+    grace_period: int = Field(4, ge=1, description="Steps before any trial can be stopped (the first rung).")
+    reduction_factor: float = Field(2.0, gt=1, description="Rung spacing and the share kept at each: 1 / this.")
+    brackets: int = Field(1, ge=1, description="ASHA's brackets (1: plain successive halving).")
+
+    def resolved_mode(self) -> str:
+        return self.mode or ("min" if self.metric == "eval_loss" else "max")
+
+
+#: ``search.scheduler``: the early stop of the learning trials (:class:`SchedulerSpec`), no dimension.
+SCHEDULER_KEY = "scheduler"
+
+
+def scheduler_of(search: dict[str, Any] | None) -> SchedulerSpec | None:
+    """``search.scheduler`` as a :class:`SchedulerSpec` (a bare name: its defaults); None when absent."""
+    raw = (search or {}).get(SCHEDULER_KEY)
+    if raw is None:
+        return None
+    return SchedulerSpec.model_validate({"name": raw} if isinstance(raw, str) else raw)

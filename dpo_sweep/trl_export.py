@@ -290,25 +290,28 @@ def _call(head: str, args: dict[str, Any], width: int) -> list[str]:
 
 
 class SpaceCheck:
-    """Refuses ``train.trainer: trl`` trials that TRL cannot run as configured, every reason of every
-    such trial in one message; reads TRL's fields once, at the first such trial (importing TRL
-    takes seconds)."""
+    """Finds the ``train.trainer: trl`` trials that TRL cannot run as configured (they are skipped)
+    and refuses a space of nothing else, every reason of every such trial in one message; reads TRL's
+    fields once, at the first such trial (importing TRL takes seconds)."""
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.fields: TrlFields | None = None
         self.refused: dict[str, list[str]] = {}  # reason -> the trials it refuses
 
-    def check(self, trial: TrialConfig) -> None:
+    def check(self, trial: TrialConfig) -> list[str]:
+        """Why ``trial`` cannot run in TRL (empty: it can, or it is a native trial)."""
         if trial.train.trainer != "trl":
-            return
+            return []
         if self.fields is None:
             missing = trl_fields.trainer_refusal()
             if missing:
                 raise SpaceError(f"{self.source}: {missing}")
             self.fields = trl_fields.from_installed()
-        for reason in refusals(trial, self.fields):
+        reasons = refusals(trial, self.fields)
+        for reason in reasons:
             self.refused.setdefault(reason, []).append(trial.trial_id)
+        return [f"train.trainer trl cannot run it in TRL {self.fields.version}: {r}" for r in reasons]
 
     def raise_if_refused(self) -> None:
         if not self.refused:

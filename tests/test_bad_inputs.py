@@ -111,6 +111,9 @@ DATA_CASES = {
     "bad-json-after-blank-line": ("d.jsonl", jsonl(GOOD) + b"\n" + b"{oops}\n", "",
                                   ("d.jsonl: line 3: not valid JSON", "each line holds one pair")),
     "line-not-an-object": ("d.jsonl", jsonl(GOOD, [1, 2]), "", ("d.jsonl: line 2: expected an object", "chosen/rejected")),
+    "line-over-the-cap": ("d.jsonl", jsonl(GOOD) + jsonl({**GOOD, "chosen": "c" * 1_000_000}), "",
+                          ("d.jsonl: line 2: longer than 1,000,000 bytes, the most a line may hold",
+                           "shorten or drop that pair")),
     "not-utf8": ("d.jsonl", jsonl(GOOD) + b'{"prompt": "caf\xe9", "chosen": "a", "rejected": "b"}\n', "",
                  ("d.jsonl: line 2: not UTF-8 text", "save the file as UTF-8")),
     "chat-and-string-mixed": ("d.jsonl", jsonl({**GOOD, "rejected": [{"role": "assistant", "content": "b"}]}), "",
@@ -373,7 +376,7 @@ def results_dir(tmp_path: Path, edit: Callable[[list[dict[str, str]]], None]) ->
     then hand-edited by ``edit``."""
     out = tmp_path / "r"
     rows = [TrialResult(trial_id=f"t{i}", status="ok", model="tiny-llama", seq_len=64, micro_batch=2 ** i,
-                        checkpoint_level="none", grad_acc=1, beta=0.1, num_workers=1, effective_batch=2 ** i,
+                        checkpoint_level="none", grad_acc=1, beta=0.1, workers_per_trial=1, effective_batch=2 ** i,
                         peak_mem_gb=1.0 + i, step_time_ms=100.0 + i, tokens_per_s=1000.0, loss_std=0.01,
                         error="first line\nsecond line" if i == 0 else "")
             for i in range(3)]

@@ -5,7 +5,6 @@ import pytest
 
 from dpo_sweep import cards
 from dpo_sweep.cli import main
-from dpo_sweep.core.flops import peak_bf16_flops
 
 
 def test_the_catalog_holds_the_common_training_cards_each_with_its_source():
@@ -47,11 +46,14 @@ def test_device_names_map_to_their_card_and_variants_stay_apart():
     assert cards.of_device(None) is None and cards.of_device("cpu") is None
 
 
-def test_the_catalog_agrees_with_the_mfu_table_where_both_use_the_datasheet():
-    # flops.py's H200 entry is the rate measured on this workplace's cards (for MFU), not the datasheet's.
+def test_mfu_takes_the_catalog_s_sustained_rate_where_measured_else_its_datasheet_rate():
     for name, device in (("H100", "NVIDIA H100 80GB HBM3"), ("A100-80GB", "NVIDIA A100-SXM4-80GB"),
                          ("L4", "NVIDIA L4"), ("L40S", "NVIDIA L40S"), ("B200", "NVIDIA B200")):
-        assert cards.card(name).bf16_tflops * 1e12 == pytest.approx(peak_bf16_flops(device), rel=0.01)
+        assert cards.mfu_peak_flops(device) == cards.card(name).bf16_tflops * 1e12
+    h200 = cards.card("H200")  # one card, two named rates: the datasheet's and the one measured on it
+    assert (h200.bf16_tflops, h200.sustained_bf16_tflops) == (989.4, 790.0)
+    assert cards.mfu_peak_flops("NVIDIA H200") == 790e12 and cards.mfu_peak_flops("NVIDIA H200 NVL") == 836e12
+    assert cards.mfu_peak_flops("Tesla T4") is None  # no bf16 tensor cores
 
 
 def test_budget_takes_a_number_or_a_card():
@@ -84,3 +86,4 @@ def test_the_planner_docs_table_is_the_catalog():
         assert cells[1] == f"{c.memory_gb:.2f}" and cells[2] == c.marketed
         assert float(cells[3].split()[0].replace(",", "")) == c.bf16_tflops
         assert float(cells[4].replace(",", "")) == c.bandwidth_gb_s
+        assert float(cells[5].split()[0]) == c.interconnect_gb_s

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dpo_sweep.config import CHECKPOINT_LEVELS, REFUSED_LEVELS, ObjectivesSpec
+from dpo_sweep.config import CHECKPOINT_LEVELS, ObjectivesSpec
+from dpo_sweep.core.levels import REFUSED_LEVELS
 from dpo_sweep.core.status import Status
 from dpo_sweep.records import RESULTS_COLUMNS, STEPS_COLUMNS
 from dpo_sweep.results_dir import ResultsDir
@@ -91,7 +92,8 @@ def test_checkpoint_levels_are_the_code_s_and_the_refused_ones_are_named():
 def test_objectives_and_their_defaults_are_the_code_s():
     rows = [line.split("|")[1:4] for line in section("Objectives").splitlines()
             if line.startswith("| `")]
-    documented = {re.findall(r"`(\w+)`", name)[0]: default.strip().strip("`") for name, _, default in rows}
+    defaults = {re.findall(r"`(\w+)`", name)[0]: default.strip().strip("`") for name, _, default in rows}
+    documented = {name: None if default == "null" else default for name, default in defaults.items()}
     assert documented == {name: f.default for name, f in ObjectivesSpec.model_fields.items()}
 
 

@@ -1,6 +1,7 @@
 """``dpo-sweep validate`` on checkpoint folders of many model families, as a user saves them:
 every family validates, at every level it accepts, and a level or LoRA target a family cannot take
-exactly is refused here (exit 2) with the reason and the level to use - never at run time."""
+exactly is skipped (swept beside levels it takes) or refused here (exit 2) with the reason and the level
+to use - never at run time."""
 from __future__ import annotations
 
 import pytest
@@ -43,7 +44,14 @@ def test_every_family_validates_at_the_levels_it_accepts(model_type, folders, tm
 
 @pytest.mark.parametrize(("model_type", "level"), list(REFUSED_LEVELS))
 def test_a_level_a_family_cannot_take_is_refused_at_validate(model_type, level, folders, tmp_path, capsys):
+    # Swept beside a level it can take, the point is skipped with its reason; alone it is refused.
     code = main(["validate", str(_space(tmp_path, folders[model_type], ["none", level], _attention(model_type)))])
+    out = capsys.readouterr().out
+    assert code == 0 and "valid, 1 trial(s), 1 point(s) skipped" in out
+    skipped = next(line for line in out.splitlines() if line.strip().startswith("skipped"))
+    assert f"checkpoint_level {level}" in skipped and REFUSED_LEVELS[model_type, level] in skipped
+    assert "L1 or full" in skipped
+    code = main(["validate", str(_space(tmp_path, folders[model_type], [level], _attention(model_type)))])
     err = capsys.readouterr().err
     assert code == 2
     assert REFUSED_LEVELS[model_type, level] in err and "L1 or full" in err

@@ -7,7 +7,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.field_effects import Memory, affects, declared_effects
+from dpo_sweep.core.dimensions import Memory
+from dpo_sweep.field_effects import affects, declared_effects
 from dpo_sweep.plan import rules
 from tests.testkit import make_cfg
 

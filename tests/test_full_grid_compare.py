@@ -30,7 +30,7 @@ def row(tid: str, mb: int, beta: float = 0.1, status: str = "ok", peak: float = 
     ok = status == "ok"
     return TrialResult(
         trial_id=tid, status=status, model="tiny-llama", seq_len=128, micro_batch=mb, checkpoint_level="none",
-        grad_acc=4, beta=beta, num_workers=1, effective_batch=4 * mb, peak_mem_gb=peak,
+        grad_acc=4, beta=beta, workers_per_trial=1, effective_batch=4 * mb, peak_mem_gb=peak,
         step_time_ms=step if ok else math.nan, step_time_p10_ms=step * spread[0] if ok else math.nan,
         step_time_p90_ms=step * spread[1] if ok else math.nan,
         tokens_per_s=mb * TOKENS_PER_MB / (step / 1000) if ok else math.nan, loss_std=0.01 if ok else math.nan,

@@ -45,3 +45,20 @@ def test_every_module_is_in_the_module_map():
         if not found:
             missing.append(str(rel))
     assert not missing, f"modules missing from docs/design.md's code layout: {missing}"
+
+
+def test_every_module_the_map_names_exists():
+    """The other direction: a module named in a folder's entry (``train/``: ``loop.py``) is in that
+    folder, or in the folder a path names it under (``sweep/startup.py``), and each top-level
+    entry is a module of the package."""
+    entries = map_entries(DESIGN.read_text())
+    gone = []
+    for name, text in entries.items():
+        if not name.endswith("/"):
+            gone += [] if (PACKAGE / name).is_file() else [name]
+            continue
+        for path in re.findall(r"(?<![\w.])((?:\w+/)*\w+\.py)\b", text):
+            here = PACKAGE / name / path
+            if not (here.is_file() or (PACKAGE / path).is_file() or any((PACKAGE / name).rglob(path))):
+                gone.append(f"{name}{path}")
+    assert not gone, f"docs/design.md's code layout names modules that are not there: {gone}"

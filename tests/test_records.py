@@ -34,7 +34,7 @@ def test_error_text_is_the_type_and_the_first_line_bounded():
 
 def test_the_results_columns_are_the_contract_ones_in_order():
     contract = ["trial_id", "status", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",
-                "num_workers", "effective_batch", "peak_mem_gb", "torch_peak_alloc_gb", "torch_peak_reserved_gb",
+                "workers_per_trial", "effective_batch", "parallelism", "peak_mem_gb", "torch_peak_alloc_gb", "torch_peak_reserved_gb",
                 "step_time_ms", "step_time_p90_ms", "tokens_per_s", "mfu", "loss_mean", "loss_std",
                 "grad_norm_mean", "reward_accuracy", "reward_margin", "error"]
     assert RESULTS_COLUMNS[:len(contract)] == contract
@@ -48,7 +48,7 @@ def test_rows_read_back_are_the_rows_written(tmp_path):
     from dpo_sweep.records import StepRecord, TrialResult, read_csv_rows, rows_as, write_results, write_steps
 
     row = TrialResult(trial_id="t0", status="ok", model="tiny-llama", seq_len=64, micro_batch=2,
-                      checkpoint_level="L1", grad_acc=4, beta=0.1, num_workers=1, effective_batch=8,
+                      checkpoint_level="L1", grad_acc=4, beta=0.1, workers_per_trial=1, effective_batch=8,
                       peak_mem_gb=1.5, liger_kernel=True, rollback_step=None, stability="pending", extra={"lr": "1e-05"})
     step = StepRecord(trial_id="t0", step=3, loss=0.6, grad_norm=1.0, step_time_ms=12.5, peak_mem_gb=1.0,
                       reward_accuracy=0.5, reward_margin=0.1, logps_chosen=-1.0, logps_rejected=-2.0, kl=0.0,

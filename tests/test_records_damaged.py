@@ -9,7 +9,8 @@ import math
 import pytest
 
 from dpo_sweep.cli import main
-from dpo_sweep.records import StepRecord, TrialResult, read_csv_rows, read_csv_table, write_results, write_steps
+from dpo_sweep.csv_table import read_csv_table
+from dpo_sweep.records import StepRecord, TrialResult, read_csv_rows, write_results, write_steps
 from dpo_sweep.sweep.output_dir import prepare_output
 from testkit import make_cfg
 

@@ -20,7 +20,7 @@ OLD_HEADER = [c for c in RESULTS_COLUMNS if c not in ("predicted_peak_gb", "meas
 def _old_results(path, trial_id: str = "old") -> dict[str, str]:
     row = {c: "" for c in OLD_HEADER}
     row.update(trial_id=trial_id, status="ok", model="preset:tiny-llama", seq_len="64", micro_batch="2",
-               checkpoint_level="none", grad_acc="1", beta="0.1", num_workers="1", effective_batch="2",
+               checkpoint_level="none", grad_acc="1", beta="0.1", workers_per_trial="1", effective_batch="2",
                peak_mem_gb="1.25", step_time_ms="40.0", error="", padding_free="True")
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=OLD_HEADER)

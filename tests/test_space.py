@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import collections
 import copy
+import re
 
 import pytest
 
 from dpo_sweep import space as space_mod
 from dpo_sweep.records import RESULTS_COLUMNS, read_csv_rows, write_results
 from dpo_sweep.cli import main
-from dpo_sweep.config import SWEPT_TRAIN_COLUMN, TrainSpec
+from dpo_sweep.config import TrainSpec
+from dpo_sweep.core.dimensions import TRAIN_COLUMNS
 from dpo_sweep.errors import SpaceError
 from dpo_sweep.sweep.collector import TrialCollector
 
@@ -125,7 +127,7 @@ def test_every_train_field_has_a_results_column_of_its_own():
     carried = {"loss": "loss_type", "max_length": "seq_len", "precision": "precision", "reference": "reference",
                "adapter": "adapter", "optimizer": "optimizer", "trainer": "trainer"}
     for name in TrainSpec.model_fields:
-        column = SWEPT_TRAIN_COLUMN.get(name, name)
+        column = TRAIN_COLUMNS.get(name, name)
         if name in carried:
             assert column == carried[name] and column in RESULTS_COLUMNS
         else:
@@ -141,15 +143,20 @@ def test_swept_adapter_and_optimizer_are_the_rows_own_columns_not_extra_ones():
     assert any(t.trial_id.endswith("_adapter-lora_lora_r-4") for t in trials)
 
 
-def test_cuda_levers_on_a_cpu_space_are_refused_at_validation():
-    for lever in ({"adapter": ["qlora"]}, {"optimizer": ["adamw", "adamw_8bit"]}):
-        for where in ({"train": {"device": "cpu"}}, {"resources": {"use_gpu": False}}):
-            raw = with_search(**lever)
+def test_cuda_levers_on_a_cpu_space_are_skipped_and_refused_when_nothing_else_is_left():
+    cpu_only = r"is refused with (train.device: cpu|resources.use_gpu: false): torchao's NF4 weights and low-bit " \
+               r"AdamW run on a CUDA GPU only"
+    for where in ({"train": {"device": "cpu"}}, {"resources": {"use_gpu": False}}):
+        qlora, mixed = with_search(adapter=["qlora"]), with_search(optimizer=["adamw", "adamw_8bit"])
+        for raw in (qlora, mixed):
             for section, values in where.items():
                 raw[section] = {**raw[section], **values}
-            with pytest.raises(SpaceError, match=r"is refused with (train.device: cpu|resources.use_gpu: false): "
-                                                 r"torchao's NF4 weights and low-bit AdamW run on a CUDA GPU only"):
-                space_mod.parse(raw)
+        with pytest.raises(SpaceError, match=cpu_only):  # every point impossible: refused
+            space_mod.parse(qlora)
+        sp = space_mod.parse(mixed)  # the adamw points run, the adamw_8bit ones are skipped with the reason
+        assert {t.train.optimizer for t in sp.trials} == {"adamw"} and len(sp.trials) == len(sp.skipped) == 12
+        assert {s.values["optimizer"] for s in sp.skipped} == {"adamw_8bit"}
+        assert all(re.search(cpu_only, s.reason) for s in sp.skipped)
     space_mod.parse(with_search(adapter=["qlora"]))  # use_gpu auto: the preflight decides
 
 

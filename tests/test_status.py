@@ -13,8 +13,8 @@ from testkit import make_cfg
 
 
 def test_the_values_are_the_csv_text():
-    assert [s.value for s in Status] == ["ok", "oom", "diverged", "error", "pruned", "timeout"]
-    assert [s.value for s in TimeSource] == ["measured", "extrapolated", "runoff"]
+    assert [s.value for s in Status] == ["ok", "oom", "diverged", "error", "pruned", "timeout", "stopped"]
+    assert [s.value for s in TimeSource] == ["measured", "extrapolated", "runoff", "modelled"]
     assert Status.of("oom") is Status.OOM and Status.of("OOM") is None and Status.of(float("nan")) is None
 
 
@@ -23,7 +23,7 @@ def test_a_member_writes_as_its_text_and_equals_the_cell_read_back(tmp_path):
 
     oom = failed_result(make_cfg(trial_id="t0"), Status.OOM, "out of memory")
     ok = TrialResult(trial_id="t1", status=Status.OK, model="tiny-llama", seq_len=64, micro_batch=1,
-                     checkpoint_level="none", grad_acc=1, beta=0.1, num_workers=1, effective_batch=1,
+                     checkpoint_level="none", grad_acc=1, beta=0.1, workers_per_trial=1, effective_batch=1,
                      step_time_source=TimeSource.EXTRAPOLATED)
     write_results(tmp_path, [oom, ok])
     lines = (tmp_path / "results.csv").read_text().splitlines()

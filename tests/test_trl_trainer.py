@@ -2,7 +2,8 @@
 
 A trl trial and its native twin train the same pairs in the same order from the same weights, so
 their losses and gradient norms agree step by step (fp32; TRL's fused head and ours differ only in
-rounding); settings TRL cannot express are refused at validation (exit 2); an OOM is a row.
+rounding); points whose settings TRL cannot express are skipped at validation (a space of nothing
+else is refused, exit 2); an OOM is a row.
 """
 from __future__ import annotations
 
@@ -86,17 +87,23 @@ def test_the_trial_command_writes_the_trainer_column_and_an_oom_is_a_row(tmp_pat
 
 @needs_trl
 @pytest.mark.parametrize("setting, named", [
-    ({"search": {"checkpoint_level": ["none", "L2"]}}, "checkpoint_level L2: TRL checkpoints whole decoder layers"),
-    ({"train": {"adaptive_clip": True}}, "adaptive_clip"),
+    ({"search": {"checkpoint_level": ["none", "L2"]}},
+     "checkpoint_level L2, grad_acc 2, beta 0.1, trainer trl: trainer trl with checkpoint_level L2: TRL's "
+     "DPOTrainer checkpoints whole decoder layers"),
+    ({"train": {"adaptive_clip": True}}, "trainer trl: train.trainer trl cannot run it in TRL 1.16.0: adaptive_clip"),
     ({"train": {"beta_schedule": "seed"}}, "beta_schedule seed"),
     ({"train": {"group_by_length": True}}, "group_by_length=True: TRL 1.16.0's DPOConfig has no field"),
     ({"train": {"padding_free": True}}, "padding_free=True: TRL 1.16.0 has the field but ignores it"),
 ])
-def test_settings_trl_cannot_express_are_refused_at_validation(tmp_path, capsys, setting, named):
+def test_settings_trl_cannot_express_skip_the_trl_points_at_validation(tmp_path, capsys, setting, named):
     path = space(tmp_path, **setting)
-    assert main(["validate", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert "train.trainer trl" in err and named in err and "trainer: native" in err
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "point(s) skipped" in out and named in out, out
+    levels = {"checkpoint_level": ["L2"]} if "search" in setting else {}
+    only_trl = space(tmp_path, **{**setting, "search": {**setting.get("search", {}), **levels, "trainer": ["trl"]}})
+    assert main(["validate", str(only_trl)]) == 2  # nothing left to run: refused, with the reason
+    assert "trl" in capsys.readouterr().err
 
 
 def test_trl_missing_is_refused_with_the_install_line(tmp_path, monkeypatch):

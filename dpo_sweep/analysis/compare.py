@@ -18,10 +18,11 @@ import pandas as pd
 from dpo_sweep import space as space_mod
 from dpo_sweep.analysis import results, tables
 from dpo_sweep.analysis.completeness import LEVER_DEFAULTS
+from dpo_sweep.core.dimensions import CONFIG_COLUMNS, LEVER_COLUMNS
 from dpo_sweep.results_dir import ResultsDir
 
 #: The settings that identify a configuration in both folders (the swept columns are added).
-KEY_COLUMNS = ("model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta", "adapter", "optimizer")
+KEY_COLUMNS = (*CONFIG_COLUMNS, *LEVER_COLUMNS)
 #: environment.json keys that differ from run to run on one machine (not worth a line).
 _VOLATILE_ENV = ("host", "hostname", "collected_at_utc", "pid")
 

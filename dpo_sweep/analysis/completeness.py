@@ -17,13 +17,11 @@ import pandas as pd
 from dpo_sweep import migrate, space as space_mod
 from dpo_sweep.analysis.tables import fmt_setting
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.dimensions import CONFIG_COLUMNS, LEVER_COLUMNS, SkippedPoint
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import PENDING
 from dpo_sweep.results_dir import ResultsDir
 
-#: The knobs of TrialConfig.knobs() that identify a configuration (num_workers and effective_batch
-#: follow from the space and the others).
-_KEY_KNOBS = ("model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta")
 
 
 @dataclass(frozen=True)
@@ -38,9 +36,18 @@ class Completeness:
     ``measurement`` (no row) or ``stability`` (measured, its learning trial not run)."""
     note: str = ""
     """Why completeness is unknown ("" when it is known)."""
+    skipped: tuple[SkippedPoint, ...] = ()
+    """The space's points that cannot run, each with its reason (no configuration is missing for them)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"sweep_complete": self.complete, "still_to_run": list(self.still_to_run)}
+
+    def skipped_markdown(self) -> str:
+        """frontier.md's section of the skipped points ("" when none was)."""
+        if not self.skipped:
+            return ""
+        return ("## Points skipped\n\nPoints of the space that cannot run (no trial, no row), each with its reason:\n\n"
+                + "\n".join(f"-{p.line().removeprefix('  skipped')}" for p in self.skipped) + "\n")
 
     def counts(self) -> tuple[int, int]:
         """(configurations without a row, rows waiting for their stability)."""
@@ -50,8 +57,8 @@ class Completeness:
 
 def _config_key(cfg: TrialConfig) -> tuple[tuple[str, str], ...]:
     knobs = cfg.knobs()
-    values = {k: knobs[k] for k in _KEY_KNOBS}
-    values.update({name: getattr(cfg.train, name) for name in ("adapter", "optimizer") if hasattr(cfg.train, name)})
+    values = {k: knobs[k] for k in CONFIG_COLUMNS}  # effective_batch follows from them
+    values.update({name: getattr(cfg.train, name) for name in LEVER_COLUMNS})
     values.update(cfg.swept_columns())
     return tuple(sorted((k, fmt_setting(v)) for k, v in values.items()))
 
@@ -66,13 +73,13 @@ def _row_key(row: pd.Series, columns: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(values.items()))
 
 
-def _trials(path: Path) -> tuple[TrialConfig, ...]:
-    """The space's configurations; an old ``step_time`` objective read as today's (it changes no
-    configuration)."""
+def _space(path: Path) -> space_mod.Space:
+    """The space's configurations and skipped points; an old ``step_time`` objective read as
+    today's (it changes no configuration)."""
     raw = space_mod.load_raw(path)
     if migrate.has_step_time(raw.get("objectives")):
         raw = {**raw, "objectives": migrate.without_step_time(raw["objectives"])}
-    return space_mod.parse(raw, source=str(path)).trials
+    return space_mod.parse(raw, source=str(path))
 
 
 def completeness(out_dir: str | Path, results: pd.DataFrame) -> Completeness:
@@ -81,13 +88,14 @@ def completeness(out_dir: str | Path, results: pd.DataFrame) -> Completeness:
     waiting = [{"trial_id": str(t), "missing": "stability"} for t in pending["trial_id"]]
     path = ResultsDir(out_dir).space
     try:
-        trials = _trials(path) if path.is_file() else None
+        sp = _space(path) if path.is_file() else None
     except (UserError, OSError, ValueError) as err:  # a space this version cannot expand: say so, go on
-        trials, note = None, f"{ResultsDir.SPACE} could not be expanded ({str(err).splitlines()[0]})"
+        sp, note = None, f"{ResultsDir.SPACE} could not be expanded ({str(err).splitlines()[0]})"
     else:
-        note = "" if trials is not None else f"no {ResultsDir.SPACE} to compare with"
-    if trials is None:
+        note = "" if sp is not None else f"no {ResultsDir.SPACE} to compare with"
+    if sp is None:
         return Completeness(False if waiting else None, waiting, note)
+    trials = sp.trials
     missing, seen = [], {}
     if "infrastructure_failure" in results:  # lost to the machine: --resume measures it again
         results = results[~results["infrastructure_failure"].fillna(False).astype(bool)]
@@ -100,4 +108,4 @@ def completeness(out_dir: str | Path, results: pd.DataFrame) -> Completeness:
             seen[columns] = {_row_key(r, list(columns)) for _, r in results.iterrows()}
         if key not in seen[columns]:
             missing.append({"trial_id": cfg.trial_id, "missing": "measurement"})
-    return Completeness(not missing and not waiting, missing + waiting)
+    return Completeness(not missing and not waiting, missing + waiting, skipped=sp.skipped)

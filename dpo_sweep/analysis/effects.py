@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import pandas as pd
 
 from dpo_sweep.analysis import tables
+from dpo_sweep.core.dimensions import KNOB_COLUMNS
 from dpo_sweep.core.levels import Level
 from dpo_sweep.core.status import Status
 
-#: The core dimensions, before the levers and the swept train fields.
-CORE = ("micro_batch", "checkpoint_level", "grad_acc", "beta")
+#: The core dimensions (the table's knobs), before the levers and the swept train fields.
+CORE = KNOB_COLUMNS
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ class Forecast:
     hours_interval: tuple[float, float]
     gpu_hours: float
     gpu_hours_interval: tuple[float, float]
-    num_workers: int
+    workers_per_trial: int
     measured_on: str
     step_time_source: str
     basis: str
@@ -139,7 +139,7 @@ def forecast(row: pd.Series | None, datasets: Sequence[Mapping[str, Any]], epoch
     effective = int(_number(row, "effective_batch")) if _number(row, "effective_batch") > 0 else 0
     if effective <= 0:
         return None, "the recommended row has no effective_batch"
-    workers = int(_number(row, "num_workers")) if _number(row, "num_workers") >= 1 else 1
+    workers = int(_number(row, "workers_per_trial")) if _number(row, "workers_per_trial") >= 1 else 1
     low, high = (float(v[0]) for v in noise.throughput_interval(pd.DataFrame([row])))
     total = epochs * tokens
     hours = _hours(total, tps)
@@ -157,7 +157,7 @@ def forecast(row: pd.Series | None, datasets: Sequence[Mapping[str, Any]], epoch
         steps=math.ceil(epochs * pairs / effective), effective_batch=effective, tokens_per_epoch=tokens,
         tokens_per_s=tps, tokens_per_s_interval=(low, high), hours=hours, hours_interval=hours_interval,
         gpu_hours=hours * workers, gpu_hours_interval=(hours_interval[0] * workers, hours_interval[1] * workers),
-        num_workers=workers, measured_on=measured_on, step_time_source=source, basis=basis)
+        workers_per_trial=workers, measured_on=measured_on, step_time_source=source, basis=basis)
     return fc, ""
 
 
@@ -193,7 +193,7 @@ def card_estimates(row: pd.Series | None, fc: Forecast | None, environment: Mapp
             other.name, True, usable, step_time_ms_estimate=step_ms * compute,
             step_time_ms_range=(step_ms * lo, step_ms * hi), hours_estimate=hours,
             hours_range=None if fc is None else (fc.hours * lo, fc.hours * hi),
-            gpu_hours_estimate=None if fc is None else hours * fc.num_workers,
+            gpu_hours_estimate=None if fc is None else hours * fc.workers_per_trial,
             scaled_by=f"peak dense bf16 rate ({measured.name} {measured.bf16_tflops:g} / {other.name} "
                       f"{other.bf16_tflops:g} TFLOP/s)",
             bf16_ratio=compute, bandwidth_ratio=bandwidth,
@@ -234,7 +234,7 @@ def _forecast_lines(fc: Forecast | None, reason: str) -> list[str]:
     lo, hi = fc.hours_interval
     return [f"forecast for the whole run ({fc.trial_id}, {fc.epochs:g} epoch(s) of {fc.pairs:,} pairs): "
            f"{fc.steps:,} optimizer steps at effective batch {fc.effective_batch}, {_h(fc.hours)} "
-           f"(p10-p90: {_h(lo)} to {_h(hi)}), {_gpu_hours(fc.gpu_hours)} GPU-hours ({fc.num_workers} worker(s) x hours)",
+           f"(p10-p90: {_h(lo)} to {_h(hi)}), {_gpu_hours(fc.gpu_hours)} GPU-hours ({fc.workers_per_trial} worker(s) x hours)",
            f"  from {fc.basis}"]
 
 

@@ -7,24 +7,34 @@ Definitions used throughout:
 * Every objective is turned into "smaller is better" (``max`` objectives are negated).
 * Throughput is the time objective, not time per optimizer step: a step of a larger effective
   batch does more work, and with equal effective batches both order the trials the same way.
-* Each objective value is an interval: throughput's is its p10-p90 interval in tokens/s
-  (:mod:`dpo_sweep.core.noise`), every other objective's the single measured value.
+* Each objective value is an interval, what its measurement resolves (:mod:`dpo_sweep.core.noise`):
+  throughput's is its widened p10-p90 interval in tokens/s, peak memory's ``peak_mem_gb +-
+  floor / 2`` (the reader's noise floor: process RSS on a CPU, the allocator's segments on a GPU),
+  the loss std's its pooled value (same-maths trials share it: noise_floor.py).
   ``a`` is *better* than ``b`` on an objective when ``a``'s whole interval is better than
   ``b``'s, and *no worse* when ``b`` is not better than ``a``.
 * ``a`` dominates ``b`` when ``a`` is no worse on every objective and better on one. So a trial
-  whose throughput is inside another's noise and that needs more memory (or has a higher loss
-  std) is dominated: which of two indistinguishable throughputs measured higher never decides
-  whether a trial is on the frontier. Rows without a spread compare exactly, and two trials
-  with exactly the same values do not dominate each other: exact ties are both on the frontier
-  (neither is worse, so dropping either would hide a valid choice). The relation has no cycles
-  (only one objective has intervals), so an eligible sweep always has a frontier.
+  whose throughput is inside another's noise and that needs more memory beyond the floor (or has
+  a higher loss std) is dominated: which of two indistinguishable throughputs measured higher
+  never decides whether a trial is on the frontier. Rows without a spread or a floor compare
+  exactly, and two trials with exactly the same values do not dominate each other: exact ties
+  are both on the frontier (neither is worse, so dropping either would hide a valid choice).
 * Only a frontier row removes others. Within the noise, dominance does not chain: in a ladder
   of rows each 10% faster and 2 GB bigger than the last with +-6% intervals, every rung ties
   the one below, yet the top rung's interval lies wholly above the bottom's. The bottom rung
   removes the second, the second (itself off the frontier) removes nothing, so the third is on
-  the frontier and removes the fourth, and so on. The frontier is the one set of rows that no
-  frontier row dominates and that dominates every other row (the kernel of the dominance graph;
-  without intervals, exactly the rows nothing dominates).
+  the frontier and removes the fourth, and so on. The frontier is first the one set of rows
+  that no frontier row dominates and that dominates every other row (the kernel of the
+  dominance graph; without intervals, exactly the rows nothing dominates). Rows are settled in
+  the order the relation allows; should noisy objectives ever close a loop of dominance, the rows
+  of the loop that no frontier row dominates all join, so the relation never empties the frontier.
+* The medians have the last word: a row that *beats* a frontier row on every objective's median
+  (strictly better on each) is on the frontier too, whatever dominates it within the noise, so no
+  excluded trial is ever measured better in every respect than one the frontier keeps; and a
+  frontier row that another frontier row beats on every median leaves it, so the frontier never
+  shows a trial beside one better in every respect. A row that no frontier row then dominates or
+  beats comes back, and the three are repeated to a fixed point: every excluded row is dominated
+  within the noise or beaten on every median by a frontier row.
 * Only *eligible* trials compete: status ``ok``, a stability verdict other than ``diverging`` and
   a finite value in every objective. An ``ok`` trial with a NaN metric cannot be compared, so it
   is kept, shown and marked off the frontier. A ``diverging`` trial (its loss collapsed or its
@@ -50,6 +60,7 @@ from dpo_sweep.analysis import noise_floor
 from dpo_sweep.config import ObjectivesSpec
 from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
+from dpo_sweep.core.held_out import HELD_OUT_COLUMNS
 
 #: Space-file objective name -> results.csv column.
 OBJECTIVE_COLUMNS: dict[str, str] = {
@@ -57,10 +68,16 @@ OBJECTIVE_COLUMNS: dict[str, str] = {
     "throughput": "tokens_per_s",
     # Pooled over same-maths trials (analysis/noise_floor.py): their loss std difference is rounding.
     "loss_std": noise_floor.POOLED_COLUMN,
+    # Held-out quality (data.eval_pairs): the learning trial's last eval point (records.HELD_OUT_COLUMNS).
+    "eval_reward_accuracy": HELD_OUT_COLUMNS["eval_reward_accuracy"],
+    "eval_reward_margin": HELD_OUT_COLUMNS["eval_reward_margin"],
+    "eval_loss": "eval_loss",
 }
 DEFAULT_OBJECTIVES: dict[str, str | None] = ObjectivesSpec().model_dump()
 #: The objective whose values carry a measured noise interval (noise.throughput_interval).
 NOISY_COLUMN = "tokens_per_s"
+#: The objective whose values carry the memory reader's floor (noise.memory_interval).
+MEMORY_COLUMN = "peak_mem_gb"
 
 
 @dataclass(frozen=True)
@@ -126,13 +143,14 @@ def as_minimisation(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> np.n
 
 def intervals_as_minimisation(df: pd.DataFrame, objectives: tuple[Objective, ...]
                               ) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) matrices like :func:`as_minimisation`: throughput's noise interval, every
-    other objective its value (low == high)."""
+    """(low, high) matrices like :func:`as_minimisation`: throughput's noise interval, peak
+    memory's floor, the loss std its value (low == high)."""
     low, high = as_minimisation(df, objectives), as_minimisation(df, objectives)
-    tps_low, tps_high = noise.throughput_interval(df)
+    intervals = {NOISY_COLUMN: noise.throughput_interval(df), MEMORY_COLUMN: noise.memory_interval(df)}
     for k, o in enumerate(objectives):
-        if o.column == NOISY_COLUMN:
-            low[:, k], high[:, k] = (tps_low, tps_high) if o.direction == "min" else (-tps_high, -tps_low)
+        if o.column in intervals:
+            lo, hi = intervals[o.column]
+            low[:, k], high[:, k] = (lo, hi) if o.direction == "min" else (-hi, -lo)
     return low, high
 
 
@@ -141,29 +159,55 @@ def dominates(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.all(a <= b) and np.any(a < b))
 
 
-def frontier_mask(low: np.ndarray, high: np.ndarray | None = None) -> np.ndarray:
-    """Frontier rows of finite (n x k) "smaller is better" intervals [low, high] (high None:
-    exact points); exact ties all kept. Dominance, and why only frontier rows remove others, as
-    the module doc defines them.
+def beats_on_every_median(medians: np.ndarray) -> np.ndarray:
+    """[i, j]: row i is strictly better than row j on every objective ("smaller is better" medians)."""
+    return np.all(medians[:, None, :] < medians[None, :, :], axis=2)
 
-    Rows are settled in the order the (acyclic) relation allows: a row that no open or frontier
-    row dominates joins the frontier, and every open row a frontier row dominates leaves it.
+
+def frontier_mask(low: np.ndarray, high: np.ndarray | None = None, medians: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """Frontier rows of finite (n x k) "smaller is better" intervals [low, high] around ``medians``
+    (high None: exact points, their own medians; medians None: the intervals' midpoints); exact
+    ties all kept. Dominance, the kernel, and why a row that beats a frontier row on every median
+    joins it, as the module doc defines them.
+
+    Rows are settled in the order the relation allows: a row that no open or frontier row
+    dominates joins the frontier, and every open row a frontier row dominates leaves it.
     O(n^3 k) at worst, which is nothing for sweeps of a few hundred trials.
     """
+    exact = high is None
     high = low if high is None else high
+    medians = (low if exact else (low + high) / 2) if medians is None else medians
     n = len(low)
     no_worse = np.all(low[:, None, :] <= high[None, :, :], axis=2)  # [i, j]: j nowhere better than i
     better = np.any(high[:, None, :] < low[None, :, :], axis=2)  # [i, j]: i better than j somewhere
     dominates_ = no_worse & better  # [i, j]: i dominates j
     on, off = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    for _ in range(n):  # each round settles at least one row: the relation has no cycles
+    for _ in range(n):
         open_ = ~(on | off)
         if not open_.any():
             break
         joining = open_ & ~np.any(dominates_[open_ | on], axis=0)
+        if not joining.any():  # a loop among the open rows: those no frontier row dominates join
+            joining = open_ & ~np.any(dominates_[on], axis=0)
         on |= joining
         off |= open_ & ~joining & np.any(dominates_[on], axis=0)
-    return on
+    return _settle_medians(on, dominates_, beats_on_every_median(medians))
+
+
+def _settle_medians(on: np.ndarray, dominates_: np.ndarray, beats: np.ndarray) -> np.ndarray:
+    """The medians' last word on the kernel ``on``, to a fixed point: a row that beats a frontier
+    row on every median joins, a frontier row another frontier row beats on every median leaves,
+    and a row that no frontier row then dominates or beats comes back."""
+    on = on | beats[:, on].any(axis=1)
+    for _ in range(len(on) + 1):
+        on = on & ~beats[on].any(axis=0)
+        uncovered = ~on & ~(dominates_ | beats)[on].any(axis=0)
+        if not uncovered.any():
+            return on
+        on = on | uncovered
+        on = on | beats[:, on].any(axis=1)
+    raise AssertionError("the frontier's median pass found no fixed point")
 
 
 def frontier_distances(points: np.ndarray, on_frontier: np.ndarray) -> np.ndarray:
@@ -193,7 +237,7 @@ def analyse_frontier(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> pd.
     eligible = eligible_mask(df, objectives)
     points = as_minimisation(df, objectives)[eligible]
     low, high = intervals_as_minimisation(df, objectives)
-    on = frontier_mask(low[eligible], high[eligible])
+    on = frontier_mask(low[eligible], high[eligible], points)
     dist = frontier_distances(points, on)
 
     out["eligible"] = eligible

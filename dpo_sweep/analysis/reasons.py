@@ -12,7 +12,7 @@ from dpo_sweep.core import noise
 from dpo_sweep.core.stability import MIN_STD_VALUES
 from dpo_sweep.analysis.noise_floor import same_maths_columns, same_maths_key
 from dpo_sweep.analysis.tables import fmt_sig, is_finite
-from dpo_sweep.core.status import Status
+from dpo_sweep.core.status import Status, TimeSource
 
 
 def amount(value: Any) -> str:
@@ -43,7 +43,7 @@ def tie_sentence(winner: pd.Series, faster: pd.DataFrame) -> str:
     ids = ", ".join(str(t) for t in faster["trial_id"])
     rates = " and ".join(amount(v) for v in faster["tokens_per_s"])
     return (f" A tie decided: {ids} measured more tokens/s ({rates} vs {amount(winner['tokens_per_s'])}) "
-            f"but inside the step-time noise (p10-p90 throughput intervals overlapping this one's, "
+            f"but inside the step-time noise (throughput intervals, from the p10-p90 step times widened for the steps measured, overlapping this one's, "
             f"{interval(winner)}), and ties go to less peak memory, then the stability verdict, then the "
             "most tokens/s, then the trial id.")
 
@@ -110,9 +110,24 @@ def exactness_sentence(candidates: pd.DataFrame) -> str:
     return ""
 
 
+def time_source_sentence(winner: pd.Series) -> str:
+    """Where the winner's step time comes from, when it is not its own full timing."""
+    source = winner.get("step_time_source")
+    if source == TimeSource.MODELLED:
+        comm = winner.get("comm_ms")
+        of_it = f", {fmt_sig(comm)} ms of it communication" if is_finite(comm) else ""
+        return (f" Its peak is one GPU's of {int(winner['workers_per_trial'])}, measured on simulated ranks; its step "
+                f"time is modelled (one rank's compute plus the step's collectives at the card's GPU-to-GPU "
+                f"bandwidth, no overlap{of_it}), not timed on {int(winner['workers_per_trial'])} GPUs.")
+    if source == TimeSource.EXTRAPOLATED:
+        return " Its step time is extrapolated from a shorter gradient accumulation, not timed at its grad_acc."
+    return ""
+
+
 #: How each failed status reads in a sentence; only ``oom`` gets memory advice.
 _FAILED_AS = {Status.OOM: "ran out of memory", Status.ERROR: "failed with an error", Status.DIVERGED: "diverged",
-              Status.PRUNED: "were pruned", Status.TIMEOUT: "ran past their time limit"}
+              Status.PRUNED: "were pruned", Status.TIMEOUT: "ran past their time limit",
+              Status.STOPPED: "were stopped early on their held-out metric (search.scheduler)"}
 _MEMORY_ADVICE = "try a smaller micro_batch, a stronger checkpoint level (L2, L3, full) or a GPU with more memory"
 
 

@@ -4,15 +4,21 @@ The rule: among the frontier configurations whose peak memory stays under the bu
 safety margin and whose loss std lies within the sweep's normal range, take the one with the most
 tokens/s, with throughput compared within its measured noise (:mod:`dpo_sweep.core.noise`):
 every candidate whose p10-p90 throughput interval overlaps that of the candidate with the highest
-median tokens/s is tied with it, and the tie goes to the least peak memory, then the stability
-verdict (``stable`` before ``noisy`` before none; ``diverging`` never qualifies), then the most
-tokens/s, then the trial id (so the answer never depends on row order). Not to
+median tokens/s is tied with it, and the tie goes to the least peak memory beyond the memory
+reader's floor (:func:`dpo_sweep.core.noise.memory_interval`), then, among peaks within the floor
+of the leanest, to the fewest costly levers (no checkpointing before checkpointing, no
+accumulation before accumulation), then the stability verdict (``stable`` before ``noisy``
+before none; ``diverging`` never qualifies), then the most tokens/s, then the trial id (so the
+answer never depends on row order); a candidate that another qualifying trial beats on every
+median is never chosen (analysis/ranking.py has the order). Not to
 the loss std: between learning set-ups (other betas, lrs) each measured by one learning trial, a
 loss std difference is not evidence (three betas' single 5-step trials can swap their order
 between two runs); the loss std only filters, through the sweep's normal range. For the same
 reason the candidates are the frontier's plus every qualifying row that shares a candidate's
-memory/time measurement (``measured_by``, at its grad_acc): such rows differ from it only in loss
-std, by which the frontier alone would drop them. The reason says when a tie decided, when
+memory/time measurement (``measured_by``, at its grad_acc) or measured the same (its knobs, its
+peak and throughput within their noise): such rows differ from it only in loss std, by which the
+frontier alone would drop them. The reason names each candidate tied with the
+winner and the comparison it lost, in figures, says when
 throughputs were compared exactly for want of a spread, and when the winner's measurement stands
 for other learning set-ups too.
 If none fits, say so and name the cheapest configuration measured (or, when nothing completed,
@@ -31,20 +37,23 @@ from dpo_sweep.core import budget, noise
 from dpo_sweep.core.levels import Level
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.levers import lever_sentence
+from dpo_sweep.analysis.pareto import Objective, objectives_from_spec
+from dpo_sweep.analysis.ranking import indistinguishable, near_winners_sentence, rank_candidates
 from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
                                         left_out_sentence, listed, no_loss_std_sentence, shared_measurement_sentence,
-                                        tie_sentence, tied_faster)
+                                        tied_faster, time_source_sentence)
 from dpo_sweep.analysis.tables import fmt_setting, is_finite, swept_train_fields, varying_columns
+from dpo_sweep.core.dimensions import KNOB_COLUMNS, LEVER_COLUMNS
 from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
 from dpo_sweep.results_dir import ResultsDir
 
 DEFAULT_SAFETY_MARGIN = budget.DEFAULT_SAFETY_MARGIN
-CONFIG_KEYS = ("micro_batch", "checkpoint_level", "grad_acc", "beta", "effective_batch",
-               "num_workers", "seq_len", "model", "adapter", "optimizer")
+#: recommendation.json's config keys, in its order: the knobs, the effective batch and GPUs per trial,
+#: seq_len, the model and the levers (parallelism and the swept train fields where they vary).
+CONFIG_KEYS = (*KNOB_COLUMNS, "effective_batch", "workers_per_trial", "seq_len", "model", *LEVER_COLUMNS)
+_INT_KEYS = ("micro_batch", "grad_acc", "effective_batch", "workers_per_trial", "seq_len")
 METRIC_KEYS = ("peak_mem_gb", "step_time_ms", "tokens_per_s", "loss_std")
-#: How tied rows rank by their stability verdict (stability.py); no verdict ("") ranks last.
-VERDICT_RANK = {"stable": 0, "noisy": 1}
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ def config_of(row: pd.Series, varying: tuple[str, ...] = ()) -> dict[str, Any]:
     out: dict[str, Any] = {c: _plain(row.get(c)) for c in varying if c not in CONFIG_KEYS and c not in swept}
     for key in CONFIG_KEYS:
         value = row.get(key)
-        if key in ("micro_batch", "grad_acc", "effective_batch", "num_workers", "seq_len"):
+        if key in _INT_KEYS:
             out[key] = int(value) if is_finite(value) else None
         elif key == "beta":
             out[key] = float(value) if is_finite(value) else None
@@ -166,36 +175,6 @@ def _gb(value: Any) -> str:
 
 def _metrics(row: pd.Series) -> dict[str, float | None]:
     return {k: (float(row[k]) if is_finite(row.get(k)) else None) for k in METRIC_KEYS}
-
-
-def verdict_rank(rows: pd.DataFrame) -> pd.Series:
-    """:data:`VERDICT_RANK` of each row's ``stability`` (no column or no verdict: last)."""
-    if "stability" not in rows:
-        return pd.Series(len(VERDICT_RANK), index=rows.index)
-    return rows["stability"].astype(object).map(VERDICT_RANK).fillna(len(VERDICT_RANK))
-
-
-def rank_candidates(rows: pd.DataFrame) -> pd.DataFrame:
-    """Best first, for rows of ``pareto.analyse_frontier`` (with the throughput interval columns):
-    the rows tied with the highest median tokens/s (their intervals overlap its interval; it
-    included) by least memory, stability verdict, most tokens/s, trial id; then the others by most
-    tokens/s, least memory, verdict, trial id. NaN metrics sort last. Never by loss std (see the
-    module doc)."""
-    key = rows.assign(
-        _tps=-rows["tokens_per_s"].astype(float).fillna(-np.inf),
-        _mem=rows["peak_mem_gb"].astype(float).fillna(np.inf),
-        _verdict=verdict_rank(rows),
-    )
-    if key.empty:
-        return rows
-    best = key.sort_values(["_tps", "_mem", "_verdict", "trial_id"], kind="mergesort").iloc[0]
-    tied = noise.overlaps(key["throughput_low"], key["throughput_high"],
-                          best["throughput_low"], best["throughput_high"])
-    ranked = pd.concat([
-        key[tied].sort_values(["_mem", "_verdict", "_tps", "trial_id"], kind="mergesort"),
-        key[~tied].sort_values(["_tps", "_mem", "_verdict", "trial_id"], kind="mergesort"),
-    ])
-    return ranked.drop(columns=["_tps", "_mem", "_verdict"])
 
 
 def sharing_measurement(rows: pd.DataFrame, of: pd.DataFrame) -> pd.Series:
@@ -272,8 +251,11 @@ def recommend(
     memory_budget_gb: float | None,
     safety_margin: float = DEFAULT_SAFETY_MARGIN,
     budget_source: str = "--memory-budget-gb",
+    objectives: tuple[Objective, ...] | None = None,
 ) -> Recommendation:
-    """Choose a configuration from a frame produced by ``pareto.analyse_frontier``."""
+    """Choose a configuration from a frame produced by ``pareto.analyse_frontier`` with
+    ``objectives`` (None: the default ones)."""
+    objectives = objectives_from_spec(None) if objectives is None else objectives
     if memory_budget_gb is not None and not (is_finite(memory_budget_gb) and memory_budget_gb > 0):
         raise UserError(f"--memory-budget-gb is {memory_budget_gb}; give a positive number of GB (1e9 bytes)")
     if not 0.0 <= safety_margin < 1.0:
@@ -295,7 +277,8 @@ def recommend(
     left_out = pd.concat([fits[~fits["trial_id"].isin(stable["trial_id"])], diverging]).drop_duplicates("trial_id")
     pool_name, off_frontier = "frontier configuration", False
     qualifying = _stable(_fits(ok[ok["eligible"]], usable), limit)
-    siblings = qualifying[~qualifying["trial_id"].isin(stable["trial_id"]) & sharing_measurement(qualifying, stable)]
+    siblings = qualifying[~qualifying["trial_id"].isin(stable["trial_id"])
+                          & (sharing_measurement(qualifying, stable) | indistinguishable(qualifying, stable))]
     if not stable.empty and not siblings.empty:  # off the frontier only by a loss std: not evidence
         stable, pool_name = pd.concat([stable, siblings]), "configuration on the frontier or sharing a frontier measurement"
     if stable.empty:
@@ -308,7 +291,7 @@ def recommend(
     if stable.empty:
         return _nothing_fits(analysed, usable, limit, _fits(ok, usable), common)
 
-    ranked = rank_candidates(stable)
+    ranked = rank_candidates(stable, qualifying, objectives)
     winner = ranked.iloc[0]
     second = ranked.iloc[1] if len(ranked) > 1 else None
     # Ties are looked for among every fitting, stable trial: one off the frontier may be off it
@@ -316,7 +299,8 @@ def recommend(
     faster = tied_faster(winner, qualifying)
     reason = _why_it_won(winner, len(ranked), pool_name, memory_budget_gb, usable, safety_margin, limit,
                          tie=not faster.empty, varying=varying)
-    reason += tie_sentence(winner, faster) + exactness_sentence(ranked)
+    reason += time_source_sentence(winner)
+    reason += near_winners_sentence(winner, ranked, qualifying, objectives) + exactness_sentence(ranked)
     reason += shared_measurement_sentence(winner, ranked[sharing_measurement(ranked, winner.to_frame().T)])
     if off_frontier:
         reason += " No frontier configuration qualifies, so the choice falls on a measured one off it."
@@ -347,7 +331,7 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
     if limit is not None:
         conditions.append(f"{have} a loss std within the sweep's normal range (<= {_g(limit, 3)})")
     that = (" that " + " and ".join(conditions)) if conditions else ""
-    spread = (f" ({interval(winner)} over its p10-p90 step times)"
+    spread = (f" ({interval(winner)} over its p10-p90 step times widened for the steps measured)"
               if noise.has_spread(winner.to_frame().T)[0] else "")
     speed = f"{amount(winner['tokens_per_s'])} tokens/s{spread} at {amount(winner['step_time_ms'])} ms per step"
     highest = "the highest throughput within the measurement noise" if tie else "the highest throughput"

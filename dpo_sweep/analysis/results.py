@@ -16,8 +16,8 @@ from dpo_sweep import migrate
 from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError  # standard library only
 from dpo_sweep.config import CHECKPOINT_LEVELS
-from dpo_sweep.records import (RESULTS_COLUMNS, STEPS_COLUMNS, StepRecord, TrialResult, damaged_text,
-                               read_csv_table)
+from dpo_sweep.records import (RESULTS_COLUMNS, STEPS_COLUMNS, StepRecord, TrialResult)
+from dpo_sweep.csv_table import damaged_text, read_csv_table
 from dpo_sweep.files import read_text
 from dpo_sweep.text import excerpt, shown
 from dpo_sweep.results_dir import ResultsDir
@@ -31,7 +31,8 @@ ANALYSIS_REQUIRED_COLUMNS: tuple[str, ...] = (
 _TEXT_COLUMNS = ("trial_id", "status", "model", "checkpoint_level", "error", "mem_source",
                  "loss_type", "precision", "reference", "attn_implementation", "device", "stability",
                  "measured_by", "step_time_source", "stability_from",
-                 "stability_precision", "stability_note", "timed_by", "adapter", "optimizer", "trainer")
+                 "stability_precision", "stability_note", "timed_by", "adapter", "optimizer", "trainer",
+                 "parallelism")
 
 
 
@@ -195,7 +196,7 @@ def load_results(out_dir: str | Path) -> "Any":
     if not path.is_file():
         raise UserError(f"{path} not found; run `dpo-sweep run SPACE.yaml --output {out_dir}` "
                           "or `dpo-sweep trial` first")
-    df = _read_csv(path)
+    df = migrate.renamed_results_columns(_read_csv(path))
     missing = [c for c in ANALYSIS_REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise UserError(f"{path} lacks the column(s) {', '.join(missing)}; the {ResultsDir.RESULTS} "

@@ -23,13 +23,14 @@ from typing import Any
 
 import pandas as pd
 
-from dpo_sweep.config import SWEPT_TRAIN_COLUMN, TrainSpec
+from dpo_sweep.config import TrainSpec
+from dpo_sweep.core.dimensions import BY_KEY, KNOBS, LEVER_COLUMNS, RESOURCE_COLUMNS, TRAIN_COLUMNS
 from dpo_sweep.core.status import Status, TimeSource
 from dpo_sweep.records import RESULTS_COLUMNS
 
+#: frontier.md's contract columns: the table's knobs by their labels, then the measurements.
 FRONTIER_HEADER: tuple[str, ...] = (
-    "micro_batch", "checkpoint", "grad_acc", "beta", "peak memory (GB)", "step time (ms)",
-    "tokens/s", "loss std", "on frontier",
+    *(d.label for d in KNOBS), "peak memory (GB)", "step time (ms)", "tokens/s", "loss std", "on frontier",
 )
 #: The loss-std objective's column: pooled over same-maths trials (analysis/noise_floor.py).
 POOLED_COLUMN = "loss_std_pooled"
@@ -37,8 +38,8 @@ POOLED_COLUMN = "loss_std_pooled"
 DERIVED_COLUMNS = (POOLED_COLUMN, "eligible", "throughput_low", "throughput_high", "on_frontier",
                    "frontier_distance", "frontier_rank")
 TRIALS_HEADER: tuple[str, ...] = (
-    "trial", "status", "model", "seq_len", "micro_batch", "checkpoint", "grad_acc", "beta",
-    "effective batch", "adapter", "optimizer", "peak memory (GB)", "predicted peak (GB)", "torch peak alloc (GB)",
+    "trial", "status", BY_KEY["model"].label, "seq_len", *(d.label for d in KNOBS),
+    BY_KEY["effective_batch"].label, *LEVER_COLUMNS, "peak memory (GB)", "predicted peak (GB)", "torch peak alloc (GB)",
     "step time (ms)", "step time p10-p90 (ms)", "tokens/s", "MFU", "loss mean", "loss std", "grad norm",
     "reward accuracy", "frontier rank (distance)", "measured by", "time from", "stability from",
     "error",
@@ -94,8 +95,8 @@ def varying_columns(df: pd.DataFrame) -> list[str]:
     Wherever rows are told apart (frontier.md, the recommendation) these are named too: two
     models, or two learning rates, at one micro_batch / checkpoint / grad_acc / beta look
     identical otherwise."""
-    candidates = ([c for c in ("model", "adapter", "optimizer") if c in df.columns] + train_setting_columns(df)
-                  + swept_train_columns(df))
+    candidates = ([c for c in ("model", *RESOURCE_COLUMNS, *LEVER_COLUMNS) if c in df.columns]
+                  + train_setting_columns(df) + swept_train_columns(df))
     return [c for c in candidates if df[c].astype(str).nunique() > 1]
 
 
@@ -104,8 +105,8 @@ def train_setting_columns(df: pd.DataFrame) -> list[str]:
     ``attn_implementation``, ...), besides the levers and :data:`_SETTING_COLUMNS`: a sweep over
     such a field shows it wherever the swept fields show, with no list to keep up to date."""
     fields = set(TrainSpec.model_fields)
-    return [c for c in df.columns if c in RESULTS_COLUMNS and c not in ("adapter", "optimizer", *_SETTING_COLUMNS)
-            and (SWEPT_TRAIN_COLUMN.get(c) == c or (c in fields and c not in SWEPT_TRAIN_COLUMN))]
+    return [c for c in df.columns if c in RESULTS_COLUMNS and c not in (*LEVER_COLUMNS, *_SETTING_COLUMNS)
+            and (TRAIN_COLUMNS.get(c) == c or (c in fields and c not in TRAIN_COLUMNS))]
 
 
 def named_settings(rec: Any) -> list[str]:
@@ -121,14 +122,15 @@ def swept_columns(df: pd.DataFrame, levers: bool = False) -> list[str]:
     columns named after a train field that the fixed schema lacks), after the setting columns
     (loss_type, precision, reference) in which the trials differ; with ``levers``, the adapter and
     optimizer too when they differ (the frontier's table; the all-trials table has them always)."""
-    settings = ("model", *(("adapter", "optimizer") if levers else ()), *_SETTING_COLUMNS, *train_setting_columns(df))
+    settings = ("model", *RESOURCE_COLUMNS, *(LEVER_COLUMNS if levers else ()), *_SETTING_COLUMNS,
+                *train_setting_columns(df))
     varying = [c for c in settings if c in df and df[c].dropna().astype(str).nunique() > 1]
     return varying + swept_train_fields(df.columns)
 
 
 def swept_train_fields(columns: Any) -> list[str]:
     """The columns among ``columns`` that a swept train field adds to results.csv (``lr``, ``seed``)."""
-    names = set(TrainSpec.model_fields) | set(SWEPT_TRAIN_COLUMN.values())
+    names = set(TrainSpec.model_fields) | set(TRAIN_COLUMNS.values())
     return [c for c in columns if c not in RESULTS_COLUMNS and c in names]
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 from dpo_sweep.core import trial_facts
 from dpo_sweep.analysis.tables import fmt_beta, fmt_float, fmt_int, fmt_sig, is_finite, swept_train_columns, to_markdown
 from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.core.dimensions import CARRIED_TRAIN_FIELDS, CONFIG_COLUMNS, TRAIN_COLUMNS
 from dpo_sweep.core.levels import Level
 from dpo_sweep.core.status import Status
 
@@ -22,8 +23,7 @@ if TYPE_CHECKING:
     from dpo_sweep.plan.shape import ModelShape
 
 #: Columns that say which configuration a row is, besides the trainer.
-_SAME = ("model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta", "num_workers", "adapter",
-         "optimizer", "loss_type", "precision", "reference")
+_SAME = (*CONFIG_COLUMNS, *(TRAIN_COLUMNS[f] for f in CARRIED_TRAIN_FIELDS if f != "trainer"))
 
 
 def trainer_of(row: pd.Series) -> str:
@@ -31,15 +31,17 @@ def trainer_of(row: pd.Series) -> str:
     return str(row.get("trainer") or "native")
 
 
-def twin(analysed: pd.DataFrame, row: pd.Series) -> pd.Series | None:
-    """The row of ``row``'s configuration under the other trainer; None when the sweep has none."""
+def twin(analysed: pd.DataFrame, row: pd.Series, level: str | None = None) -> pd.Series | None:
+    """The row of ``row``'s configuration under the other trainer (at checkpoint ``level`` where
+    given, else ``row``'s); None when the sweep has none."""
     if "trainer" not in analysed:
         return None
     other = "trl" if trainer_of(row) == "native" else "native"
     same = analysed["trainer"].fillna("").replace("", "native") == other
+    wanted = {"checkpoint_level": level} if level is not None else {}
     for column in (*_SAME, *(c for c in swept_train_columns(analysed) if c != "trainer")):
         if column in analysed:
-            same &= analysed[column].astype(str) == str(row.get(column))
+            same &= analysed[column].astype(str) == str(wanted.get(column, row.get(column)))
     found = analysed[same]
     return found.iloc[0] if len(found) else None
 
@@ -79,17 +81,23 @@ def switch(analysed: pd.DataFrame, row: pd.Series, predicted_other_gb: float | N
     "peak_mem_gb", "tokens_per_s", "source"}`` with ``source`` ``measured`` (the sweep's row) or
     ``predicted`` (``predicted_other_gb``, the memory model's; no throughput) or ``none``."""
     other = "trl" if trainer_of(row) == "native" else "native"
+    own_level = str(row.get("checkpoint_level"))
+    level = nearest_level(own_level, other)
     found = twin(analysed, row)
+    if found is None and level != own_level:  # a level TRL cannot run: its nearest, where measured
+        found = twin(analysed, row, level)
+    at = {"checkpoint_level": str(found["checkpoint_level"])} if found is not None and str(
+        found.get("checkpoint_level")) != own_level else {}
     if found is not None and str(found.get("status")) == Status.OK:
         return {"trainer": other, "trial_id": str(found["trial_id"]), "status": Status.OK, "source": "measured",
-                "peak_mem_gb": float(found["peak_mem_gb"]), "tokens_per_s": float(found["tokens_per_s"])}
+                "peak_mem_gb": float(found["peak_mem_gb"]), "tokens_per_s": float(found["tokens_per_s"]), **at}
     if found is not None:
         return {"trainer": other, "trial_id": str(found["trial_id"]), "status": str(found.get("status")),
-                "source": "measured", "peak_mem_gb": _float(found.get("peak_mem_gb")), "tokens_per_s": None}
+                "source": "measured", "peak_mem_gb": _float(found.get("peak_mem_gb")), "tokens_per_s": None, **at}
     if predicted_other_gb is not None and math.isfinite(predicted_other_gb):
         return {"trainer": other, "trial_id": None, "status": None, "source": "predicted",
                 "peak_mem_gb": predicted_other_gb, "tokens_per_s": None,
-                "checkpoint_level": nearest_level(str(row.get("checkpoint_level")), other)}
+                "checkpoint_level": level}
     return {"trainer": other, "trial_id": None, "status": None, "source": "none", "peak_mem_gb": None,
             "tokens_per_s": None}
 
@@ -113,15 +121,16 @@ def switch_text(row: pd.Series, moved: dict[str, Any]) -> str:
     mem, rate = float(row["peak_mem_gb"]), float(row["tokens_per_s"])
     if moved["source"] == "none":
         return f"{head}; the sweep has no {other} row of this configuration (search: {{trainer: [native, trl]}} adds one)."
+    level = moved.get("checkpoint_level")
+    at = f" at checkpoint level {level}, its nearest," if level and level != str(row.get("checkpoint_level")) else ""
     if moved["source"] == "predicted":
-        level = moved.get("checkpoint_level")
-        at = f" at checkpoint level {level}, its nearest," if level and level != str(row.get("checkpoint_level")) else ""
         return (f"{head}; with the {other} trainer{at} it is predicted to peak at {moved['peak_mem_gb']:.2f} GB "
                 f"({moved['peak_mem_gb'] - mem:+.2f} GB; predicted by the memory model, not measured: "
                 "search: {trainer: [native, trl]} measures it).")
+    near = f", at checkpoint level {level}, its nearest" if at else ""
     if moved["status"] != Status.OK:
-        return f"{head}; with the {other} trainer ({moved['trial_id']}) it ended {moved['status']}."
-    return (f"{head}; with the {other} trainer ({moved['trial_id']}, measured) it peaks at "
+        return f"{head}; with the {other} trainer ({moved['trial_id']}{near}) it ended {moved['status']}."
+    return (f"{head}; with the {other} trainer ({moved['trial_id']}, measured{near}) it peaks at "
             f"{moved['peak_mem_gb']:.2f} GB ({moved['peak_mem_gb'] - mem:+.2f} GB) at {fmt_sig(moved['tokens_per_s'], 4)} "
             f"tokens/s ({moved['tokens_per_s'] / rate:.2f}x).")
 

@@ -22,12 +22,18 @@ from dpo_sweep.analysis.recommend import DEFAULT_SAFETY_MARGIN, Recommendation, 
 from dpo_sweep.cards import Card
 from dpo_sweep.config import ModelSpec, ObjectivesSpec, ResourcesSpec
 from dpo_sweep.files import write_text_atomic
+from dpo_sweep.report import headline
+from dpo_sweep.report.headline import Banner
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.space import SweepSpace
 from dpo_sweep.trl_fields import TrlFields
 
 if TYPE_CHECKING:
     from dpo_sweep.plan.shape import ModelShape
+
+#: Banners the console says in incomplete_line's one line instead.
+CONSOLE_UNFINISHED = ("incomplete", "pending")
+
 
 @dataclass(frozen=True)
 class AnalysisOutcome:
@@ -117,7 +123,8 @@ def analyse(
     """Frontier and recommendation for a loaded results frame (no I/O)."""
     objs = pareto.objectives_from_spec(objectives)
     analysed = pareto.analyse_frontier(df, objs)
-    rec = recommend(analysed, memory_budget_gb, safety_margin=safety_margin, budget_source=budget_source)
+    rec = recommend(analysed, memory_budget_gb, safety_margin=safety_margin, budget_source=budget_source,
+                    objectives=objs)
     return analysed, rec, objs
 
 
@@ -169,8 +176,9 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
     frontier_path = files.frontier
     floor = noise_floor.noise_floor_markdown(noise_floor.noise_floor(analysed, steps))
     pairs = trainer_switch.pairs_markdown(analysed)
+    skipped = state.skipped_markdown()
     write_text_atomic(frontier_path, _frontier_document(table, objs, rec, analysed) + (f"\n{floor}" if floor else "")
-                      + (f"\n{pairs}" if pairs else ""))
+                      + (f"\n{pairs}" if pairs else "") + (f"\n{skipped}" if skipped else ""))
     rec_json = rec.to_json_dict()
     rec_json["trl"] = winner.trl_json()
     datasets = load_data_json(out_dir)
@@ -186,7 +194,8 @@ def analyse_dir(out_dir: str | Path, memory_budget_gb: float | None = None,
                                                                  forecast=forecast_lines))
     winner_text = format_winner(winner, recommended_path)
     return AnalysisOutcome(table, report_path, frontier_path, rec_path, rec_json, analysed, objs,
-                           format_recommendation(rec) + winner_text, recommended_path, winner_text,
+                           format_recommendation(rec, report.bullets, report.banners) + winner_text,
+                           recommended_path, winner_text,
                            "\n".join(forecast_lines), state)
 
 
@@ -241,9 +250,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     for note in objective_notes(outcome.objectives):
         print(note)
     print(outcome.frontier_markdown)
-    print(outcome.recommendation["reason"])
-    if outcome.winner_text:
-        print(outcome.winner_text.lstrip("\n"))
+    print(outcome.recommendation_text)
     print(outcome.forecast_text)
     if line := incomplete_line(outcome.completeness):
         print(line)
@@ -267,7 +274,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     written = winner_mod.write_winner(out_dir, winner) if getattr(args, "write", False) else None
     margin = "" if args.safety_margin is None else f" --safety-margin {args.safety_margin:g}"
     command = f"dpo-sweep recommend {out_dir} --memory-budget-gb {args.memory_budget_gb:g}{margin} --write"
-    print(format_recommendation(rec) + format_winner(winner, written, command))
+    card = headline.headline_bullets(analysed, rec), headline.banners(analysed, rec, state)
+    print(format_recommendation(rec, *card) + format_winner(winner, written, command))
     if line := incomplete_line(state):
         print(line)
     return 0
@@ -284,8 +292,10 @@ def incomplete_line(state: Completeness) -> str:
             "still_to_run); `dpo-sweep run SPACE --output DIR --resume` continues it")
 
 
-def format_recommendation(rec: Recommendation) -> str:
-    """The terminal answer: the configuration on the first lines, then the reason."""
+def format_recommendation(rec: Recommendation, bullets: Sequence[str] = (), banners: Sequence[Banner] = ()) -> str:
+    """The terminal answer: the configuration on the first lines, then the report's headline card
+    (``bullets``) and its warnings (``banners``; the unfinished sweep's are incomplete_line's), and
+    where the full reason is; without bullets (nothing recommended), the reason itself."""
     if rec.trial_id is None:
         head = "recommended: none (nothing fits)"
     else:
@@ -302,7 +312,11 @@ def format_recommendation(rec: Recommendation) -> str:
         head += (f"\n  budget {rec.memory_budget_gb:.2f} GB ({rec.budget_source}), usable "
                  f"{rec.usable_memory_gb:.2f} GB after a {100 * rec.safety_margin:g}% safety margin; "
                  "GB = 1e9 bytes")
-    return head + "\n" + rec.reason
+    if not bullets:
+        return head + "\n" + rec.reason
+    warnings = [f"warning: {b.text}" for b in banners if b.kind not in CONSOLE_UNFINISHED]
+    return "\n".join([head, *(f"  - {b}" for b in bullets), *warnings,
+                      f"  why, in full: {ResultsDir.RECOMMENDATION}'s reason (and {ResultsDir.REPORT})"])
 
 
 def epochs_of(args: argparse.Namespace) -> float:

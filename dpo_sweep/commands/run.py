@@ -19,7 +19,8 @@ A command, the top layer: it imports the sweep's producers and, at its end, the 
 (:mod:`~dpo_sweep.commands.report`, what ``dpo-sweep report`` does).
 
 Exit codes: 0 the sweep finished (OOM and diverged trials are results), 1 infrastructure
-failure (Ray could not start, Tune failed, a trial process died) or the first trials all failed
+failure (Ray could not start, Tune failed, a trial timed out or its process died: the last line
+says how many), the final analysis failed (its stale files removed) or the first trials all failed
 the same way before their first step, 2 bad input, 130 Ctrl-C (finished rows kept).
 """
 from __future__ import annotations
@@ -36,6 +37,7 @@ import ray
 import yaml
 
 from dpo_sweep import preflight
+from dpo_sweep.core import trial_facts
 from dpo_sweep.core.lengths import write_data_json
 from dpo_sweep import space as space_mod
 from dpo_sweep.errors import UserError, os_error_line
@@ -106,9 +108,14 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
               f"Once fixed: dpo-sweep report {out_dir}", file=sys.stderr)
         return 1
     except Exception as err:  # noqa: BLE001 - the sweep's results are safe on disk either way
-        out(f"note: analysis failed ({type(err).__name__}: {excerpt(str(err), 300)}); results are in {out_dir}/, "
-            f"retry with `dpo-sweep report {out_dir}`")
-        return 0
+        stale = [p.name for p in ResultsDir(out_dir).analysis_files if p.is_file()]
+        for path in ResultsDir(out_dir).analysis_files:
+            path.unlink(missing_ok=True)  # they described earlier rows: no reader may take them for these
+        cause = excerpt(" ".join(str(err).split()), 300)
+        print(f"error: the analysis failed ({type(err).__name__}: {cause}); the rows are in {out_dir}/"
+              + (f", the earlier {', '.join(stale)} removed" if stale else "")
+              + f". Once fixed: dpo-sweep report {out_dir}", file=sys.stderr)
+        return 1
     out("")
     out(str(analysis.frontier_markdown).rstrip())
     out("")
@@ -144,6 +151,21 @@ def _space_record(args: argparse.Namespace, sp: space_mod.Space) -> str | None:
         return None
     sets = " ".join(f"--set {shlex.quote(item)}" for item in args.overrides)
     return f"# {args.space} with {sets}\n" + yaml.safe_dump(sp.raw, sort_keys=False)
+
+
+def simulation_decided(trials: Sequence[TrialConfig], cluster: dict, slots: TrialSlots) -> list[TrialConfig]:
+    """``trials`` with ``resources.simulate_ranks: auto`` decided for the connected cluster
+    (core/trial_facts.resolve_simulation), said in the console where it simulates."""
+    gpus = float(cluster.get("GPU", 0))
+    decided = [trial_facts.resolve_simulation(t, gpus, slots.use_gpu) for t in trials]
+    chose = sorted({t.resources.workers_per_trial for t, was in zip(decided, trials)
+                    if trial_facts.ranks_simulated(t) and was.resources.simulate_ranks == "auto"})
+    if chose:
+        say(f"resources.simulate_ranks auto: the cluster has {gpus:g} GPU(s), fewer than trials of "
+            f"{', '.join(map(str, chose))} workers ask for: those run as rank 0 alone on one GPU through the fake "
+            "process group (ranks_simulated; per-GPU peaks measured, step time modelled); "
+            "--simulate-ranks false refuses instead")
+    return decided
 
 
 def _timeout_floor(args: argparse.Namespace) -> float:
@@ -239,8 +261,10 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
 
 def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, out_dir: Path) -> int:
     total = len(sp.trials)
+    for point in sp.skipped:  # the points no trial runs for, each with its reason (validate lists them too)
+        print(point.line())
     # Exit 2 before anything starts when the space changes what the folder's rows measured.
-    renamed = match_rows(out_dir, sp).renamed if args.resume else {}
+    renamed = match_rows(out_dir, sp, bool(getattr(args, "accept_rows", False))).renamed if args.resume else {}
     # A resumed sweep with every row written starts no Ray (a look only: prepare_output decides).
     nothing_to_run = (bool(args.resume) and renamed_ids(finished_trial_ids(out_dir), renamed)
                       >= {t.trial_id for t in sp.trials})
@@ -260,6 +284,7 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
                     conn = connect_ray(args.address, dashboard=not args.no_dashboard, train=train)
                     signals.take_stop_signals()  # back from Ray's driver
                     slots = trial_slots(sp, ray.cluster_resources(), args.max_concurrent)
+                    planned = simulation_decided(planned, ray.cluster_resources(), slots)
                     pool = start_warm_workers(planned, slots)
                 except Exception:
                     pending.result()  # a refusal of the input comes first
@@ -276,7 +301,9 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         print_dashboard(conn, say)
         # The plan's memory model takes the data's lengths and the models' shapes as the
         # preflight's process measured and built them: this process builds no model.
-        slots = slots or trial_slots(sp, ray.cluster_resources(), args.max_concurrent)
+        if slots is None:
+            slots = trial_slots(sp, ray.cluster_resources(), args.max_concurrent)
+            planned = simulation_decided(planned, ray.cluster_resources(), slots)
         summary = run_sweep(sp, out_dir, trials=planned, slots=slots, done_ids=done_ids,
                             full_grid=bool(getattr(args, "full_grid", False)),
                             lengths=checked.lengths, shapes=checked.shapes, pool=pool,
@@ -297,10 +324,21 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
     say(f"sweep finished: {summary.ran} configuration(s) in {summary.ray_trials} Ray trial(s), "
         f"{summary.skipped} skipped; results in {files.results}, worker output in {files.logs}/")
     analysed = _analyse(out_dir, args, say, sp.spec, checked)
-    if summary.crashed:
-        print(f"error: {len(summary.crashed)} trial process(es) died (not OOM or divergence: an "
-              f"infrastructure failure): {', '.join(summary.crashed)}; their rows are marked "
-              f"infrastructure_failure and --resume runs them again: "
-              f"{_stopping().resume_command(args.space, str(out_dir), args.overrides)}", file=sys.stderr)
+    if summary.crashed or summary.timed_out:
+        print(lost_line(summary, _stopping().resume_command(args.space, str(out_dir), args.overrides)),
+              file=sys.stderr)
         return 1
     return analysed
+
+
+def lost_line(summary: SweepSummary, resume: str) -> str:
+    """The last line of a sweep some of whose trials have no result: how many timed out, how many
+    processes died, which, and the command that runs them again."""
+    lost = [*summary.timed_out, *summary.crashed]
+    causes = [f"{n} {what}" for n, what in ((len(summary.timed_out), "timed out (past --trial-timeout-s or "
+                                            "4x the estimate of the trial)"),
+                                           (len(summary.crashed), "died (a trial process lost: not OOM or "
+                                            "divergence)")) if n]
+    return (f"error: the sweep finished without a result for {len(lost)} of its {summary.ran} trial(s): "
+            f"{' and '.join(causes)}: {excerpt(', '.join(lost), 200)}; their rows are marked "
+            f"infrastructure_failure and --resume runs them again: {resume}")

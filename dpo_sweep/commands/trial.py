@@ -3,6 +3,10 @@
 Run from a sweep's folder (``dpo-sweep trial recommended.yaml`` there, as the report says), it
 writes beside the space file, not under a ``reports/`` of that folder, and prints the sweep's own
 numbers for the same configuration (from that folder's results.csv) next to its own.
+
+A results folder has one writer: ``trial`` holds the folder's lock (:mod:`~dpo_sweep.sweep.folder_lock`)
+on its ``--output`` while it checks, trains and writes, and refuses (exit 2) an ``--output`` that
+holds a sweep's rows, which its results.csv and steps.csv would replace.
 """
 from __future__ import annotations
 
@@ -16,9 +20,13 @@ from typing import Any
 from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core import trial_facts
+from dpo_sweep.core.dimensions import RESOURCE_COLUMNS
 from dpo_sweep.core.status import Status
-from dpo_sweep.records import TrialResult, write_results, write_steps
+from dpo_sweep.errors import UserError
+from dpo_sweep.records import TrialResult, read_csv_rows, write_results, write_steps
 from dpo_sweep.results_dir import ResultsDir
+from dpo_sweep.sweep.folder_lock import FolderLock
 
 #: The sweep's columns a trial's own figures are put beside: (column, label, format).
 _COMPARED = (("peak_mem_gb", "peak memory", "{:.3f} GB"), ("step_time_ms", "step time", "{:,.0f} ms"),
@@ -34,6 +42,19 @@ def default_output(space_path: Path, name: str) -> Path:
     return Path("reports") / f"{name}-trial"
 
 
+def refuse_a_sweeps_folder(out: Path, name: str) -> None:
+    """UserError (exit 2) when ``out`` holds a sweep's rows: its space.yaml or logs/ beside a
+    results.csv with rows, or more rows than one trial writes."""
+    files = ResultsDir(out)
+    rows = read_csv_rows(files.results)
+    if rows and (len(rows) > 1 or files.space.is_file() or files.logs.is_dir()):
+        raise UserError(
+            f"--output {out} holds a sweep's rows ({len(rows)} in {files.results}), which this trial's "
+            f"{ResultsDir.RESULTS} and {ResultsDir.STEPS} would replace; give another --output, "
+            f"e.g. --output {out / f'{name}-trial'} "
+            "(without --output, a trial of a space file in a sweep's folder writes to such a sub-folder)")
+
+
 def _same(value: str, wanted: Any) -> bool:
     try:
         return math.isclose(float(value), float(wanted), rel_tol=1e-9)
@@ -47,7 +68,8 @@ def sweep_row(space_path: Path, cfg: TrialConfig) -> dict[str, str] | None:
     results = ResultsDir(space_path.resolve().parent).results
     if not results.is_file():
         return None
-    wanted = {**{k: v for k, v in cfg.knobs().items() if k not in ("num_workers", "effective_batch")},
+    # The resources and effective_batch follow the sweep folder's space (rows of before them lack them).
+    wanted = {**{k: v for k, v in cfg.knobs().items() if k not in (*RESOURCE_COLUMNS, "effective_batch")},
               **cfg.swept_columns(), "adapter": cfg.train.adapter, "optimizer": cfg.train.optimizer}
     defaults = {"adapter": "full", "optimizer": "adamw"}
     with results.open(newline="", encoding="utf-8") as fh:
@@ -75,8 +97,20 @@ def comparison_lines(row: dict[str, str], r: TrialResult) -> list[str]:
 
 def cmd_trial(args: argparse.Namespace) -> int:
     sp = space_mod.load(args.space, args.overrides)
-    cfg = sp.trials[0]
+    # One process is one rank: a trial of several workers runs simulated here unless told otherwise.
+    cfg = trial_facts.resolve_simulation(sp.trials[0], cluster_gpus=1, use_gpu=True)
+    if trial_facts.ranks_simulated(cfg) and sp.trials[0].resources.simulate_ranks == "auto":
+        print(f"resources.simulate_ranks auto: this process is one device, so the trial's "
+              f"{cfg.resources.workers_per_trial} workers run as rank 0 alone through the fake process group "
+              "(ranks_simulated; its step time modelled)", flush=True)
     out = Path(args.output) if args.output else default_output(Path(args.space), sp.name)
+    preflight.check_output_dir(out)  # a file given as the folder: said before the lock makes it
+    with FolderLock(out):  # exit 2 while a sweep (or another trial) writes there
+        refuse_a_sweeps_folder(out, sp.name)
+        return _trial(args, cfg, out)
+
+
+def _trial(args: argparse.Namespace, cfg: TrialConfig, out: Path) -> int:
     preflight.check_trial(cfg, out)  # before the training, so that its result cannot be lost
     knobs = ", ".join(f"{k}={v}" for k, v in {**cfg.knobs(), **cfg.swept_columns()}.items())
     print(f"trial {cfg.trial_id}: {knobs}", flush=True)

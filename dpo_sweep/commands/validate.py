@@ -8,6 +8,7 @@ import argparse
 from dpo_sweep import preflight
 from dpo_sweep import space as space_mod
 from dpo_sweep.core.budget import DEFAULT_SAFETY_MARGIN
+from dpo_sweep.core.dimensions import CONFIG_COLUMNS, RESOURCE_COLUMNS
 from dpo_sweep.errors import UserError
 
 
@@ -15,7 +16,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """``dpo-sweep validate SPACE.yaml [--set KEY=VALUE ...] [--gpu NAME[,NAME...]]``: see the module doc."""
     sp = space_mod.load(args.space, args.overrides)
     data = preflight.check_inputs(sp.trials, levers=False)  # the data, model and tokenizer too, not only the file
-    print(f"{args.space}: valid, {len(sp.trials)} trial(s)")
+    print(f"{args.space}: valid, {len(sp.trials)} trial(s)" + (f", {len(sp.skipped)} point(s) skipped" if sp.skipped else ""))
+    for point in sp.skipped:
+        print(point.line())
     for note in preflight.lever_notes(sp.trials):
         print(note)
     for summary in data:
@@ -29,11 +32,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from dpo_sweep.plan.memory import predicted_peak_label
 
     lengths = preflight.lengths_by_trial(sp.trials, data)  # the worst micro-batch of each trial's own data
-    header = ["trial_id", "model", "seq_len", "micro_batch", "checkpoint_level", "grad_acc", "beta",
-              "effective_batch", "loss", "precision", "predicted peak (GB)", "plan"]
+    # The configuration's columns (the resources where the trials differ in them), then the plan's.
+    columns = [c for c in (*CONFIG_COLUMNS, "effective_batch")
+               if c not in RESOURCE_COLUMNS or len({t.knobs()[c] for t in sp.trials}) > 1]
+    header = ["trial_id", *columns, "loss", "precision", "predicted peak (GB)", "plan"]
     # The budget here: resources.gpu_memory_gb (no card is asked); the lengths as `run` plans with.
     plan = plan_labels(sp.trials, lengths=lengths)
-    rows = [[t.trial_id, *[str(t.knobs()[k]) for k in header[1:8]], t.train.loss, t.train.precision,
+    rows = [[t.trial_id, *[str(t.knobs()[k]) for k in columns], t.train.loss, t.train.precision,
              predicted_peak_label(t, lengths[t.trial_id]), plan[t.trial_id]] for t in sp.trials]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
@@ -46,5 +51,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
         fits = FitPlanner(predictor(lengths), margin)
         for card in args.gpu:
             print()
-            print(fit_text(card, sp.trials, fits.table(sp.trials, card), margin))
+            fewest = [fits.fewest_cards(t, card) for t in sp.trials]
+            print(fit_text(card, sp.trials, fits.table(sp.trials, card), margin, fewest))
     return 0

@@ -37,39 +37,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from dpo_sweep.core.levels import Level
-
-# Dense (no 2:4 sparsity) bf16 tensor-core peak, FLOP/s, per GPU. Patterns are matched against
-# the upper-cased device name with '-'/'_' turned into spaces (torch.cuda.get_device_name gives
-# e.g. "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090"). The more
-# specific variant of a family comes first.
-_PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    (r"\bGH200\b", 989e12),
-    (r"\bH200\b.*\bNVL\b", 836e12),
-    # H200 SXM: the datasheet says 989e12 (same compute as H100 SXM); this is the sustained bf16
-    # matmul throughput of large square GEMMs measured on the card instead, so MFU is relative to
-    # what the card reaches (`mfu` in docs/results.md#metrics-and-results).
-    (r"\bH200\b", 790e12),
-    (r"\bH100\b.*\bNVL\b", 835e12),
-    (r"\bH100\b.*\bPCIE\b", 756e12),
-    (r"\bH100\b", 989e12),  # SXM5 / "80GB HBM3"
-    (r"\bH800\b", 989e12),
-    (r"\bB200\b", 2250e12),
-    (r"\bA100\b", 312e12),
-    (r"\bA800\b", 312e12),
-    (r"\bA10G\b", 70e12),  # AWS variant of the A10, lower clocks
-    (r"\bA10\b", 125e12),
-    (r"\bL40S\b", 362e12),
-    (r"\bL40\b", 181e12),
-    (r"\bL4\b", 121e12),
-    (r"\bRTX A6000\b", 155e12),
-    (r"\bRTX 4090\b", 165e12),  # fp32 accumulate (the rate torch's bf16 matmuls use)
-    (r"\bRTX 3090\b", 71e12),
-)
 
 
 @dataclass(frozen=True)
@@ -210,28 +181,15 @@ def dpo_step_flops(*, shape: DecoderShape, counts: TokenCounts, level: str, refe
                                  frozen_base=frozen_base) + reference_forward
 
 
-def _normalise_gpu_name(gpu_name: str) -> str:
-    return " ".join(re.sub(r"[-_]", " ", gpu_name.upper()).split())
+def mfu(step_flops: float, step_time_s: float, peak_flops: float | None, n_gpus: int = 1) -> float:
+    """Model FLOPs utilisation: ``step_flops / (step_time_s * peak_flops * n_gpus)``.
 
-
-def peak_bf16_flops(gpu_name: str) -> float | None:
-    """Dense bf16 peak FLOP/s of one GPU of this name; None when the GPU is not in the table."""
-    name = _normalise_gpu_name(gpu_name)
-    for pattern, flops in _PEAK_BF16_FLOPS:
-        if re.search(pattern, name):
-            return flops
-    return None
-
-
-def mfu(step_flops: float, step_time_s: float, gpu_name: str | None, n_gpus: int = 1) -> float:
-    """Model FLOPs utilisation: ``step_flops / (step_time_s * peak * n_gpus)``.
-
-    ``step_flops`` is the whole step's work over all ``n_gpus``. nan when the GPU is unknown (or
-    None, i.e. CPU) or the time is not a positive number.
+    ``step_flops`` is the whole step's work over all ``n_gpus``; ``peak_flops`` one GPU's rate
+    (dpo_sweep/cards.py: ``mfu_peak_flops``, the catalog's one home for GPU rates). nan when the
+    rate is unknown (None: the CPU, a device the catalog lacks) or the time is not a positive number.
     """
     if n_gpus < 1:
         raise ValueError(f"n_gpus must be >= 1, got {n_gpus}")
-    peak = peak_bf16_flops(gpu_name) if gpu_name else None
-    if peak is None or not (step_time_s > 0 and math.isfinite(step_time_s)):
+    if peak_flops is None or not (step_time_s > 0 and math.isfinite(step_time_s)):
         return math.nan
-    return step_flops / (step_time_s * peak * n_gpus)
+    return step_flops / (step_time_s * peak_flops * n_gpus)

@@ -68,3 +68,13 @@ class Level(TextEnum):
         whole decoder layers or nothing, so a selective level becomes ``full`` (the nearest: more
         recompute, less memory)."""
         return self if self in (Level.NONE, Level.FULL) else Level.FULL
+
+
+#: Levels that are refused at validation, with the reason shown to the user (not members of Level).
+REFUSED_LEVELS: dict[str, str] = {
+    "L4": (
+        "L4 is refused: checkpointing inside RMSNorm/LayerNorm or softmax splits a numerically "
+        "sensitive reduction across the recompute boundary and saves almost nothing (the norm's "
+        "input is kept anyway); use L3 or full instead"
+    ),
+}

@@ -22,6 +22,13 @@ compare throughputs as intervals, built from the spread each trial measured:
   tends to 1; the widened interval then holds the next step 80% of the time at every ``n``. A row
   without ``measured_steps`` (written before it, or hand-made) is not widened.
 * **Indistinguishable** (a tie): the two intervals overlap (touching counts).
+* **Memory floor**: a peak memory is known only to what its reader resolves, so each row's peak
+  is the interval ``peak_mem_gb +- floor / 2``, the floor by the row's ``mem_source``
+  (:data:`MEMORY_FLOOR_GB`): ``rss`` (a CPU trial: the process's resident set, which moves with
+  what the allocator keeps and the pages the worker touches, not only with the configuration)
+  and ``nvml`` (a GPU: the device-used memory moves in the caching allocator's 20 MiB segments).
+  Two peaks closer than the floor are a tie, as two overlapping throughput intervals are. A row
+  without ``mem_source`` (written before it, or hand-made) is compared exactly.
 * **No spread** (no ``step_time_p10_ms`` or ``step_time_p90_ms``, as in a results.csv written
   before they existed, or p10 == p90, as with one measured step): the interval is the single
   value ``[tokens_per_s, tokens_per_s]``, i.e. that row's throughput is compared exactly.
@@ -40,6 +47,11 @@ import pandas as pd
 
 #: Columns the spread is read from (results.csv).
 SPREAD_COLUMNS: tuple[str, ...] = ("step_time_p10_ms", "step_time_p90_ms")
+#: What a peak-memory reader resolves, by results.csv's ``mem_source`` (module doc). ``rss``:
+#: twice the widest spread of identical quickstart trials, rounded up (benchmarks/README.md,
+#: "Memory floor"); ``nvml``: the PyTorch caching allocator's large segment, 20 MiB.
+MEMORY_FLOOR_GB: dict[str, float] = {"rss": 0.02, "nvml": 20 * 2**20 / 1e9}
+
 #: Student's t 90th percentile for 1..30 degrees of freedom (any statistics table).
 _T_90 = (3.078, 1.886, 1.638, 1.533, 1.476, 1.440, 1.415, 1.397, 1.383, 1.372, 1.363, 1.356, 1.350, 1.345,
          1.341, 1.337, 1.333, 1.330, 1.328, 1.325, 1.323, 1.321, 1.319, 1.318, 1.316, 1.315, 1.314, 1.313,
@@ -119,3 +131,16 @@ def overlaps(low_a: np.ndarray | float, high_a: np.ndarray | float,
     """True where interval a and interval b overlap (indistinguishable); False with a NaN."""
     with np.errstate(invalid="ignore"):
         return np.asarray((np.asarray(low_a) <= high_b) & (np.asarray(low_b) <= high_a))
+
+
+def memory_floor_gb(df: pd.DataFrame) -> np.ndarray:
+    """Each row's memory floor in GB (:data:`MEMORY_FLOOR_GB` by ``mem_source``; 0: unknown)."""
+    if "mem_source" not in df.columns:
+        return np.zeros(len(df))
+    return np.array([MEMORY_FLOOR_GB.get(str(s), 0.0) for s in df["mem_source"]], dtype=float)
+
+
+def memory_interval(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) peak GB per row: ``peak_mem_gb +- floor / 2`` (module doc); NaN where it is NaN."""
+    peak, half = _column(df, "peak_mem_gb"), memory_floor_gb(df) / 2
+    return peak - half, peak + half

@@ -36,6 +36,10 @@ class Status(TextEnum):
     #: ended; like an ``error`` row lost to the machine (``infrastructure_failure``), --resume runs
     #: it again.
     TIMEOUT = "timeout"
+    #: An early-stopping scheduler (search.scheduler: Ray Tune's ASHA) ended its learning trial at a
+    #: rung, its held-out metric below the rung's cut: ``stopped_step`` says where. A result, kept
+    #: by --resume.
+    STOPPED = "stopped"
 
 
 class TimeSource(TextEnum):
@@ -45,3 +49,6 @@ class TimeSource(TextEnum):
     MEASURED = "measured"          # its own steps at its own grad_acc
     EXTRAPOLATED = "extrapolated"  # t_opt + grad_acc x t_micro of a shorter accumulation (plan/extrapolate.py)
     RUNOFF = "runoff"              # a runoff trial timed it in full at its grad_acc (plan/runoff.py)
+    #: Simulated ranks (resources.simulate_ranks): one rank's compute time plus the step's
+    #: communication over the card's interconnect (core/comms.py), not a time any cluster ran.
+    MODELLED = "modelled"

@@ -12,6 +12,7 @@ Standard library only: the sweep's driver plans without importing torch.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import TYPE_CHECKING, Literal
 
@@ -128,6 +129,7 @@ def planned_attention(requested: str) -> str:
 LIGER_ARCHS = ("llama", "qwen2")
 
 
+@functools.cache  # the planner asks once per configuration; the install does not change mid-process
 def liger_installed() -> bool:
     """Whether liger-kernel can be imported here (looked up, not imported)."""
     return importlib.util.find_spec("liger_kernel") is not None
@@ -181,3 +183,28 @@ def refused_attention(level: str, attn_implementation: str) -> str | None:
         "backward would silently recompute them; use model.attn_implementation sdpa, flash_attention_2 or "
         "auto, or checkpoint_level L1 or full"
     )
+
+
+# --- ranks --------------------------------------------------------------------------------------
+
+
+def ranks_simulated(cfg: TrialConfig) -> bool:
+    """Whether ``cfg`` runs as rank 0 alone through the fake process group (train/parallel.py):
+    ``resources.simulate_ranks: true`` (``auto`` as the sweep's driver resolved it:
+    :func:`resolve_simulation`) on a trial of several workers."""
+    return cfg.resources.simulate_ranks is True and cfg.resources.workers_per_trial > 1
+
+
+def processes(cfg: TrialConfig) -> int:
+    """Worker processes (and GPUs) a trial takes: one when its ranks are simulated."""
+    return 1 if ranks_simulated(cfg) else cfg.resources.workers_per_trial
+
+
+def resolve_simulation(cfg: TrialConfig, cluster_gpus: float, use_gpu: bool) -> TrialConfig:
+    """``cfg`` with ``simulate_ranks: auto`` decided for this cluster: simulated where the trial
+    runs on GPUs and asks for more workers than the cluster has GPUs (on CPUs the workers are
+    gloo processes, real at any count)."""
+    if cfg.resources.simulate_ranks != "auto":
+        return cfg
+    simulate = use_gpu and cfg.resources.workers_per_trial > cluster_gpus
+    return cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"simulate_ranks": simulate})})

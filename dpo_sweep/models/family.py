@@ -102,6 +102,7 @@ def input_projections(attn: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in linear_modules(attn) if n.rsplit(".", 1)[-1] not in _OUTPUT_PROJECTIONS]
 
 
+@functools.lru_cache(maxsize=256)  # reading and tokenising a source file per module is slow
 def _body(fn: Any) -> str:
     """A function's source without its signature line and whitespace (None when unreadable)."""
     try:
@@ -252,6 +253,7 @@ def meta_model(spec: ModelSpec) -> nn.Module:
         return AutoModelForCausalLM.from_config(cfg, trust_remote_code=spec.trust_remote_code)
 
 
+@functools.lru_cache(maxsize=8)  # a pure function of the spec: a space's trials share a few models
 def spec_family(spec: ModelSpec) -> Family:
     """The :class:`Family` of ``spec``'s model, read from its meta build."""
     return family_of(meta_model(spec))

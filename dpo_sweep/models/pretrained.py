@@ -14,6 +14,7 @@ from typing import Any
 
 from dpo_sweep.config import ModelSpec
 from dpo_sweep.errors import UserError
+from dpo_sweep.text import excerpt
 
 CONFIG_FILE = "config.json"
 #: One of these holds the weights (transformers' file names, sharded or not).
@@ -80,6 +81,21 @@ def _load_error(ckpt: Checkpoint, what: str, err: Exception) -> UserError:
     fix = ("check the files in it" if ckpt.local_dir else
            "check the id and that the hub is reachable (or download the checkpoint and give its directory)")
     return UserError(f"{ckpt.where}: could not load the {what} ({type(err).__name__}: {first}); {fix}")
+
+
+def weights_error(spec: ModelSpec, err: Exception) -> UserError:
+    """One line for weights that could not be loaded (a ``pytorch_model.bin`` holding a pickled
+    object that torch's safe loader refuses, a damaged file): the file, the cause, the fix."""
+    ckpt = locate(spec.name_or_path or "")
+    files = [ckpt.local_dir / f for f in WEIGHT_FILES if ckpt.local_dir and (ckpt.local_dir / f).is_file()]
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    cause = next((ln for ln in lines if "Unpickler error" in ln), lines[0] if lines else "").split(" Please ")[0]
+    unsafe = "Unpickler" in cause or "weights_only" in str(err)
+    why = ("holds a pickled object other than tensors, which the safe loader refuses to run" if unsafe
+           else "cannot be read")
+    return UserError(f"{_FIELD}: {files[0] if files else ckpt.name}: the weights file {why} "
+                     f"({type(err).__name__}: {excerpt(cause, 200)}); save the model with save_pretrained "
+                     "(safetensors) from a source you trust, or point at another checkpoint")
 
 
 def load_config(spec: ModelSpec) -> Any:

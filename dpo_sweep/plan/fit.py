@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Sequence
 
 from dpo_sweep.core import budget, trial_facts
+from dpo_sweep.core.dimensions import KNOBS, LEVER_COLUMNS, Memory
 from dpo_sweep.core.levels import Level
 from dpo_sweep.cards import Card
 from dpo_sweep.config import CHECKPOINT_LEVELS, TrialConfig
@@ -162,36 +163,88 @@ class FitPlanner:
     def table(self, trials: Sequence[TrialConfig], card: Card) -> list[Fit]:
         return [self.fit(t, card) for t in trials]
 
+    def fewest_cards(self, cfg: TrialConfig, card: Card) -> tuple[int, str, float] | None:
+        """The fewest ``card``s on which ``cfg`` fits as it is but for its workers (the effective
+        batch kept: grad_acc follows), under its own parallelism, else under FSDP2 full shard:
+        (workers, parallelism, per-GPU peak); None where none of up to 64 fits."""
+        usable = self.usable_gb(card)
+        own = cfg.resources.parallelism
+        for parallelism in dict.fromkeys((own, "fsdp")):
+            for n in WORKER_COUNTS:
+                c = with_workers(cfg, n, parallelism)
+                if c is None:
+                    continue
+                try:
+                    peak = self._peak(cfg.trial_id, Variant(c, f"{n} x {parallelism}"))
+                except (OSError, ValueError, KeyError):
+                    return None
+                if budget.fits(peak, usable):
+                    return n, parallelism, peak
+        return None
+
+
+#: The worker counts :meth:`FitPlanner.fewest_cards` tries.
+WORKER_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def with_workers(cfg: TrialConfig, workers: int, parallelism: str) -> TrialConfig | None:
+    """``cfg`` on ``workers`` workers under ``parallelism`` at its effective batch (grad_acc =
+    effective batch / (micro_batch x workers)); None where that does not divide."""
+    pairs = cfg.effective_batch()
+    if pairs % (cfg.micro_batch * workers):
+        return None
+    resources = cfg.resources.model_copy(update={"workers_per_trial": workers, "parallelism": parallelism})
+    return cfg.model_copy(update={"resources": resources, "grad_acc": pairs // (cfg.micro_batch * workers)})
+
 
 def _gb(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def fit_text(card: Card, trials: Sequence[TrialConfig], fits: Sequence[Fit], safety_margin: float) -> str:
-    """One card's fit table, as ``validate`` prints it."""
+def _fewest(found: tuple[int, str, float] | None) -> str:
+    if found is None:
+        return "none up to 64"
+    n, parallelism, peak = found
+    return f"{n} ({parallelism}, {peak:.2f} GB each)"
+
+
+def fit_text(card: Card, trials: Sequence[TrialConfig], fits: Sequence[Fit], safety_margin: float,
+             fewest: Sequence[tuple[int, str, float] | None] | None = None) -> str:
+    """One card's fit table, as ``validate`` prints it (``fewest``: each trial's
+    :meth:`FitPlanner.fewest_cards`, a column of its own); where every configuration fits, one
+    line naming the tightest instead of a table of "yes"."""
     usable = fits[0].usable_gb if fits else budget.usable_gb(card.memory_gb, safety_margin)
     n_fit = sum(f.fits for f in fits)
     head = (f"{card.name}: {card.memory_gb:.2f} GB as the card reports it ({card.marketed}), usable "
-            f"{usable:.2f} GB after a {100 * safety_margin:g}% safety margin; {n_fit} of {len(fits)} "
-            "configuration(s) fit as they are (predicted peaks, GB = 1e9 bytes)")
-    header = ["trial_id", "micro_batch", "checkpoint_level", "grad_acc", "adapter", "optimizer",
-              "predicted peak (GB)", "fits", "spare (GB)", "cheapest lever that fits (its predicted peak)"]
+            f"{usable:.2f} GB after a {100 * safety_margin:g}% safety margin; ")
+    notes = []
+    if not card.bf16 and any(t.train.precision.startswith("bf16") for t in trials):
+        notes.append(f"note: the {card.name} has no bf16 tensor cores: bf16 matmuls run far below its "
+                     f"{card.bf16_tflops:g} TFLOP/s fp16 rate there; these peaks hold, the speed does not "
+                     "(train.precision: fp16 suits it)")
+    if fits and n_fit == len(fits):
+        tight = min(range(len(fits)), key=lambda i: fits[i].spare_gb)
+        return "\n".join([head + f"all {n_fit} configuration(s) fit, the tightest {trials[tight].trial_id} with "
+                          f"{fits[tight].spare_gb:.2f} GB to spare (predicted peak {fits[tight].peak_gb:.2f} GB per GPU; "
+                          "GB = 1e9 bytes)", *notes])
+    head += f"{n_fit} of {len(fits)} configuration(s) fit as they are (predicted peaks, GB = 1e9 bytes)"
+    memory_knobs = [d.column for d in KNOBS if d.memory is not Memory.NONE]  # beta changes no peak
+    header = ["trial_id", "workers", "parallelism", *memory_knobs, *LEVER_COLUMNS, "predicted peak per GPU (GB)",
+              "fits", "spare (GB)", "fewest GPUs that fit", "cheapest lever that fits (its predicted peak)"]
     rows = []
-    for t, f in zip(trials, fits):
+    for i, (t, f) in enumerate(zip(trials, fits)):
         if f.fits:
             verdict, lever = "yes", ""
         elif f.lever:
             verdict, lever = "no", f"{f.lever} ({f.lever_peak_gb:.2f} GB)"
         else:
             verdict, lever = ("-" if f.peak_gb is None else "no"), f"none fits (closest: {f.closest})"
-        rows.append([t.trial_id, str(t.micro_batch), t.checkpoint_level, str(t.grad_acc), t.train.adapter,
-                     t.train.optimizer, _gb(f.peak_gb), verdict, _gb(f.spare_gb), lever])
+        knobs = t.knobs()
+        rows.append([t.trial_id, str(t.resources.workers_per_trial), t.resources.parallelism,
+                     *(str(knobs[c]) for c in memory_knobs), *(str(getattr(t.train, c)) for c in LEVER_COLUMNS),
+                     _gb(f.peak_gb), verdict, _gb(f.spare_gb), _fewest(fewest[i]) if fewest is not None else "-", lever])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = [head]
-    if not card.bf16 and any(t.train.precision.startswith("bf16") for t in trials):
-        lines.append(f"note: the {card.name} has no bf16 tensor cores: bf16 matmuls run far below its "
-                     f"{card.bf16_tflops:g} TFLOP/s fp16 rate there; these peaks hold, the speed does not "
-                     "(train.precision: fp16 suits it)")
+    lines = [head, *notes]
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(lines)

@@ -13,7 +13,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from typing import Any, Mapping
+
+
+def canonical_json(value: Any) -> str:
+    """``json.dumps(value, sort_keys=True, default=str)``, with the scalars written directly (the
+    plan builds tens of keys per configuration; a space may have 100,000 configurations)."""
+    kind = type(value)
+    if kind is str:
+        return encode_basestring_ascii(value)
+    if kind is int:
+        return int.__repr__(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)
@@ -26,8 +42,7 @@ class Settings:
     @classmethod
     def of(cls, picked: Mapping[tuple[str, ...], Any]):
         """The settings of ``picked``: field paths into ``model_dump(mode="json")`` and their values."""
-        return cls(tuple(sorted(("/".join(path), json.dumps(value, sort_keys=True, default=str))
-                                for path, value in picked.items())))
+        return cls(tuple(sorted(("/".join(path), canonical_json(value)) for path, value in picked.items())))
 
 
 class MeasurementKey(Settings):

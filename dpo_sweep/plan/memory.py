@@ -60,10 +60,11 @@ to every head and each layer keeps a ``T x T`` bias per row (:func:`_attention_i
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 
 from dpo_sweep.config import ModelSpec, TrialConfig
-from dpo_sweep.plan import trl_memory
+from dpo_sweep.plan import ranks, trl_memory
 from dpo_sweep.plan.levers import lever_bytes
 from dpo_sweep.plan.shape import ModelShape, model_shape
 from dpo_sweep.core.lengths import LengthProfile
@@ -321,26 +322,30 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     lean, attn = cfg.model.lean_ops and not trl, trial_facts.planned_attention(cfg.model.attn_implementation)
     liger = trial_facts.planned_liger(cfg.model.liger_kernel, s.arch, device) and not trl  # trl_trainer.py: off
     world = cfg.resources.workers_per_trial
-    shard = world if (world > 1 and cfg.resources.parallelism == "fsdp") else 1  # FSDP: a rough 1/world
+    shard = ranks.shard_factor(cfg)  # FSDP2: N; DDP and one worker: 1 (plan/ranks.py)
     tokens, seq_len = worst_micro_batch(cfg, lengths, device)
     masked = worst_micro_batch_padded(cfg, lengths)
+    lev = lever_bytes(cfg, s, b.weight, b.activation, b.autocast, lean, liger)  # adapter and optimizer (levers.py)
+    gathered = ranks.gathered_parts(cfg, s, b.weight, trained_base=lev.lm_head_grad) if shard > 1 else None
+    if gathered is not None:  # the gathered weights are the compute dtype: so is the residual stream
+        b = dataclasses.replace(b, residual=ranks.gathered_bytes(t.precision, b.weight))
     kw = dict(lean=lean, liger=liger, attn=attn, seq_len=seq_len, masked=masked)
 
-    lev = lever_bytes(cfg, s, b.weight, b.activation, b.autocast, lean, liger)  # adapter and optimizer (levers.py)
     weights = lev.weights / shard
     grads = lev.grads / shard
     buckets = grads if (world > 1 and shard == 1) else 0.0  # DDP's gradient buckets, from construction on
     grads_all = grads + buckets if not t.optimizer_in_backward else lev.largest_grad  # in backward: one at a time
     optimizer = lev.optimizer / shard
-    reference = s.n_params * b.weight if t.reference == "live" and lev.reference_copy else 0.0  # FSDP does not shard it
-    casts = (lev.cast_params * 2 / shard if b.autocast else 0.0) + lev.transient
+    reference = s.n_params * b.weight / shard if t.reference == "live" and lev.reference_copy else 0.0
+    # FSDP2's gathered weights are bf16 already under bf16-mixed: autocast caches no copies.
+    casts = (lev.cast_params * 2 / shard if b.autocast and gathered is None else 0.0) + lev.transient
     ema = 4.0 * lev.trainable / shard if t.ema_decay is not None else 0.0
     static = weights + optimizer + reference + ema + casts
     per_token = model_saved_bytes_per_token(s, b, cfg.checkpoint_level, **kw) + lev.saved_per_token
     activations = tokens * per_token
     head = ((trl_memory.fused_head_backward_bytes(tokens, s.hidden, s.vocab, b.activation, b.weight) if trl
              else _head_bytes(s, b, tokens, t.logp_chunk_tokens))
-            - (0.0 if lev.lm_head_grad else s.vocab * s.hidden * b.weight))
+            - (0.0 if lev.lm_head_grad and gathered is None else s.vocab * s.hidden * b.weight))
     end_transient = max(tokens * last_layer_bytes_per_token(s, b, **kw),
                         s.vocab * s.hidden * b.weight if s.tied and lev.lm_head_grad else 0.0)  # tied: the embedding's grad
     grads_in_step = grads_all if cfg.grad_acc >= 2 else buckets
@@ -348,19 +353,25 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     # weight's gradient is left, which at grad_acc >= 2 is among the gradients already.
     head_left = s.vocab * s.hidden * b.weight if (cfg.grad_acc == 1 and lev.lm_head_grad) else 0.0
     first_backward = tokens * first_backward_bytes_per_token(s, b, cfg.checkpoint_level, **kw)
+    # FSDP2: the gathered layers, the reduce-scatter buffers and the unsharded head gradient (ranks.py).
+    at = gathered or ranks.GatheredParts(0.0, 0.0, 0.0, 0.0, 0.0)
+    if gathered is not None:
+        head += gathered.head_grad
+        head_left = 0.0  # among the gathered parts, until the root's reduce-scatter at the end
     moments = {
-        "backward start": (grads_in_step, activations, head),
-        "last layer backward": (grads_in_step, activations + first_backward, head_left),
-        "backward end": (grads_all, end_transient, 0.0),
+        "backward start": (grads_in_step, activations, head + at.backward_start),
+        "last layer backward": (grads_in_step, activations + first_backward, head_left + at.last_layer_backward),
+        "backward end": (grads_all, end_transient, at.backward_end),
         "reference forward": (grads_in_step, 0.0,
                               _reference_forward_bytes(s, b, tokens, t.logp_chunk_tokens, seq_len, attn, masked, trl)
-                              if t.reference == "live" else 0.0),
+                              + at.reference_forward if t.reference == "live" else 0.0),
     }
     peak_at = max(moments, key=lambda k: sum(moments[k]))  # dict order breaks ties: backward start
     grads, acts, head_part = moments[peak_at]
     allocated = static + grads + acts + head_part
     cuda = device == "cuda"
-    allocator = ALLOCATOR_OVERHEAD * allocated if cuda else 0.0
+    allocator = 0.0 if not cuda else (ranks.stream_pools(cfg, s, b.weight, acts) if gathered is not None
+                                      else ALLOCATOR_OVERHEAD * allocated)
     context = CUDA_CONTEXT_GB * GB if cuda else 0.0
     return MemoryEstimate(
         weights_gb=weights / GB, grads_gb=grads / GB, optimizer_gb=optimizer / GB, reference_gb=reference / GB,

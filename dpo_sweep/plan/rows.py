@@ -22,6 +22,8 @@ import statistics
 from typing import Sequence
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core import comms
+from dpo_sweep.core.held_out import HELD_OUT_FIELDS
 from dpo_sweep.core.status import Status, TimeSource
 from dpo_sweep.plan.rules import extrapolate_step_ms, fit_step_time
 from dpo_sweep.records import PENDING, TIMING_COLUMNS, StepRecord, TrialResult, config_columns
@@ -34,7 +36,11 @@ STABILITY_COLUMNS: dict[str, object] = {
     "stability": "", "loss_slope": math.nan, "loss_spread": math.nan, "grad_norm_spike": math.nan,
     "logratio_std_max": math.nan, "reward_accuracy_slope": math.nan, "reward_margin_slope": math.nan,
     "rollback_step": None, "eval_loss": math.nan,
+    # The held-out split's scores at the learning trial's last eval point (data.eval_pairs).
+    "eval_reward_accuracy": math.nan, "eval_reward_margin": math.nan, "eval_rewards_chosen": math.nan,
+    "eval_logps_chosen": math.nan, "eval_chosen_drift": math.nan, "eval_pairs": 0,
 }
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,17 +76,29 @@ def fitted_step_ms(steps: Sequence[StepRecord], ran_grad_acc: int, grad_acc: int
 
 
 def _time_columns(measured: TrialResult, steps: Sequence[StepRecord], ran_grad_acc: int,
-                  grad_acc: int, workers: int) -> dict:
+                  grad_acc: int, workers: int, per_micro_step: bool = False) -> dict:
+    """``per_micro_step``: a simulated row's communication recurs with every micro-step
+    (core/comms.grows_with_micro_steps), else once per step."""
+    own = TimeSource.MODELLED if measured.ranks_simulated else TimeSource.MEASURED
     if grad_acc == ran_grad_acc or measured.status != Status.OK:
-        return {"step_time_source": TimeSource.MEASURED if measured.status == Status.OK else ""}
+        return {"step_time_source": own if measured.status == Status.OK else ""}
     fitted = fitted_step(steps, ran_grad_acc, grad_acc, workers)
+    if measured.ranks_simulated:  # the steps' times are the rank's compute: the communication at grad_acc added
+        comm_ms = measured.comm_ms * (grad_acc / ran_grad_acc if per_micro_step else 1.0)
+        fitted = FittedStep(fitted.step_ms + comm_ms, fitted.rel_error)
+        return {**_scaled(measured, fitted, grad_acc / ran_grad_acc), "comm_ms": comm_ms,
+                "step_time_source": TimeSource.MODELLED}
+    return {**_scaled(measured, fitted, grad_acc / ran_grad_acc), "step_time_source": TimeSource.EXTRAPOLATED}
+
+
+def _scaled(measured: TrialResult, fitted: FittedStep, work: float) -> dict:
+    """The time columns at the fitted step time (``work``: tokens and FLOPs per step, relative)."""
     ratio = fitted.step_ms / measured.step_time_ms  # the spread and the rates scale with the step
-    work = grad_acc / ran_grad_acc                   # tokens and FLOPs per step
     widen = 1 + (fitted.rel_error if math.isfinite(fitted.rel_error) else 0.0)  # the extrapolation's own error
     return {"step_time_ms": fitted.step_ms, "step_time_p10_ms": measured.step_time_p10_ms * ratio / widen,
             "step_time_p90_ms": measured.step_time_p90_ms * ratio * widen,
             "tokens_per_s": measured.tokens_per_s * work / ratio, "mfu": measured.mfu * work / ratio,
-            "step_time_source": TimeSource.EXTRAPOLATED, "extrapolation_error": fitted.rel_error}
+            "extrapolation_error": fitted.rel_error}
 
 
 def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepRecord], *, ran_grad_acc: int,
@@ -93,7 +111,8 @@ def shared_row(cfg: TrialConfig, measured: TrialResult, steps: Sequence[StepReco
         measured, **config_columns(cfg), loss_type=cfg.train.loss,
         predicted_peak_gb=predicted_peak_gb, measured_by=measured_by, stability_from="",
         **{c: getattr(measured, c) if own else math.nan for c in TIMING_COLUMNS},
-        **_time_columns(measured, steps, ran_grad_acc, cfg.grad_acc, cfg.resources.workers_per_trial),
+        **_time_columns(measured, steps, ran_grad_acc, cfg.grad_acc, cfg.resources.workers_per_trial,
+                        comms.grows_with_micro_steps(cfg.resources.parallelism, cfg.resources.sync_every_micro_step)),
     )
 
 
@@ -130,6 +149,10 @@ def with_stability(row: TrialResult, learned: LearningSource | None) -> TrialRes
     update = {c: getattr(got, c) for c in STABILITY_COLUMNS}
     if got.status == Status.DIVERGED:
         update.update(status=Status.DIVERGED, error=f"diverged in learning trial {learned.trial_id}: {got.error}")
+    elif got.status == Status.STOPPED:  # its learning was stopped early: the row is not a choice
+        update = {**STABILITY_COLUMNS, **{c: getattr(got, c) for c in (*HELD_OUT_FIELDS, "eval_pairs")},
+                  "status": Status.STOPPED, "stopped_step": got.stopped_step,
+                  "error": f"learning trial {learned.trial_id} {got.error}"}
     elif got.status != Status.OK:
         update = dict(STABILITY_COLUMNS)
     return dataclasses.replace(row, **update, stability_from=learned.trial_id, stability_steps=learned.steps,

@@ -18,7 +18,8 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 from dpo_sweep.config import TrialConfig
-from dpo_sweep.field_effects import Effect, Memory, declared_effects
+from dpo_sweep.core.dimensions import BY_PATH, Memory
+from dpo_sweep.field_effects import Effect, declared_effects
 from dpo_sweep.plan.keys import LearningKey, MeasurementKey, MemoryFamily
 from dpo_sweep.plan.memory import MemoryEstimate
 from dpo_sweep.core.levels import Level
@@ -136,9 +137,24 @@ def dominates_in_memory(a: TrialConfig, b: TrialConfig) -> bool:
     memory.last_layer_bytes_per_token.)"""
     if memory_family(a) != memory_family(b):
         return False
-    return (a.micro_batch >= b.micro_batch and a.train.max_length >= b.train.max_length
-            and Level(a.checkpoint_level).memory_rank <= Level(b.checkpoint_level).memory_rank
-            and short_grad_acc(a) >= short_grad_acc(b))
+    tree_a, tree_b = a.model_dump(mode="json"), b.model_dump(mode="json")
+    return all(memory_order(path, _get(tree_a, path)) >= memory_order(path, _get(tree_b, path))
+               for path in GROWING_FIELDS)
+
+
+#: The fields along which memory only grows (``Memory.GROWS``, and grad_acc's class: ACCUMULATES).
+GROWING_FIELDS: tuple[tuple[str, ...], ...] = tuple(p for p, e in EFFECTS.items()
+                                                    if e.memory in (Memory.GROWS, Memory.ACCUMULATES))
+
+
+def memory_order(path: tuple[str, ...], value: Any) -> float:
+    """``value`` of the field at ``path`` on the order memory grows along: the dimension table's
+    (core/dimensions.py: a checkpoint level by the activations it keeps), grad_acc by its class
+    (:func:`short_grad_acc`: 1 against >= 2), any other field by its number."""
+    if EFFECTS[path].memory is Memory.ACCUMULATES:
+        return min(float(value), 2.0)
+    d = BY_PATH.get(path)
+    return d.memory_order(value) if d is not None else float(value)
 
 
 def prune_after_oom(oom_cfg: TrialConfig, pending: Sequence[TrialConfig]) -> list[tuple[TrialConfig, str]]:

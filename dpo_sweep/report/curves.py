@@ -2,6 +2,7 @@
 step), as plotly dict specs: one line per trial, thinned to MAX_POINTS_PER_CURVE points."""
 from __future__ import annotations
 
+import colorsys
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,22 @@ from dpo_sweep.report.figures import esc, num, nums, trial_label
 from dpo_sweep.results_dir import ResultsDir
 
 MAX_POINTS_PER_CURVE = 200
+#: Up to ten lines take plotly's own colours; more take COLOURS, whose neighbours differ in hue
+#: and in lightness, so that no two of a report's lines share a colour as plotly's cycle of ten did.
+PLOTLY_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                  "#bcbd22", "#17becf")
+
+
+def colours(n: int) -> list[str]:
+    """``n`` distinct line colours: plotly's ten for up to ten lines, else ``n`` hues round the
+    colour wheel in three lightnesses (dark, middle, light, in turn)."""
+    if n <= len(PLOTLY_COLOURS):
+        return list(PLOTLY_COLOURS[:n])
+    out = []
+    for i in range(n):
+        r, g, b = colorsys.hls_to_rgb(i / n, (0.32, 0.5, 0.66)[i % 3], 0.85 if i % 3 != 2 else 0.7)
+        out.append(f"#{round(255 * r):02x}{round(255 * g):02x}{round(255 * b):02x}")
+    return out
 
 
 def _thin(frame: pd.DataFrame, max_points: int) -> pd.DataFrame:
@@ -55,7 +72,8 @@ def step_curves(steps: pd.DataFrame, analysed: pd.DataFrame, column: str, title:
             continue
         curves[key] = {"names": [name], "status": status, "trial_id": trial_id, "x": x, "y": y}
     traces = []
-    for curve in curves.values():
+    palette = colours(len(curves))
+    for i, curve in enumerate(curves.values()):
         names, status = curve["names"], curve["status"]
         name = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more (the same curve)"
         hover = "<br>".join(names[:6]) + (f"<br>... {len(names) - 6} more" if len(names) > 6 else "")
@@ -63,7 +81,8 @@ def step_curves(steps: pd.DataFrame, analysed: pd.DataFrame, column: str, title:
             "type": "scatter", "mode": "lines+markers", "name": name, "legendgroup": esc(curve["trial_id"]),
             "x": curve["x"], "y": curve["y"],
             "hovertemplate": f"{hover} ({esc(status)})<br>step %{{x}}: %{{y}}<extra></extra>",
-            "line": {"width": 1.5, "dash": "solid" if status == Status.OK else "dot"}, "marker": {"size": 4},
+            "line": {"width": 1.5, "dash": "solid" if status == Status.OK else "dot", "color": palette[i]},
+            "marker": {"size": 4, "color": palette[i]},
         })
     last = max((v for t in traces for v in t["x"] if v is not None), default=1)
     layout = {"title": {"text": title},

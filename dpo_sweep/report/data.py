@@ -248,7 +248,7 @@ def scatter_caption(analysed: pd.DataFrame) -> str:
     shape = "checkpoint level" if enc.symbol == "checkpoint_level" else enc.symbol
     parts = ["Each point is a trial; the ringed points joined by the dotted line are the Pareto frontier"
              + (" (ringed in every panel they fall in)." if enc.facets else ".") + " Throughput, not step time: a step of a larger effective "
-             "batch does more work. Bars: the throughput over the p10-p90 step times; trials whose bars "
+             "batch does more work. Bars: the throughput over the p10-p90 step times widened for the steps measured (few steps, wider bars); trials whose bars "
              "overlap are tied, and ties go to less memory.",
              "Colour: loss std (blue: none measured; a diverging trial in dark red: its loss std is no stability "
              f"figure). Shape: {shape}."]

@@ -73,8 +73,15 @@ def length_histogram(d: dict[str, Any]) -> dict[str, Any]:
         traces.append({"type": "bar", "name": label, "x": edges[:-1], "y": hist["counts"],
                        "width": [b - a if b > a else 1 for a, b in zip(edges, edges[1:])], "offset": 0,
                        "opacity": 0.6, "hovertemplate": f"{label}: %{{x}}+ tokens: %{{y}} pairs<extra></extra>"})
+    # Whole tokens on the axis: a narrow range (fixed-length pairs, one bar) gets a tick per token
+    # around its bars instead of plotly's fractional ticks.
+    xaxis: dict[str, Any] = {"title": {"text": "tokens"}, "tickformat": "d"}
+    lows = [x for t in traces for x in t["x"]]
+    highs = [x + w for t in traces for x, w in zip(t["x"], t["width"])]
+    if lows and max(highs) - min(lows) <= 10:
+        xaxis.update({"dtick": 1, "range": [min(lows) - 2, max(highs) + 2]})
     layout = {"title": {"text": f"Lengths after tokenisation: {d.get('source', '?')}"}, "barmode": "overlay",
-              "xaxis": {"title": {"text": "tokens"}}, "yaxis": {"title": {"text": "pairs"}},
+              "xaxis": xaxis, "yaxis": {"title": {"text": "pairs"}, "tickformat": "d"},
               "height": 360, "margin": {"t": 60}}
     return {"data": traces, "layout": layout}
 

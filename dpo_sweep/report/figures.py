@@ -19,6 +19,7 @@ import pandas as pd
 
 from dpo_sweep.analysis import tables
 from dpo_sweep.config import CHECKPOINT_LEVELS
+from dpo_sweep.core.dimensions import KNOBS, label_of
 from dpo_sweep.core.status import Status
 
 _STATUS_STYLE = {  # status group -> (legend name, colour, symbol)
@@ -28,10 +29,8 @@ _STATUS_STYLE = {  # status group -> (legend name, colour, symbol)
     "diverging": ("ok, stability diverging", "#8a1c1c", "x-thin-open"),
     "other": ("diverged / pruned / error", "#7f7f7f", "circle-open"),
 }
-SWEPT_DIMENSIONS: tuple[tuple[str, str], ...] = (
-    ("micro_batch", "micro_batch"), ("checkpoint_level", "checkpoint"), ("grad_acc", "grad_acc"),
-    ("beta", "beta"),
-)
+#: (column, label) of the table's knobs: the panels every report has.
+SWEPT_DIMENSIONS: tuple[tuple[str, str], ...] = tuple((d.column, d.label) for d in KNOBS)
 #: Every plot's plotly config. Nothing leaves the page: no "Edit in Chart Studio" / "Share chart"
 #: button (showSendToCloud, showEditInChartStudio, sendData: a click would post the chart's data,
 #: trial ids and error texts included, to a public service), no link to plotly's site (displaylogo,
@@ -39,6 +38,18 @@ SWEPT_DIMENSIONS: tuple[tuple[str, str], ...] = (
 PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "showLink": False, "sendData": False,
                                "showSendToCloud": False, "showEditInChartStudio": False,
                                "responsive": True, "typesetMath": False}
+
+
+#: Pixels from the plot area's bottom edge to a legend drawn below it: clear of the x-axis's tick
+#: labels and title (about 55 px together at plotly's default sizes).
+LEGEND_GAP_PX = 70
+
+
+def legend_below(height_px: float, margin_t: float, margin_b: float) -> dict[str, Any]:
+    """A horizontal legend LEGEND_GAP_PX below the plot area of a figure ``height_px`` tall with
+    those margins (the legend's y is a fraction of the plot area's height)."""
+    area = max(height_px - margin_t - margin_b, 1.0)
+    return {"orientation": "h", "y": -LEGEND_GAP_PX / area, "yanchor": "top"}
 
 
 def esc(value: Any) -> str:
@@ -99,7 +110,7 @@ def _hover(row: pd.Series, swept: list[str] = ()) -> str:
         parts.append(f"step time: {num(row['step_time_ms'])} ms" + (f" ({esc(time_from)})" if time_from else ""))
     if num(row["tokens_per_s"]) is not None:
         low, high = num(row.get("throughput_low")), num(row.get("throughput_high"))
-        spread = f" (p10-p90: {low}-{high})" if low is not None and high is not None and low != high else ""
+        spread = f" (interval {low}-{high}: p10-p90 step times widened for the steps measured)" if low is not None and high is not None and low != high else ""
         parts.append(f"throughput: {num(row['tokens_per_s'])} tokens/s{spread}")
     if num(row["loss_std"]) is not None:
         parts.append(f"loss std: {num(row['loss_std'])}")
@@ -195,7 +206,7 @@ def _status_group(row: pd.Series) -> str:
 def panel_dimensions(analysed: pd.DataFrame) -> list[tuple[str, str]]:
     """(column, label) of the dimensions that vary: the four core ones, the model, the levers
     (adapter, optimizer) and every swept train field; all four core ones when nothing varies."""
-    dims = list(SWEPT_DIMENSIONS) + [(c, c) for c in tables.swept_columns(analysed, levers=True)]
+    dims = list(SWEPT_DIMENSIONS) + [(c, label_of(c)) for c in tables.swept_columns(analysed, levers=True)]
     varying = [(c, label) for c, label in dims if analysed[c].astype(str).nunique() > 1]
     return varying or list(SWEPT_DIMENSIONS)
 
@@ -212,8 +223,8 @@ def dimension_panels(analysed: pd.DataFrame, budget_gb: float | None) -> dict[st
     width = (1.0 - gap * (n - 1)) / n
     traces: list[dict[str, Any]] = []
     layout: dict[str, Any] = {"title": {"text": "Each swept dimension against memory and throughput"},
-                              "height": 560, "legend": {"orientation": "h", "y": -0.12},
-                              "margin": {"t": 60}, "annotations": []}
+                              "height": 560, "legend": legend_below(560, 60, 80),
+                              "margin": {"t": 60, "b": 80}, "annotations": []}
     for col, (dim, label) in enumerate(dimensions):
         cats, order = _category(groups[dim], dim)
         groups_cat = groups.assign(_cat=cats)
@@ -225,10 +236,13 @@ def dimension_panels(analysed: pd.DataFrame, budget_gb: float | None) -> dict[st
                 "domain": [col * (width + gap), col * (width + gap) + width], "anchor": f"y{sfx}",
                 "type": "category", "categoryorder": "array", "categoryarray": order,
                 "title": {"text": label if row_i == 1 else ""}}
+            # One metric a row: the row's panels share the first one's y axis and its tick labels
+            # (labels on every panel collide with the next panel's points on a narrow screen).
+            shared = {} if col == 0 else {"matches": f"y{_axis_suffix(row_i * n + 1)}", "showticklabels": False}
             layout[f"yaxis{sfx}"] = {
                 "domain": [0.55, 1.0] if row_i == 0 else [0.0, 0.45], "anchor": f"x{sfx}",
                 "title": {"text": title if col == 0 else ""}, "zeroline": False,
-                "tickformat": _tick_format(analysed[metric]), **_flat_range(analysed[metric])}
+                "tickformat": _tick_format(analysed[metric]), **_flat_range(analysed[metric]), **shared}
             for group, (name, colour, symbol) in _STATUS_STYLE.items():
                 rows = groups_cat[groups_cat["_group"] == group]
                 if group == "oom":

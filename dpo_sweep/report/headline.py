@@ -3,8 +3,9 @@
 The card says what a reader needs before the details: how much memory the winner leaves, why it
 won (fastest, or fastest inside the noise), what the runner-up would cost, and what to watch. The
 recommendation's full reason stays one click away. Banners say, above everything, when the sweep
-did not finish, when the headline's figures are extrapolated, when stability verdicts are still
-pending, and when the machine's step times are too noisy to separate the top rows.
+did not finish, when the headline's figures are extrapolated or modelled (simulated ranks), when
+stability verdicts are still pending, and when the machine's step times are too noisy to separate the
+top rows.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pandas as pd
 
 from dpo_sweep.core import noise
 from dpo_sweep.analysis.completeness import Completeness
-from dpo_sweep.analysis.reasons import amount, tied_faster
+from dpo_sweep.analysis.reasons import amount, no_loss_std_sentence, tied_faster
 from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.analysis.tables import fmt_setting, is_finite, row_of, short_id
 from dpo_sweep.core.status import TimeSource
@@ -70,7 +71,7 @@ def headline_bullets(analysed: pd.DataFrame, rec: Recommendation) -> list[str]:
     tps = f"{amount(win['tokens_per_s'])} tokens/s"
     if len(faster):
         bullets.append(f"Fastest inside the noise: {tps}; {len(faster)} configuration(s) measured more, but within "
-                       "its p10-p90 step-time interval, and ties go to less memory.")
+                       "its throughput interval (p10-p90 step times widened for the steps measured), and ties go to less memory.")
     elif len(pool) > 1:
         bullets.append(f"Fastest of the {len(pool)} configurations that qualify: {tps}.")
     else:
@@ -89,6 +90,10 @@ def _watch(win: pd.Series) -> str:
     if verdict == PENDING:
         return ("Watch: its stability is not judged yet (its learning trial did not run); resume the sweep "
                 "before trusting it for a long run.")
+    if win.get("step_time_source") == TimeSource.MODELLED:
+        return (f"Watch: its step time is modelled, not timed on {fmt_setting(win.get('workers_per_trial'))} GPUs "
+                "(simulated ranks: one rank's compute plus the step's collectives at the card's GPU-to-GPU "
+                "bandwidth, no overlap); its peak is one GPU's, measured.")
     if win.get("step_time_source") == TimeSource.EXTRAPOLATED:
         return (f"Watch: its step time is extrapolated from a shorter accumulation; `dpo-sweep trial "
                 f"{ResultsDir.RECOMMENDED}` times it at grad_acc {fmt_setting(win.get('grad_acc'))}.")
@@ -113,10 +118,19 @@ def banners(analysed: pd.DataFrame, rec: Recommendation, state: Completeness) ->
             f"This sweep did not finish: stability pending for {waiting} row(s)")
         out.append(Banner("pending", f"{lead}: their learning trials did not run, so their loss std and stability "
                           "verdict are missing; `dpo-sweep run SPACE --output DIR --resume` runs them."))
+    if state.skipped:
+        out.append(Banner("skipped", f"{len(state.skipped)} point(s) of the space cannot run and were skipped: "
+                          + "; ".join(p.line().strip().removeprefix("skipped ") for p in state.skipped)))
+    lacking_std = no_loss_std_sentence(analysed).strip()
+    if lacking_std:
+        out.append(Banner("no-loss-std", lacking_std))
     win = row_of(analysed, rec.trial_id)
     if win is not None and win.get("step_time_source") == TimeSource.EXTRAPOLATED:
         out.append(Banner("extrapolated", f"The recommended trial's step time and tokens/s are extrapolated from a "
                           f"shorter gradient accumulation, not measured at grad_acc {fmt_setting(win.get('grad_acc'))}."))
+    modelled = analysed[analysed["step_time_source"] == TimeSource.MODELLED] if "step_time_source" in analysed else ()
+    if len(modelled):
+        out.append(Banner("modelled", _modelled_text(modelled, win)))
     if win is not None:
         pool = _qualifying(analysed, rec)
         tied = pool[noise.overlaps(pool["throughput_low"], pool["throughput_high"],
@@ -126,8 +140,20 @@ def banners(analysed: pd.DataFrame, rec: Recommendation, state: Completeness) ->
         if len(tied) >= NOISY_TOP_ROWS:
             low, high = float(win["throughput_low"]), float(win["throughput_high"])
             out.append(Banner("noisy", f"This machine's step times are too noisy to separate the top {len(tied)} "
-                              f"configurations: their p10-p90 throughput intervals overlap (the winner's spans "
+                              f"configurations: their throughput intervals (p10-p90 step times widened for the steps measured) overlap (the winner's spans "
                               f"{amount(low)}-{amount(high)} tokens/s). The tie-break chose among them (less memory, then the "
                               "stability verdict, then the most tokens/s, then the trial id); time them again on a quieter machine (or "
                               "with more steps) to rank them."))
     return out
+
+
+def _modelled_text(modelled: pd.DataFrame, win: pd.Series | None) -> str:
+    """What a simulated-ranks row's figures are: peaks measured on one GPU, times modelled."""
+    lead = (f"The recommended trial and {len(modelled) - 1} other row(s)"
+            if win is not None and win.get("step_time_source") == TimeSource.MODELLED
+            else f"{len(modelled)} row(s)")
+    return (f"{lead} ran as rank 0 of their workers_per_trial alone on one GPU (simulated ranks, "
+            "resources.simulate_ranks): their peaks are one GPU's of that many, measured; their step times and "
+            "tokens/s are modelled (one rank's compute plus comm_ms of all-gather, reduce-scatter and all-reduce "
+            "bytes at the card's GPU-to-GPU bandwidth, no overlap), not timed on that many GPUs; their losses are "
+            "no learning signal.")

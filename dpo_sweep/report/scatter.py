@@ -24,7 +24,7 @@ import pandas as pd
 from dpo_sweep.analysis import tables
 from dpo_sweep.core.levels import Level
 from dpo_sweep.core.status import Status
-from dpo_sweep.report.figures import (_axis_range, _flat_range, _hover, _noise_bars, _tick_format, esc,
+from dpo_sweep.report.figures import (_axis_range, _flat_range, _hover, _noise_bars, _tick_format, esc, legend_below,
                                       level_order, num, nums, oom_x_gb)
 
 OTHER_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "hexagon", "pentagon", "triangle-down",
@@ -167,7 +167,7 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
     traces: list[dict[str, Any]] = []
     layout: dict[str, Any] = {
         "title": {"text": "Peak memory vs throughput"}, "showlegend": True,
-        "legend": {"orientation": "h", "y": -0.12 if rows_n == 1 else -0.06, "yanchor": "top"},
+        "legend": legend_below(170 + 380 * rows_n, 80 if n > 1 else 60, 60),
         "margin": {"t": 80 if n > 1 else 60, "r": 40, "b": 60}, "height": 170 + 380 * rows_n,
         "coloraxis": {"colorscale": "Viridis", "cmin": num(std.min()) if len(std) else None,
                       "cmax": num(std.max()) if len(std) else None,
@@ -199,7 +199,7 @@ def memory_time_scatter(analysed: pd.DataFrame, budget_gb: float | None, usable_
         layout[f"yaxis{_suffix(k)}"] = {
             "domain": [bottom + strip_h + (0.02 if has_strip else 0.0), top], "anchor": xa, "zeroline": False,
             "tickformat": _tick_format(ok["tokens_per_s"]), "range": y_range,
-            "title": {"text": "tokens/s (median; bars p10-p90)" if col_i == 0 else ""}}
+            "title": {"text": "tokens/s (median; bars widened p10-p90)" if col_i == 0 else ""}}
         if has_strip:
             layout[f"xaxis{n + k}"] = {"domain": [x0, x0 + width], "anchor": sy, "matches": "x", "zeroline": False,
                                       "title": x_title}

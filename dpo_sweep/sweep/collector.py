@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.held_out import HELD_OUT_FIELDS
 from dpo_sweep.core.status import Status
 from dpo_sweep.records import StepRecord, TrialResult, config_columns, failed_result
 from dpo_sweep.sweep.protocol import OutcomeReport, StepReport, TrialEnding, TrialFailure, short_error
@@ -63,6 +64,18 @@ class TrialCollector:
         lost to the machine, so its row is marked for --resume to run again."""
         self._get(key, cfg)
         return self._finish(key, TrialFailure(status, short_error(error) or "the trial process died", infrastructure=True))
+
+    def stopped(self, key: str, cfg: TrialConfig, step: int, why: str) -> CollectedTrial:
+        """Close a trial that an early-stopping scheduler ended at ``step`` (``why``: its rule):
+        a ``stopped`` row with its steps so far and the held-out scores of its last eval point."""
+        p = self._pending.pop(key, None) or _Pending(cfg)
+        steps = tuple(s for s in p.steps if s.step <= step)
+        scored = [s for s in steps if math.isfinite(s.eval_reward_accuracy)]
+        held_out = {f: getattr(scored[-1], f) for f in HELD_OUT_FIELDS} if scored else {}
+        result = failed_result(cfg, Status.STOPPED, f"stopped at step {step}: {why}", steps,
+                               startup_s=p.startup_s, measure_s=p.measure_s)
+        result = dataclasses.replace(result, **held_out, stopped_step=step)
+        return CollectedTrial(result=result, steps=steps)
 
     def _finish(self, key: str, failure: TrialFailure | None) -> CollectedTrial:
         p = self._pending.pop(key)

@@ -1,8 +1,10 @@
-"""One sweep at a time in a results directory: ``dpo-sweep run`` holds an exclusive ``flock`` on
-``DIR/.sweep.lock`` from before its preflight until its report is written.
+"""One writer at a time in a results directory: ``dpo-sweep run`` holds an exclusive ``flock`` on
+``DIR/.sweep.lock`` from before its preflight until its report is written, and ``dpo-sweep trial``
+holds it on its ``--output`` from before its checks until its rows are written.
 
-Two sweeps appending to one results.csv double every configuration, so a second one refuses the
-folder (exit 2) and names the holder: its pid, host, command and start, written into the lock file
+Two sweeps appending to one results.csv double every configuration, and a trial writing into a
+running sweep's folder replaces its rows, so a second writer refuses the folder (exit 2) and names
+the holder: its pid, host, command and start, written into the lock file
 by the holder. The kernel drops a ``flock`` when its process ends, however it ends: a lock file
 left behind by a killed sweep (``kill -9``) locks nothing, and ``--resume`` takes it again. The
 file's descriptor is not inherited by the processes the sweep starts (Python opens files
@@ -60,8 +62,8 @@ class FolderLock:
                 fh.close()
                 self._remove_created()
                 raise UserError(
-                    f"--output {self.out_dir} is in use by another sweep: {holder_text(self.path)}. Two "
-                    "sweeps in one folder would write every configuration twice; wait for that one to end "
+                    f"--output {self.out_dir} is in use by another sweep or trial: {holder_text(self.path)}. "
+                    "Two writers in one folder would mix or replace its rows; wait for that one to end "
                     "(or stop it), or give another --output") from None
             if self._is_the_file(fh):
                 self._fh = fh

@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from dpo_sweep.records import (PENDING, RESULTS_COLUMNS, STEPS_COLUMNS, TrialResult, damaged_text, read_csv_rows,
-                               read_csv_table, rewrite_csv, rows_as, write_environment_json)
+from dpo_sweep.records import (PENDING, RESULTS_COLUMNS, STEPS_COLUMNS, TrialResult, read_csv_rows,
+                               rewrite_csv, rows_as, write_environment_json)
+from dpo_sweep.csv_table import damaged_text, read_csv_table
 from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 
@@ -103,7 +104,7 @@ def rename_trials(out_dir: Path, renamed: Mapping[str, str]) -> int:
 
 def _drop_damaged_rows(out_dir: Path) -> set[str]:
     """Rewrite results.csv without its damaged records (a line cut off by a kill or a full disk
-    during an append: :func:`~dpo_sweep.records.read_csv_table`), saying which; their trials are
+    during an append: :func:`~dpo_sweep.csv_table.read_csv_table`), saying which; their trials are
     not finished, so they run again. Returns the trial ids those records name."""
     path = ResultsDir(out_dir).results
     table = read_csv_table(path)

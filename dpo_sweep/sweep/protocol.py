@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dpo_sweep.core.status import Status
+from dpo_sweep.core.held_out import HELD_OUT_COLUMNS
 from dpo_sweep.records import StepRecord, TrialResult, peak_up_to_failure_gb
 
 STEP_KEY = "dpo/step"          # a StepRecord, as a dict, one report per optimizer step
@@ -27,7 +28,19 @@ STARTUP_KEY = "dpo/startup_s"  # TrialClock.startup_s() so far (for a trial that
 MEASURE_KEY = "dpo/measure_s"  # TrialClock.measure_s() so far
 OUTCOME_KEY = "dpo/outcome"    # rank 0's summary row and machine, as a JSON string, after the last step
 ENDING_KEY = "dpo/summary"     # the trainable's last report: how the trial's run ended (JSON string)
+#: At a learning trial's eval points only (data.eval_pairs): the step, the clock of an early-stopping
+#: scheduler's rungs (sweep/early_stop.py), and each held-out metric under metric_key(field).
+EVAL_STEP_KEY = "dpo/eval_step"
 MAX_ERROR_CHARS = 2000
+
+
+#: The held-out metrics an eval point reports at the top level (StepRecord fields).
+HELD_OUT_METRICS = ("eval_reward_accuracy", "eval_reward_margin", "eval_loss")
+
+
+def metric_key(field: str) -> str:
+    """The report key of a held-out metric: its column's name (``eval_rewards/accuracies``)."""
+    return HELD_OUT_COLUMNS.get(field, field)
 
 
 def _from_dict(cls: type, data: Mapping[str, Any]) -> Any:
@@ -45,8 +58,12 @@ class StepReport:
     measure_s: float = math.nan
 
     def to_report(self) -> dict[str, Any]:
-        return {STEP_KEY: dataclasses.asdict(self.record), STARTUP_KEY: self.startup_s,
-                MEASURE_KEY: self.measure_s}
+        report = {STEP_KEY: dataclasses.asdict(self.record), STARTUP_KEY: self.startup_s,
+                  MEASURE_KEY: self.measure_s}
+        if math.isfinite(self.record.eval_reward_accuracy):  # an eval point: the scheduler's to compare
+            report[EVAL_STEP_KEY] = self.record.step
+            report.update({metric_key(f): getattr(self.record, f) for f in HELD_OUT_METRICS})
+        return report
 
     @staticmethod
     def from_report(report: Mapping[str, Any]) -> StepReport | None:

@@ -20,14 +20,21 @@ from dpo_sweep.errors import os_error_line
 from dpo_sweep.files import unwritable
 from dpo_sweep.plan.jobs import Job
 from dpo_sweep.plan.schedule import SweepPlan
-from dpo_sweep.records import TrialResult, replace_results, widened_line, write_results, write_steps
+from dpo_sweep.records import TrialResult, replace_results, write_results, write_steps
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.sweep.collector import CollectedTrial, TrialCollector
 from dpo_sweep.sweep.console import say
+from dpo_sweep.sweep.early_stop import EarlyStop
 from dpo_sweep.sweep.estimate import TrialPricing
 from dpo_sweep.sweep.output_dir import save_environment
 from dpo_sweep.sweep.task import trial_id_of
 from dpo_sweep.sweep.stopping import DEFAULT_TRIAL_TIMEOUT_FLOOR_S, TIMEOUT_FACTOR, StopRequest, trial_timeout_s
+
+
+def widened_line(path: str | Path, added: list[str]) -> str:
+    """The console's note that appending widened ``path``'s header."""
+    return (f"{path}: its header lacked {len(added)} column(s) of this version ({', '.join(added)}); "
+            "rewrote it with every column of both, earlier rows empty in the new ones")
 
 
 def duration(seconds: float) -> str:
@@ -139,6 +146,7 @@ class SweepRecorder(tune.Callback):
         self.finished = already_done
         self.ended: set[str] = set()
         self.crashed: list[str] = []
+        self.timeouts: list[str] = []  # job ids ended past their time limit (their rows: timeout)
         self.worker_environment_written = False
         self.stop = stop if stop is not None else StopRequest()
         self.concurrent = concurrent
@@ -151,6 +159,7 @@ class SweepRecorder(tune.Callback):
         self.timeout_floor_s = timeout_floor_s
         self.pool_name = pool_name  # the warm workers' pool: a timed-out trial's worker is replaced
         self.timed_out: dict[str, str] = {}  # job id -> why it was ended (its row's error)
+        self.early_stop: EarlyStop | None = None  # search.scheduler's, which stops learning trials at rungs
         self._reported: dict[str, CollectedTrial] = {}  # Tune trial id -> its reports, to its end
         self._ending: dict[str, tuple[Job, CollectedTrial]] = {}  # the plan knows; to write and say
 
@@ -204,8 +213,12 @@ class SweepRecorder(tune.Callback):
         process that died (``timeout`` when :meth:`end_overdue` ended it); None when a stop ended it
         before its end (not run, not failed)."""
         done = self._reported.pop(tune_id, None)
+        if done is None and not error and self.early_stop is not None:
+            if (step := self.early_stop.stopped_at(tune_id)) is not None:  # its scheduler ended it at a rung
+                done = self.collector.stopped(tune_id, job.cfg, step, self.early_stop.rule(step))
         if done is None and error and self.stop.reason is None:
             if job.job_id in self.timed_out:
+                self.timeouts.append(job.job_id)
                 done = self.collector.abandon(tune_id, job.cfg, self.timed_out[job.job_id], status=Status.TIMEOUT)
             else:
                 self.crashed.append(job.job_id)

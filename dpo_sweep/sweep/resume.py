@@ -7,7 +7,8 @@ changes none; a dimension newly swept, or an id of an earlier version, is rename
 configuration dropped from the search lists is kept too: what it measured has not changed. A row
 whose meaning the new space would change (``train.steps``, the model, the data, ... set
 differently) is refused (exit 2), naming the setting, before Ray starts: such rows and new ones
-must not sit in one frontier under one ``space.yaml``.
+must not sit in one frontier under one ``space.yaml``. Rows whose space is unknown (no
+``DIR/space.yaml``, or rows it does not name) are refused too, unless ``--accept-rows``.
 """
 from __future__ import annotations
 
@@ -84,13 +85,28 @@ def _shown(value: Any) -> str:
     return excerpt(repr(list(value) if isinstance(value, tuple) else value), 80)
 
 
-def match_rows(out_dir: Path, new: space_mod.Space) -> ResumeMatch:
+def _unknown_rows_text(out_dir: Path, rows: int, why: str) -> str:
+    files = ResultsDir(out_dir)
+    return (f"--resume: {files.results} holds {rows} row(s) {why}, so whether they measured what this space "
+            f"asks (train.steps, the model, the data, ...) is unknown, and resuming would put them in one "
+            f"frontier with the new rows. Put the space file they ran back as {files.space}, or run without "
+            f"--resume (the earlier results move to {files.previous('<time>').name}/), or give another "
+            "--output; if you know they measured these settings, add --accept-rows")
+
+
+def match_rows(out_dir: Path, new: space_mod.Space, accept_rows: bool = False) -> ResumeMatch:
     """The renames that make the rows of ``out_dir`` name their configurations in ``new``; raises
-    UserError (exit 2) when ``new`` would change what some of them measured (the module doc)."""
+    UserError (exit 2) when ``new`` would change what some of them measured (the module doc), or
+    when what they measured is unknown: no ``space.yaml``, or rows it does not name (unless
+    ``accept_rows``: the user's word that they measured these settings; such rows are kept)."""
     recorded = _recorded_space(out_dir)
     row_ids = [r["trial_id"] for r in read_csv_rows(ResultsDir(out_dir).results) if r.get("trial_id")]
-    if recorded is None or not row_ids:
-        return ResumeMatch(dict(new.renamed))  # nothing recorded to compare with (a hand-made folder)
+    if not row_ids:
+        return ResumeMatch(dict(new.renamed))
+    if recorded is None:
+        if not accept_rows:
+            raise UserError(_unknown_rows_text(out_dir, len(set(row_ids)), f"but no {ResultsDir.SPACE}"))
+        return ResumeMatch(dict(new.renamed))
     legacy = dict(recorded.renamed)
     by_id = {t.trial_id: t for t in recorded.trials}
     new_by_meaning: dict[tuple, str] = {}
@@ -102,11 +118,15 @@ def match_rows(out_dir: Path, new: space_mod.Space) -> ResumeMatch:
     both_swept = _swept(recorded) & _swept(new)
     renamed: dict[str, str] = {}
     conflicts: list[tuple[str, list[tuple[str, Any, Any]]]] = []
+    unnamed = [i for i in dict.fromkeys(row_ids) if legacy.get(i, i) not in by_id]
+    if unnamed and not accept_rows:
+        raise UserError(_unknown_rows_text(
+            out_dir, len(unnamed), f"that its {ResultsDir.SPACE} does not name (e.g. {excerpt(unnamed[0], 80)})"))
     for row_id in dict.fromkeys(row_ids):
         rid = legacy.get(row_id, row_id)
         cfg = by_id.get(rid)
         if cfg is None:
-            continue  # a row the recorded space does not name: nothing to compare it with
+            continue  # a row the recorded space does not name (--accept-rows): nothing to compare it with
         m = meaning(cfg)
         target = new_by_meaning.get(tuple(sorted(m.items())))
         if target is not None:

@@ -12,6 +12,7 @@ import ray
 
 from dpo_sweep import space as space_mod
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core import trial_facts
 from dpo_sweep.errors import UserError
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.task import Trainer
@@ -47,7 +48,7 @@ def default_max_concurrent(use_gpu: bool, cluster_gpus: float, workers_per_trial
 
 
 def check_fits(cfg: TrialConfig, cluster_cpus: float) -> None:
-    need = cfg.resources.workers_per_trial * cfg.resources.cpus_per_worker + TRIAL_CPUS
+    need = trial_facts.processes(cfg) * cfg.resources.cpus_per_worker + TRIAL_CPUS
     if need > cluster_cpus + 1e-9:
         raise UserError(
             f"resources: a trial needs {need:g} CPUs ({cfg.resources.workers_per_trial} workers x "

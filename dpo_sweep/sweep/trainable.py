@@ -43,6 +43,7 @@ import time
 from typing import Any
 
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core import trial_facts
 from dpo_sweep.sweep import warm_worker
 from dpo_sweep.sweep.protocol import TrialEnding, TrialFailure
 from dpo_sweep.sweep.task import TrialTask, task_of
@@ -104,7 +105,7 @@ def scaling_config(cfg: TrialConfig, use_gpu: bool) -> Any:
     per_worker: dict[str, float] = {"CPU": cfg.resources.cpus_per_worker}
     if use_gpu:
         per_worker["GPU"] = 1  # one GPU per worker: DDP/FSDP ranks never share a device
-    return ScalingConfig(num_workers=cfg.resources.workers_per_trial, use_gpu=use_gpu,
+    return ScalingConfig(num_workers=trial_facts.processes(cfg), use_gpu=use_gpu,
                          resources_per_worker=per_worker)
 
 

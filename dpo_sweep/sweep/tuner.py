@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ray import tune
 
 from dpo_sweep import space as space_mod
-from dpo_sweep.config import ModelSpec, TrialConfig
+from dpo_sweep.config import ModelSpec, TrialConfig, scheduler_of
 from dpo_sweep.plan.shape import ModelShape
 from dpo_sweep.plan.schedule import SweepPlan
 from dpo_sweep.core.lengths import LengthProfile
@@ -30,6 +30,7 @@ from dpo_sweep.sweep.ray_cluster import InfrastructureError
 from dpo_sweep.sweep.recorder import SweepRecorder
 from dpo_sweep.sweep.slots import TrialSlots, start_warm_workers
 from dpo_sweep.sweep.planner import PlanSearcher, card_memory_gb
+from dpo_sweep.sweep.early_stop import EarlyStop, early_stop
 from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, SameFailureStop, StopRequest, SweepStopper,
                                       quiet_tune_once_stopping, stop_on_sigint)
 
@@ -37,11 +38,14 @@ from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, SameFailure
 #: - our SIGINT handling (stopping.py) instead of Tune's;
 #: - Tune's console output off: the old reporter at verbose 0 prints nothing, where the new one
 #:   printed its experiment table and result path whatever the verbosity;
-#: - no TensorBoard/CSV/JSON result loggers (and so no TensorBoard hint): results.csv is ours.
+#: - no TensorBoard/CSV/JSON result loggers (and so no TensorBoard hint): results.csv is ours;
+#: - no check that every report carries the scheduler's metric.
 TUNE_DRIVER_ENV = {
     "TUNE_DISABLE_SIGINT_HANDLER": "1",
     "RAY_AIR_NEW_OUTPUT": "0",
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+    # search.scheduler's metric is in a learning trial's eval-point reports only, not in every one.
+    "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1",
 }
 #: Without those loggers there is no result.json for fit()'s ResultGrid, which it warns about for
 #: every trial; the sweep reads its results from its own callback, never from the ResultGrid.
@@ -54,6 +58,7 @@ class SweepSummary:
     ran: int  # trials that finished in this run (their rows are in results.csv)
     skipped: int
     crashed: list[str] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)  # trials ended past their time limit (rows: timeout)
     stopped: str | None = None  # why the sweep ended early: stopping.INTERRUPTED or a failure's cause
     not_run: list[str] = field(default_factory=list)  # trials without a row (stopped early)
     finished: int = 0  # trials with a row, earlier runs' included
@@ -66,10 +71,13 @@ def _trial_dirname(trial: Any) -> str:
     return trial_id_of(trial.config)
 
 
-def tune_config(max_concurrent: int, search_alg: PlanSearcher | None = None, num_samples: int = 1) -> tune.TuneConfig:
-    """``num_samples``: at most this many Tune trials (the plan ends the sweep earlier)."""
+def tune_config(max_concurrent: int, search_alg: PlanSearcher | None = None, num_samples: int = 1,
+                scheduler: EarlyStop | None = None) -> tune.TuneConfig:
+    """``num_samples``: at most this many Tune trials (the plan ends the sweep earlier);
+    ``scheduler``: search.scheduler's early stop (None: Tune's FIFO)."""
     return tune.TuneConfig(
         search_alg=search_alg,
+        scheduler=scheduler,
         num_samples=num_samples,
         max_concurrent_trials=max_concurrent,
         # The trial process only waits on fit() and never touches a GPU: keeping it saves a
@@ -130,13 +138,16 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfi
     task = TrialTask(todo[0], use_gpu=use_gpu, storage_path=storage, log_dir=str(ResultsDir(out_dir).logs.resolve()),
                      warm_pool=pool.name if pool is not None else None, trainer=trainer)
     # Once the plan knows a trial's outcome: the ETA prices it, and the same-failure early stop.
+    recorder.early_stop = early_stop(scheduler_of(sp.spec.search), max(t.train.learning_steps_resolved() for t in todo))
+    if recorder.early_stop is not None:
+        out(recorder.early_stop.describe())
     searcher = PlanSearcher(plan, recorder, task, faults,
                             end_hooks=(recorder.pricing.trial_ended, SameFailureStop(stop, total).trial_ended))
     try:
         tuner = tune.Tuner(
             tune.with_resources(tune_trainable, {"CPU": TRIAL_CPUS}),
             # A measure trial per configuration at most, and a learning trial per configuration.
-            tune_config=tune_config(concurrent, searcher, num_samples=2 * len(todo)),
+            tune_config=tune_config(concurrent, searcher, num_samples=2 * len(todo), scheduler=recorder.early_stop),
             run_config=tune.RunConfig(
                 name=time.strftime(f"{sp.name}-%Y%m%d-%H%M%S"),
                 storage_path=storage,
@@ -168,4 +179,4 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfi
             f"{', ...' if len(missing) > 5 else ''}); if the sweep was interrupted, run the same "
             "command with --resume to run only those")
     return SweepSummary(out_dir, ran=ran, skipped=total - len(todo), crashed=recorder.crashed,
-                        finished=recorder.finished, ray_trials=len(recorder.ended))
+                        timed_out=recorder.timeouts, finished=recorder.finished, ray_trials=len(recorder.ended))

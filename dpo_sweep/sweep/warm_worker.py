@@ -48,6 +48,7 @@ from typing import Any, Iterator, Sequence
 import ray
 
 from dpo_sweep.config import TrialConfig, distinct_models
+from dpo_sweep.core import trial_facts
 from dpo_sweep.core.status import Status
 from dpo_sweep.sweep.protocol import TrialFailure, short_error
 from dpo_sweep.sweep.task import Trainer, TrialTask, resolve_trainer
@@ -56,9 +57,15 @@ from dpo_sweep.sweep.worker_setup import unused_packages_hidden
 from dpo_sweep.train.data import data_key
 
 
+class TrialStopped(BaseException):
+    """Raised in a warm worker's trial thread at the step after Tune stopped the trial: a
+    BaseException, so that the trainer's own failure handling never turns it into an ``error``."""
+
+
 def wanted(cfg: TrialConfig) -> bool:
-    """Whether ``cfg`` runs in a warm worker (one worker per trial and not switched off)."""
-    return cfg.resources.workers_per_trial == 1 and cfg.resources.warm_workers
+    """Whether ``cfg`` runs in a warm worker (one worker process per trial, simulated ranks
+    included, and not switched off)."""
+    return trial_facts.processes(cfg) == 1 and cfg.resources.warm_workers
 
 
 class TrialWorker:
@@ -87,6 +94,15 @@ class TrialWorker:
         if data is not None:  # the sweep's data, tokenised while the driver's preflight runs
             self._warm.prefetch(data)
         self.trials_run = 0
+        # One trial at a time: the actor takes a second call (stop) while a trial runs, and a trial
+        # that Tune stopped ends at its next step while the next one waits here.
+        self._one_trial = threading.Lock()
+        self._stop: str | None = None  # the trial to end at its next step (stop)
+
+    def stop(self, trial_id: str) -> None:
+        """End the trial ``trial_id`` at its next step, if it runs here (Tune stopped it: an early
+        stop's decision); its steps so far are its result, which the sweep's driver already holds."""
+        self._stop = trial_id
 
     def run(self, task: TrialTask) -> Iterator[dict[str, Any]]:
         """Run one trial, yielding its reports as they happen (dicts, as Tune takes them), then its
@@ -102,10 +118,17 @@ class TrialWorker:
         ended = object()
         failure: list[TrialFailure] = []
 
+        def report(item: dict[str, Any]) -> None:
+            reports.put(item)
+            if self._stop == cfg.trial_id:
+                raise TrialStopped(cfg.trial_id)
+
         def work() -> None:
             try:
                 run_and_report(task, task.trainer or self._run_trial, ray_end=ray_end,
-                               import_end=import_end, report=reports.put, rank=0, warm=self._warm)
+                               import_end=import_end, report=report, rank=0, warm=self._warm)
+            except TrialStopped:
+                pass  # no consumer is left for its reports: Tune ended the trial
             except BaseException as exc:  # noqa: BLE001 - every failure becomes this trial's status
                 # Worded as a Ray Train worker's failure is: one worker, rank 0.
                 failure.append(TrialFailure.from_exception(exc, rank=0))
@@ -115,6 +138,7 @@ class TrialWorker:
 
         cfg = task.cfg
         with contextlib.ExitStack() as stack:
+            stack.enter_context(self._one_trial)
             if task.log_dir:  # everything the trial prints goes to its log file, as a Train worker's does
                 stack.enter_context(output_to_file(worker_log_path(task.log_dir, cfg.trial_id, 0)))
             if first:  # where this worker's own start went, beside the trial's start-up split
@@ -201,7 +225,8 @@ class WorkerPool:
 def new_worker(options: dict[str, Any], trainer: Trainer | None, models: list[Any], data: TrialConfig | None = None) -> Any:
     """A :class:`TrialWorker` actor; it starts importing the trainer and ``models``' code at once,
     then tokenising ``data``'s pairs."""
-    return ray.remote(TrialWorker).options(**options, max_restarts=0).remote(trainer, models, data)
+    # Two calls at a time: ``stop`` reaches a worker while its trial runs (TrialWorker._one_trial).
+    return ray.remote(TrialWorker).options(**options, max_restarts=0, max_concurrency=2).remote(trainer, models, data)
 
 
 @dataclass
@@ -260,6 +285,9 @@ def run_in_warm_worker(task: TrialTask) -> TrialFailure | None:
                 failure = item
             else:
                 tune.report(item)
+    except SystemExit:  # Tune stopped the trial (an early stop at a rung): the worker ends it at its next step
+        worker.stop.remote(trial_id)
+        raise
     except ray.exceptions.RayActorError as exc:
         failure = TrialFailure(Status.ERROR, short_error(f"the trial's worker process died: {exc}"), infrastructure=True)
     finally:

@@ -23,7 +23,7 @@ L3        L2, plus each input projection of the attention (q, k, v; a fused qkv;
           layer's attention backward runs; the benchmarks measure what that is worth
 full      the whole decoder layer (norms included), as Hugging Face's
           ``gradient_checkpointing_enable()`` does
-L4        refused at validation: a boundary inside RMSNorm or softmax (see config.REFUSED_LEVELS)
+L4        refused at validation: a boundary inside RMSNorm or softmax (see core/levels.py: REFUSED_LEVELS)
 ========  ====================================================================================
 
 The L2/L3 policy can keep only a kernel that is one torch op (sdpa's fused kernels, flash-attn's

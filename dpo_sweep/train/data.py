@@ -325,7 +325,9 @@ def synthetic_length(rng: random.Random, median: int, syn: SyntheticData) -> int
 
 def synthetic_pairs(spec: DataSpec, max_length: int, bos_id: int | None, eos_id: int) -> PairDataset:
     """Deterministic token-id pairs. The chosen reply follows the prompt (each token one more
-    than the prompt token it echoes), the rejected one is random: a preference a model can learn.
+    than the prompt token it echoes), the rejected one is random: a preference a model can learn
+    (``signal: vocabulary``: the chosen reply's ids lie in the prompt's half of 0-255, the rejected
+    one's in the other half).
     Token ids lie in 0-255, so any preset's vocabulary holds them. Lengths: see
     :func:`synthetic_length`; chosen and rejected lengths are drawn independently."""
     syn = spec.synthetic
@@ -335,9 +337,18 @@ def synthetic_pairs(spec: DataSpec, max_length: int, bos_id: int | None, eos_id:
     for _ in range(syn.pairs):
         n_prompt, n_chosen, n_rejected = (synthetic_length(rng, m, syn) for m in
                                           (syn.prompt_tokens, syn.response_tokens, syn.response_tokens))
-        prompt = [rng.randrange(256) for _ in range(n_prompt)]
-        chosen = [(prompt[i % len(prompt)] + 1) % 256 for i in range(n_chosen)]
-        rejected = [rng.randrange(256) for _ in range(n_rejected)]
+        if syn.signal == "vocabulary":
+            # The preference is a reply in the prompt's half of the ids (0-127 or 128-255, drawn per
+            # pair): no token is better than another on its own, so only a model that reads the
+            # prompt ranks pairs it never saw.
+            half = 128 * rng.randrange(2)
+            prompt = [half + rng.randrange(128) for _ in range(n_prompt)]
+            chosen = [half + rng.randrange(128) for _ in range(n_chosen)]
+            rejected = [128 - half + rng.randrange(128) for _ in range(n_rejected)]
+        else:
+            prompt = [rng.randrange(256) for _ in range(n_prompt)]
+            chosen = [(prompt[i % len(prompt)] + 1) % 256 for i in range(n_chosen)]
+            rejected = [rng.randrange(256) for _ in range(n_rejected)]
         p = ([bos_id] if bos_id is not None else []) + prompt
         whole = (p, chosen + [eos_id], rejected + [eos_id])
         cut = truncate_keeping_bos(*whole, bos_id, spec, max_length)

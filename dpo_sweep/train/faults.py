@@ -10,7 +10,8 @@ trial its :class:`InjectedFault` (a Ray sweep: in its ``TrialTask``); the traine
     DPO_SWEEP_TEST_FAULTS='{"step": 2, "kind": "oom", "rank": 1, "when": {"checkpoint_level": "L1"}}'
 
 ``step``: the optimizer step (1-based); ``kind``: ``error`` (an exception), ``oom`` (a
-``torch.OutOfMemoryError``) or ``nan`` (that step's loss poisoned); ``rank``: only that worker
+``torch.OutOfMemoryError``), ``nan`` (that step's loss poisoned) or ``hang`` (the step never
+ends: the sweep's time limit ends the trial); ``rank``: only that worker
 (default: every rank); ``when``: the trials it applies to, by values of their configuration (dotted
 paths into ``TrialConfig``, e.g. ``train.seed``; default: every trial). The first matching rule wins.
 No torch at import: the sweep's driver imports this module.
@@ -26,7 +27,7 @@ from dpo_sweep.errors import UserError
 
 #: The environment variable only tests set (see the module doc).
 FAULTS_ENV = "DPO_SWEEP_TEST_FAULTS"
-FAULT_KINDS = ("error", "oom", "nan")
+FAULT_KINDS = ("error", "oom", "nan", "hang")
 
 
 class InjectedFailure(RuntimeError):
@@ -55,6 +56,11 @@ def inject(fault: InjectedFault | None, step: int, rank: int = 0) -> bool:
         import torch  # the trainer's process has it already
 
         raise torch.OutOfMemoryError(f"injected OOM at step {step} ({FAULTS_ENV})")
+    if fault.kind == "hang":
+        import time
+
+        while True:
+            time.sleep(60)
     if fault.kind == "error":
         raise InjectedFailure(f"injected failure at step {step} ({FAULTS_ENV})")
     return True

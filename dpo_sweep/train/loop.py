@@ -23,7 +23,6 @@ updates; use bf16-mixed when the run is meant to learn, bf16 when it is meant to
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
@@ -33,17 +32,17 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from dpo_sweep.core import stability, trial_facts
 from dpo_sweep.config import TrialConfig
+from dpo_sweep.core.held_out import HELD_OUT_FIELDS
 from dpo_sweep.core.status import Status
 from dpo_sweep.errors import UserError
 from dpo_sweep.records import StepRecord, TrialResult, error_text, failed_result
 from dpo_sweep.telemetry import MemorySampler, StepTimer, TrialClock, failure_peak_gb, make_memory_sampler
 from dpo_sweep.core.flops import NO_TOKENS
 from dpo_sweep.telemetry.timing import PhaseMarks, micro_and_optimizer_ms
-from dpo_sweep.train import evaluation, knobs, metrics
+from dpo_sweep.train import evaluation, heldout, knobs, metrics, parallel
 from dpo_sweep.train.adapters import InBackwardOptimizer
 from dpo_sweep.train.batching import MicroBatch, flop_token_counts
 from dpo_sweep.train.faults import InjectedFault, inject
@@ -110,11 +109,8 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
         report(record)
 
     try:
-        if cfg.train.trainer == "trl":
-            from dpo_sweep.train import trl_trainer  # TRL's import (seconds) only where a trial uses it
-
-            return TrialOutcome(*trl_trainer.train(cfg, device, clock, keep, say, warm, fault))
-        return _train(cfg, device, clock, keep, say, warm, fault)
+        with parallel.simulated_group(cfg):
+            return _run(cfg, device, clock, keep, say, warm, fault)
     except UserError:
         raise
     except torch.OutOfMemoryError as err:
@@ -130,6 +126,15 @@ def run_trial(cfg: TrialConfig, *, on_step: Callable[[StepRecord], None] | None 
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _run(cfg: TrialConfig, device: torch.device, clock: TrialClock, keep: Callable[[StepRecord], None],
+         say: Logger, warm: WarmState | None, fault: InjectedFault | None) -> TrialOutcome:
+    if cfg.train.trainer == "trl":
+        from dpo_sweep.train import trl_trainer  # TRL's import (seconds) only where a trial uses it
+
+        return TrialOutcome(*trl_trainer.train(cfg, device, clock, keep, say, warm, fault))
+    return _train(cfg, device, clock, keep, say, warm, fault)
 
 
 def _failed(cfg: TrialConfig, status: str, err: BaseException, done: list[StepRecord]) -> TrialResult:
@@ -155,13 +160,19 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
         timer = StepTimer(device, cfg.train.warmup_steps)
         steps: list[StepOutput] = []
         status, error = Status.OK, ""
+        held_out = _held_out_reference(setup)
         for step in range(1, cfg.train.steps + 1 + cfg.train.worst_case_step):
             sampler.reset_peak()  # this step's own peak (not the model build's or earlier steps')
             out = train_step(setup, step, timer, sampler, clock, fault)
+            if held_out is not None and step <= cfg.train.steps and heldout.is_eval_step(step, cfg.train):
+                # After the step's timer ended: scoring the split is no part of its time.
+                score = _score_held_out(setup, held_out, out.record.beta)
+                out = dataclasses.replace(out, record=dataclasses.replace(out.record, **score))
             steps.append(out)
             on_step(out.record)
             say(_step_line(cfg, out.record))
-            error = divergence(out.record, cfg.train.precision)
+            # A simulated rank's peers' shards are uninitialised memory: its losses are no signal.
+            error = "" if setup.simulated else divergence(out.record, cfg.train.precision)
             if error:
                 status = Status.DIVERGED
                 say(f"[{cfg.trial_id}] diverged: {error}; stopping")
@@ -170,15 +181,47 @@ def _train(cfg: TrialConfig, device: torch.device, clock: TrialClock,
     if setup.ema is not None:
         setup.ema.copy_to_params()  # the EMA weights are the trial's final weights
     records = [out.record for out in steps if not out.record.worst_case]  # the learning signals: typical steps
-    eval_loss = math.nan if status != Status.OK or not cfg.train.evaluate else evaluation.held_batch_loss(
+    eval_loss = math.nan if status != Status.OK or not cfg.train.evaluate or held_out is not None else evaluation.held_batch_loss(
         lambda model, held: precompute_reference(model, held, cfg, device, setup.data.pad_token_id),
         setup.policy, setup.reference, setup.ref_table, setup.data.pairs, cfg.effective_batch(),
         records[-1].beta, cfg.train)
+    scored = [r for r in records if math.isfinite(r.eval_reward_accuracy)]
+    if held_out is not None:  # the last eval point's; eval_loss: the held-out split's, not a held batch
+        last = scored[-1] if scored else None
+        eval_loss = last.eval_loss if last is not None and status == Status.OK else math.nan
     signals = stability.signals(*([getattr(r, k) for r in records] for k in (
         "loss", "grad_norm", "logratio_std", "reward_accuracy", "reward_margin")), precision=cfg.train.precision)
     result = summarise(setup, steps, timer, clock, status=status, error=error, mem_source=sampler.source,
                        signals={**signals, "eval_loss": eval_loss})
+    if held_out is not None:
+        last = {f: getattr(scored[-1], f) if scored else math.nan for f in HELD_OUT_FIELDS if f != "eval_loss"}
+        result = dataclasses.replace(result, **last, eval_pairs=len(setup.data.held_out))
     return TrialOutcome(result, tuple(out.record for out in steps))
+
+
+def _held_out_reference(setup: TrialSetup) -> torch.Tensor | None:
+    """The reference's log-probs of the held-out split, before the first step (None without a
+    split, or in a trial that only measures: ``train.evaluate`` off). Without a live reference the
+    policy before its first update is the reference (a precomputed table is made from it too)."""
+    cfg = setup.cfg
+    if setup.data.held_out is None or not cfg.train.evaluate:
+        return None
+    return _logps(setup, setup.reference if setup.reference is not None else setup.policy)
+
+
+def _logps(setup: TrialSetup, model: nn.Module) -> torch.Tensor:
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        table = precompute_reference(model, setup.data.held_out, setup.cfg, setup.device, setup.data.pad_token_id)
+    model.train(was_training)
+    return table
+
+
+def _score_held_out(setup: TrialSetup, ref_logps: torch.Tensor, beta: float) -> dict[str, float]:
+    """The policy's weights of this step on the held-out split (with train.ema_decay: the trained
+    weights, not their average)."""
+    return heldout.score(_logps(setup, setup.policy), ref_logps, setup.data.held_out, beta, setup.cfg.train)
 
 
 # --- One optimizer step -----------------------------------------------------------------------
@@ -265,7 +308,7 @@ def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bo
     has_padding = bool((cpu_batch.attention_mask == 0).any())
     batch = cpu_batch.to(setup.device)
     pairs = batch.pairs
-    with _no_sync(setup.policy, sync=sync), autocast(cfg, setup.device):
+    with parallel.no_sync(setup.policy, sync=sync), autocast(cfg, setup.device):
         if setup.ref_table is not None:
             if missing := missing_rows(setup.ref_table, cpu_batch.index):  # a CPU look-up: no sync
                 raise RuntimeError(f"no precomputed reference for pairs {missing[:8]} (train/reference.pairs_read "
@@ -276,6 +319,8 @@ def _micro_step(setup: TrialSetup, cpu_batch: MicroBatch, sync: bool, poison: bo
             # transient buffers then never add to the step's peak.
             with torch.no_grad():
                 ref_logps, _ = setup.reference(*forward_inputs(batch, has_padding))
+            if hasattr(setup.reference, "reshard"):  # FSDP2 keeps a root's weights gathered after its forward
+                setup.reference.reshard()
         logps, token_counts = setup.policy(*forward_inputs(batch, has_padding))
         losses, chosen_rewards, rejected_rewards = dpo_loss(
             logps[:pairs], logps[pairs:], ref_logps[:pairs], ref_logps[pairs:], beta, cfg.train.loss,
@@ -318,7 +363,8 @@ def _all_reduce_sums(setup: TrialSetup, device_sums: torch.Tensor, counts: metri
         return device_sums
     sums = torch.cat([device_sums, counts.to_tensor(setup.device)])
     dist.all_reduce(sums)
-    return sums
+    # The fake group's all-reduce leaves rank 0's own: every rank is taken to read as much.
+    return sums * setup.world if setup.simulated else sums
 
 
 def _max_over_workers(setup: TrialSetup, value: float) -> float:
@@ -347,11 +393,3 @@ def _step_line(cfg: TrialConfig, rec: StepRecord) -> str:
             + ("" if rec.measured else " (warm-up)") + (" (worst case: longest pairs)" if rec.worst_case else ""))
 
 
-def _no_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
-    """Skip the gradient all-reduce on accumulation micro-steps (one all-reduce per optimizer
-    step, overlapped with the last micro-step's backward)."""
-    if hasattr(model, "no_sync"):
-        return contextlib.nullcontext() if sync else model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(sync)
-    return contextlib.nullcontext()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import pickle
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from torch import nn
 from dpo_sweep.config import ModelSpec
 from dpo_sweep.core import trial_facts
 from dpo_sweep.models.presets import PRESETS, preset_config
+from dpo_sweep.models.pretrained import weights_error
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -87,10 +89,16 @@ def build_model(spec: ModelSpec, precision: str, device: torch.device, seed: int
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn)
     else:
-        model = AutoModelForCausalLM.from_pretrained(
-            spec.name_or_path, dtype=dtype, attn_implementation=attn,
-            trust_remote_code=spec.trust_remote_code,
-        ).to(device)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                spec.name_or_path, dtype=dtype, attn_implementation=attn,
+                trust_remote_code=spec.trust_remote_code,
+            )
+        except torch.OutOfMemoryError:
+            raise
+        except (pickle.UnpicklingError, OSError, RuntimeError) as err:  # the weights file: unsafe or damaged
+            raise weights_error(spec, err) from None
+        model = model.to(device)
     model.config.use_cache = False
     total, non_emb = count_params(model)
     return BuiltModel(model=model, attn_implementation=attn, n_params=total, n_params_non_embedding=non_emb,

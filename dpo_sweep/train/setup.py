@@ -20,13 +20,14 @@ from torch import nn
 from dpo_sweep.config import TrainSpec, TrialConfig
 from dpo_sweep.errors import DataError
 from dpo_sweep.core.flops import DecoderShape
-from dpo_sweep.train import knobs, parity
+from dpo_sweep.train import knobs, parallel, parity
 from dpo_sweep.train.adapters import (AdaptersOff, InBackwardOptimizer, apply_adapter, build_optimizer, reference_view,
                                      refuse_cpu_levers)
 from dpo_sweep.train.batching import MicroBatch, collate, micro_batches, worst_case_batches
-from dpo_sweep.train.checkpointing import apply_checkpoint_level, decoder_layers
+from dpo_sweep.train.checkpointing import apply_checkpoint_level
 from dpo_sweep.train.data import PairDataset
 from dpo_sweep.train.lean import apply_lean_ops
+from dpo_sweep.train import heldout
 from dpo_sweep.train.logprobs import SequenceLogProbs
 from dpo_sweep.train.model import BuiltModel, build_model, disable_dropout, freeze_reference
 from dpo_sweep.core.order import padded_width, pair_length, usable_pairs
@@ -45,6 +46,7 @@ class TrialData:
     pairs: PairDataset
     pad_token_id: int
     usable_pairs: int  # a whole number of effective batches, micro_batch x grad_acc x workers (drop_last)
+    held_out: PairDataset | None = None  # data.eval_pairs: the split no trial trains on (train/heldout.py)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class TrialSetup:
     ema: knobs.WeightEma | None  # train.ema_decay
     shapes_run: set[tuple[int, ...]]  # micro-batch shapes this process trained on (WarmState.shapes_run)
     parity: parity.ParityFigures  # the fast paths against the model's own forward, before the first step
+    simulated: bool = False  # rank 0 of ``world`` alone, through the fake process group (train/parallel.py)
 
 
 def configure_device_memory(cfg: TrialConfig, device: torch.device) -> None:
@@ -94,6 +97,7 @@ def load_data(cfg: TrialConfig, world: int, say: Logger, since: float, warm: War
     """The trial's tokenized pairs (``warm``'s when it holds them); ``since``: the ``perf_counter``
     its log lines count from."""
     tok, ds = warm.tokenized_pairs(cfg) if warm is not None else tokenized_pairs(cfg)
+    ds, held_out = heldout.split(ds, cfg.data)
     usable = usable_pairs(len(ds), cfg.micro_batch, world, grad_acc=cfg.grad_acc)
     if usable == 0:
         raise DataError(f"{ds.source}: {len(ds)} pairs cannot fill one effective batch of micro_batch "
@@ -105,7 +109,9 @@ def load_data(cfg: TrialConfig, world: int, say: Logger, since: float, warm: War
     if usable < len(ds):
         say(f"[{cfg.trial_id}] {len(ds)} pairs do not divide into micro_batch x grad_acc x workers = "
             f"{cfg.micro_batch * cfg.grad_acc * world}: {len(ds) - usable} left out of each epoch (drop_last)")
-    return TrialData(ds, tok.pad_token_id, usable)
+    if held_out is not None:
+        say(f"[{cfg.trial_id}] held out: {len(held_out)} pairs (data.eval_pairs), never trained on")
+    return TrialData(ds, tok.pad_token_id, usable, held_out)
 
 
 def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, data: TrialData,
@@ -129,7 +135,7 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         if cfg.model.lean_ops:
             # The same forward arithmetic as the policy's, so both agree exactly at step 1.
             apply_lean_ops(frozen, fused_kernels=built.liger_kernel)
-        reference = SequenceLogProbs(frozen, train.logp_chunk_tokens)
+        reference = parallel.shard_reference(cfg, SequenceLogProbs(frozen, train.logp_chunk_tokens), device, world)
     if cfg.model.lean_ops:
         apply_lean_ops(policy, fused_kernels=built.liger_kernel)
     if train.reference == "live" and peft_model is not None:
@@ -144,14 +150,16 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
     policy.train()
     policy_module = SequenceLogProbs(policy, train.logp_chunk_tokens, router_aux_loss=True)
     parity_figures = check_parity(cfg, policy_module, parity_pairs, parity_want, data.pad_token_id, device)
-    policy_logps = _wrap_parallel(cfg, policy_module, device, world)
+    policy_logps = parallel.wrap_policy(cfg, policy_module, device, world)
     params = tuple(p for p in policy_logps.parameters() if p.requires_grad)
     optimizer = (InBackwardOptimizer(params, train, device) if train.optimizer_in_backward
                  else build_optimizer(params, train, device))
     say(f"[{cfg.trial_id}] model {cfg.model.label()}: {built.n_params / 1e6:.1f}M params, "
         f"{train.precision}, attention {built.attn_implementation}{', liger' if built.liger_kernel else ''}"
         f"{', lean ops' if cfg.model.lean_ops else ''}, checkpoint {cfg.checkpoint_level}, "
-        f"reference {train.reference}, {_lever_words(train, params)}, device {device}, {world} worker(s); "
+        f"reference {train.reference}, {_lever_words(train, params)}, device {device}, {world} worker(s)"
+        f"{' (simulated: rank 0 alone, fake process group)' if parallel.simulating() else ''}"
+        f"{', ' + cfg.resources.parallelism if world > 1 else ''}; "
         f"parity with the model's own forward: {parity_figures.words()} [{time.perf_counter() - since:.1f} s]")
     multiple = pad_multiple(train, device.type)  # the padded batches' width multiple (train.pad_to_multiple_of)
     return TrialSetup(
@@ -172,6 +180,7 @@ def build_trial(cfg: TrialConfig, device: torch.device, world: int, rank: int, d
         ema=knobs.WeightEma(params, train.ema_decay) if train.ema_decay is not None else None,
         shapes_run=warm.shapes_run if warm is not None else set(),
         parity=parity_figures,
+        simulated=parallel.simulating(),
     )
 
 
@@ -269,20 +278,3 @@ def precompute_reference(reference: SequenceLogProbs, ds: PairDataset, cfg: Tria
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return table
-
-
-def _wrap_parallel(cfg: TrialConfig, policy_logps: SequenceLogProbs, device: torch.device, world: int) -> nn.Module:
-    if world == 1:
-        return policy_logps
-    if cfg.resources.parallelism == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if cfg.train.precision == "bf16-mixed" else MixedPrecisionPolicy())
-        for layer in decoder_layers(policy_logps.lm):
-            fully_shard(layer, mp_policy=mp)
-        fully_shard(policy_logps, mp_policy=mp)
-        return policy_logps
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    return DDP(policy_logps, device_ids=[device.index] if device.type == "cuda" else None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from dpo_sweep.config import DataSpec
 from dpo_sweep.errors import DataError
@@ -61,11 +61,30 @@ def _read_text(p: Path, path: str | Path) -> str:
         raise DataError(f"{path}: line {line}: not UTF-8 text ({err.reason}); save the file as UTF-8") from None
 
 
+#: The longest line a .jsonl file may hold (bytes): one preference pair, prompt and both answers,
+#: is far shorter; a longer line is refused with its number before it is parsed or tokenized.
+MAX_JSONL_LINE_BYTES = 1_000_000
+
+
+def _jsonl_lines(p: Path, path: str | Path) -> Iterator[tuple[int, str]]:
+    """The file's lines and their numbers, read one at a time, none over :data:`MAX_JSONL_LINE_BYTES`
+    (memory bounded: an over-long line is refused once its first megabyte is read)."""
+    with p.open("rb") as fh:
+        # Lines end at b"\n" only: a JSON string may hold U+2028 and other separators raw.
+        for n, raw in enumerate(iter(lambda: fh.readline(MAX_JSONL_LINE_BYTES + 2), b""), start=1):
+            if len(raw.rstrip(b"\r\n")) > MAX_JSONL_LINE_BYTES:
+                raise DataError(f"{path}: line {n}: longer than {MAX_JSONL_LINE_BYTES:,} bytes, the most a line "
+                                "may hold; each line holds one pair object (shorten or drop that pair)")
+            try:
+                # utf-8-sig on the first line: a leading byte-order mark (Windows editors) is dropped.
+                yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}: line {n}: not UTF-8 text ({err.reason}); save the file as UTF-8") from None
+
+
 def _read_jsonl(p: Path, path: str | Path) -> SourceRows:
     rows, numbers = [], []
-    # split("\n"), not splitlines(): that also splits at U+2028 and other separators that JSON
-    # strings may hold raw, which would break a row in two and shift every line number after it.
-    for n, line in enumerate(_read_text(p, path).split("\n"), start=1):
+    for n, line in _jsonl_lines(p, path):
         if not line.strip():
             continue
         try:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dpo_sweep.core import trial_facts
+from dpo_sweep import cards
+from dpo_sweep.core import comms, trial_facts
 from dpo_sweep.config import LORA_AUTO, TrialConfig
 from dpo_sweep.records import StepRecord, TrialResult, config_columns
 from dpo_sweep.core.flops import TokenCounts, dpo_step_flops, mfu
@@ -38,6 +39,8 @@ def _sum_over_workers(setup: TrialSetup, counts: TokenCounts) -> TokenCounts:
         return counts
     total = torch.tensor(dataclasses.astuple(counts), dtype=torch.int64, device=setup.device)
     dist.all_reduce(total)
+    if setup.simulated:  # rank 0's alone: every rank is taken to train on as many tokens
+        total *= setup.world
     return TokenCounts(*(int(v) for v in total.tolist()))
 
 
@@ -71,14 +74,19 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
                            reference=cfg.train.reference, chunked_head=cfg.train.logp_chunk_tokens > 0,
                            lean_mlp=_lean_mlp_used(cfg), frozen_base=cfg.train.adapter != "full") / max(1, len(measured))
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    comm = modelled_comm(setup, gpu_name)
+    compute_ms = step_time_ms
+    if comm is not None:  # simulated ranks: one rank's compute plus the step's communication
+        step_time_ms += comm
     return TrialResult(
         **config_columns(cfg), status=status,
         peak_mem_gb=trial_peaks.peak_gb, torch_peak_alloc_gb=trial_peaks.torch_alloc_gb,
         torch_peak_reserved_gb=trial_peaks.torch_reserved_gb, peak_mem_typical_gb=typical_peak_gb,
         padding_frac=metrics.mean([r.padding_frac for r in measured_records]),
-        step_time_ms=step_time_ms, step_time_p10_ms=timer.p10_ms(), step_time_p90_ms=timer.p90_ms(),
-        tokens_per_s=metrics.median([r.tokens_per_s for r in measured_records]),
-        mfu=mfu(flops, step_time_ms / 1e3, gpu_name, setup.world) if measured else math.nan,
+        step_time_ms=step_time_ms, step_time_p10_ms=timer.p10_ms() + (step_time_ms - compute_ms),
+        step_time_p90_ms=timer.p90_ms() + (step_time_ms - compute_ms),
+        tokens_per_s=metrics.median([r.tokens_per_s for r in measured_records]) * compute_ms / step_time_ms,
+        mfu=mfu(flops, step_time_ms / 1e3, cards.mfu_peak_flops(gpu_name), setup.world) if measured else math.nan,
         loss_mean=metrics.mean([r.loss for r in measured_records]),
         loss_std=metrics.detrended_std([r.loss for r in measured_records]),
         grad_norm_mean=metrics.mean([r.grad_norm for r in measured_records]),
@@ -95,4 +103,22 @@ def summarise(setup: TrialSetup, steps: list[StepOutput], timer: StepTimer, cloc
         pairs_dropped=setup.data.pairs.dropped, startup_s=clock.startup_s(), measure_s=clock.measure_s(),
         **clock.startup_split(),
         **signals,
+        ranks_simulated=setup.simulated,
+        **({"comm_ms": comm} if comm is not None else {}),
     )
+
+
+def modelled_comm(setup: TrialSetup, gpu_name: str | None) -> float | None:
+    """A simulated trial's communication per optimizer step, ms (core/comms.py) over its
+    card's GPU-to-GPU bandwidth (the catalog's; unknown: PCIe Gen4's); None when not simulated."""
+    if not setup.simulated:
+        return None
+    cfg = setup.cfg
+    card = cards.of_device(gpu_name)
+    bandwidth = card.interconnect_gb_s if card is not None else comms.DEFAULT_INTERCONNECT_GB_S
+    traffic = comms.step_traffic(
+        parallelism=cfg.resources.parallelism, world=setup.world, params=setup.built.n_params,
+        trainable=sum(p.numel() for p in setup.params), grad_acc=cfg.grad_acc, precision=cfg.train.precision,
+        live_reference=cfg.train.reference == "live", reference_params=setup.built.n_params,
+        sync_every_micro_step=cfg.resources.sync_every_micro_step)
+    return traffic.ms(bandwidth)

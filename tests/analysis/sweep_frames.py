@@ -26,7 +26,7 @@ def trial(trial_id: str, mem: float = math.nan, time_ms: float = math.nan, std: 
     if tps is None:
         tps = 1e6 / time_ms if math.isfinite(time_ms) and time_ms > 0 else math.nan
     return TrialResult(trial_id=trial_id, status=status, model=model, seq_len=128, micro_batch=mb,
-                       checkpoint_level=level, grad_acc=ga, beta=beta, num_workers=1,
+                       checkpoint_level=level, grad_acc=ga, beta=beta, workers_per_trial=1,
                        effective_batch=mb * ga, peak_mem_gb=mem, step_time_ms=time_ms,
                        tokens_per_s=tps, loss_std=std, error=error,
                        extra={"seed": trial_id if seed is None else seed})

@@ -38,7 +38,7 @@ def test_hours_steps_and_interval_by_hand():
 
 
 def test_gpu_hours_count_every_worker():
-    fc, _ = forecast.forecast(_row(num_workers=4, effective_batch=64), DATA, environment=H200_ENV)
+    fc, _ = forecast.forecast(_row(workers_per_trial=4, effective_batch=64), DATA, environment=H200_ENV)
     assert fc.gpu_hours == pytest.approx(4 * fc.hours) and fc.steps == math.ceil(1000 / 64)
 
 

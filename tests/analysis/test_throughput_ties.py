@@ -60,10 +60,11 @@ def test_the_same_answer_twice_when_throughputs_differ_inside_the_noise(tmp_path
         assert outcome.recommendation["trial_id"] == "t001_mb2_none_ga2"  # the tie goes to less memory
     assert first.analysed["on_frontier"].tolist() == second.analysed["on_frontier"].tolist() == [False, True]
     reason = first.recommendation["reason"]
-    assert "A tie decided: t008_mb4_L1_ga1 measured more tokens/s (1,010 vs 1,000)" in reason
-    assert "inside the step-time noise" in reason and "less peak memory" in reason
+    assert "Tied with it on throughput" in reason
+    assert ("t008_mb4_L1_ga1 is off the frontier: t001_mb2_none_ga2 is no worse within the noise on every "
+            "objective and better on memory (6.000 vs 7.000)") in reason
     assert "No other frontier configuration qualifies" in reason  # t008 is off it: the tie dominated it
-    assert "A tie decided" not in second.recommendation["reason"]
+    assert "measured more tokens/s" not in second.recommendation["reason"]
 
 
 def test_throughputs_apart_by_more_than_the_noise_are_not_tied(tmp_path):
@@ -73,7 +74,7 @@ def test_throughputs_apart_by_more_than_the_noise_are_not_tied(tmp_path):
     outcome = analyse_dir(write_dir(tmp_path / "r", rows), memory_budget_gb=40.0)
     assert outcome.recommendation["trial_id"] == "fast"
     assert outcome.analysed["on_frontier"].tolist() == [True, True]
-    assert "A tie decided" not in outcome.recommendation["reason"]
+    assert "Tied with it" not in outcome.recommendation["reason"]
     assert "inside the step-time noise" not in outcome.recommendation["reason"]
 
 

@@ -285,6 +285,34 @@ def test_the_winner_says_what_the_other_trainer_measured(tmp_path):
     assert "| 4 | none | 1 | 0.1 | 8.00 | 10.00 | +2.00 |" in frontier
 
 
+def test_a_level_trl_cannot_run_takes_the_measured_trl_row_of_its_nearest_level(tmp_path):
+    import dataclasses
+    import json
+
+    raw = quick_space(tmp_path, search={"micro_batch": [2], "checkpoint_level": ["L1", "full"], "grad_acc": [1],
+                                        "beta": [0.1], "trainer": ["native", "trl"]})
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "space.yaml").write_text(yaml.safe_dump(raw))
+    rows = []
+    for t in space_mod.parse(raw).trials:  # trl x L1 is skipped: native L1 (fastest), native full, trl full
+        native, full = t.train.trainer == "native", t.checkpoint_level == "full"
+        row = trial(t.trial_id, mem=3.0 if full else 4.0, time_ms=(100.0 if native and not full else 300.0) + 50 * (not native),
+                    std=0.02, mb=t.micro_batch, level=t.checkpoint_level, ga=t.grad_acc, beta=t.beta,
+                    seed=t.train.seed)
+        row.extra.update({"attn_implementation": "sdpa", "liger_kernel": False})
+        rows.append(dataclasses.replace(row, trainer=t.train.trainer))
+    assert sorted((r.trainer, r.checkpoint_level) for r in rows) == [("native", "L1"), ("native", "full"), ("trl", "full")]
+    write_dir(out, rows)
+    outcome = analyse_dir(out, memory_budget_gb=40.0)
+    assert (outcome.recommendation["config"]["trainer"], outcome.recommendation["config"]["checkpoint_level"]) == ("native", "L1")
+    switch = json.loads((out / "recommendation.json").read_text())["trl"]["switch"]
+    trl_full = next(r for r in rows if r.trainer == "trl")
+    assert (switch["source"], switch["trial_id"], switch["checkpoint_level"]) == ("measured", trl_full.trial_id, "full")
+    assert switch["peak_mem_gb"] == pytest.approx(3.0)
+    assert f"with the trl trainer ({trl_full.trial_id}, measured, at checkpoint level full, its nearest) it peaks at 3.00 GB (-1.00 GB)" in outcome.winner_text
+
+
 def test_without_a_trl_row_the_switch_is_predicted_at_the_nearest_trl_level(tmp_path):
     import json
 

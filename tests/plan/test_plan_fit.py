@@ -1,6 +1,7 @@
 """validate --gpu: which configurations fit a card, with how much to spare, and the cheapest lever."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,16 @@ def test_a_card_without_bf16_says_so_for_a_bf16_space():
     text = fit.fit_text(T4, trials, PLANNER.table(trials, T4), 0.05)
     assert "note: the T4 has no bf16 tensor cores" in text
     assert "no bf16 tensor cores" not in fit.fit_text(H100, trials, PLANNER.table(trials, H100), 0.05)
+
+
+def test_a_card_every_configuration_fits_is_one_line_naming_the_tightest(capsys):
+    assert main(["validate", "search_spaces/quickstart.yaml", "--gpu", "H100"]) == 0
+    block = capsys.readouterr().out.split("\nH100: ", 1)[1].strip().splitlines()
+    trials = space_mod.load("search_spaces/quickstart.yaml").trials
+    fits = PLANNER.table(trials, H100)
+    tight = min(range(len(fits)), key=lambda i: fits[i].spare_gb)
+    assert len(block) == 1, block  # no table of "yes"
+    # validate predicts with the data's own lengths: within 0.02 GB of the planner's default here
+    said = re.search(rf"all {len(trials)} configuration\(s\) fit, the tightest {trials[tight].trial_id} with "
+                     r"([0-9.]+) GB to spare", block[0])
+    assert said and abs(float(said.group(1)) - fits[tight].spare_gb) < 0.02, block[0]

@@ -14,7 +14,7 @@ from dpo_sweep.records import TrialResult
 def row(tid, mb, tps, spread=0.01, peak=20.0, source="extrapolated", measured_by=None, grad_acc=None, status="ok"):
     """A row whose step time is 1000 ms, p10/p90 at -/+ spread: tokens/s interval tps / (1 +- spread)."""
     return TrialResult(trial_id=tid, status=status, model="m", seq_len=1024, micro_batch=mb, checkpoint_level="none",
-                       grad_acc=grad_acc or 64 // mb, beta=0.1, num_workers=1, effective_batch=64,
+                       grad_acc=grad_acc or 64 // mb, beta=0.1, workers_per_trial=1, effective_batch=64,
                        peak_mem_gb=peak, step_time_ms=1000.0, step_time_p10_ms=1000.0 * (1 - spread),
                        step_time_p90_ms=1000.0 * (1 + spread), tokens_per_s=tps,
                        step_time_source=source, measured_by=measured_by or tid)

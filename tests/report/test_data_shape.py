@@ -68,3 +68,15 @@ def test_length_histograms_are_no_trial_curves_when_nothing_completed(tmp_path):
     write_data_json(tmp_path, [long_tailed_shape()[1]])
     html = analyse_dir(tmp_path, 20.0).report_path.read_text()
     assert "plot-lengths-0" in html and "nothing to plot" in html and "per-step curves show" not in html
+
+
+def test_a_one_length_histogram_has_whole_token_ticks_around_its_bar():
+    from dpo_sweep.report.data_shape import length_histogram
+
+    fixed = {"source": "synthetic", "lengths": {n: {"histogram": histogram([512] * 8)}
+                                                for n in ("prompt", "chosen", "rejected")}}
+    xaxis = length_histogram(fixed)["layout"]["xaxis"]
+    assert xaxis["tickformat"] == "d" and xaxis["dtick"] == 1 and xaxis["range"] == [510, 515]
+    _, shape = long_tailed_shape()
+    wide = length_histogram({"source": "s", "lengths": shape["lengths"]})["layout"]["xaxis"]
+    assert wide["tickformat"] == "d" and "dtick" not in wide  # plotly's own spacing over a wide range

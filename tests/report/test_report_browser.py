@@ -190,3 +190,37 @@ def test_the_parallel_coordinates_filters_hide_lines_and_table_rows(tmp_path, ch
     assert after == ("3", 3, 3)
     assert count.endswith("of 6 trials shown (here and in All trials)")
     assert log.errors() == []
+
+
+# For every plot: its legend's box and the boxes of its axis titles and of its plot areas.
+LEGEND_CLEAR_JS = """
+Array.from(document.querySelectorAll('div.plot')).map(function (div) {
+  function box(el) { var r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }
+  var legend = div.querySelector('g.legend .bg');
+  return {id: div.id, legend: legend ? box(legend) : null,
+          titles: Array.from(div.querySelectorAll('g.g-xtitle text, g.g-ytitle text')).map(box),
+          areas: Array.from(div.querySelectorAll('.nsewdrag')).map(box)};
+})
+"""
+
+
+def _meets(a, b):
+    return not (a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1])
+
+
+@pytest.mark.parametrize("width", [400, 1280])
+def test_no_legend_sits_on_an_axis_title_or_a_plot_at_400_and_1280_px(tmp_path, chromium_binary, width):
+    trials = llama_sweep()
+    steps = [s for t in trials if t.status == "ok" for s in steps_for(t.trial_id, 4, t.peak_mem_gb)]
+    report = analyse_dir(write_dir(tmp_path / "results", trials, steps)).report_path
+    with Chromium(chromium_binary, tmp_path / "profile", timeout_s=60) as browser:
+        browser.open(report.resolve().as_uri(), width_px=width)
+        ready = browser.wait_for("document.body && document.body.getAttribute('data-plots-ready')", 45)
+        plots = browser.evaluate(LEGEND_CLEAR_JS)
+    assert ready == "9", ready
+    with_legend = [p for p in plots if p["legend"] is not None]  # plotly draws none for a single line
+    assert {"plot-memory-time", "plot-dimensions", "plot-parallel"} <= {p["id"] for p in with_legend}
+    for p in with_legend:
+        assert p["areas"], p  # the parallel plot names its axes in annotations: no titles
+        assert not any(_meets(p["legend"], t) for t in p["titles"]), p
+        assert not any(_meets(p["legend"], a) for a in p["areas"]), p

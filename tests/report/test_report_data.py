@@ -273,3 +273,19 @@ def test_the_report_shows_predicted_against_measured_and_the_model_error(tmp_pat
     assert by_trial["t001"][header.index("measured by")].text == "t000"
     assert by_trial["t000"][header.index("measured by")].text == "-"
     assert by_trial["t003"][header.index("status")].text == "pruned"
+
+
+def test_thirty_six_curves_have_thirty_six_colours_and_ten_keep_plotly_s(tmp_path):
+    import pandas as pd
+
+    from dpo_sweep.report.curves import PLOTLY_COLOURS, colours, step_curves
+
+    assert colours(10) == list(PLOTLY_COLOURS) and len(set(colours(36))) == 36
+    ids = [f"t{i:03d}" for i in range(36)]
+    analysed = frame(tmp_path, [trial(t, 10.0 + i, 100.0 + i, 0.02) for i, t in enumerate(ids)])
+    steps = pd.DataFrame([{"trial_id": t, "step": s, "loss": 0.7 - 0.01 * s + 0.001 * i}
+                          for i, t in enumerate(ids) for s in range(3)])
+    spec = step_curves(steps, analysed, "loss", "loss", "loss")
+    lines = {t["line"]["color"] for t in spec["data"]}
+    assert len(spec["data"]) == 36 and len(lines) == 36
+    assert all(t["marker"]["color"] == t["line"]["color"] for t in spec["data"])

@@ -65,7 +65,9 @@ def test_without_a_space_completeness_is_unknown(tmp_path):
 
 def test_the_headline_card_has_its_bullets_and_the_extrapolated_banner(tmp_path):
     out = folder(tmp_path, rows(extrapolated=True))
-    page = analyse_dir(out, memory_budget_gb=40.0).report_path.read_text()
+    result = analyse_dir(out, memory_budget_gb=40.0)
+    page = result.report_path.read_text()
+    assert "Its step time is extrapolated from a shorter gradient accumulation" in result.recommendation["reason"]
     assert "Fits: peaks at 12.00 GB, 26.00 GB to spare under the 38.00 GB usable (40.00 GB budget minus 5%)." in page
     assert "Fastest of the 2 configurations that qualify: 11,111 tokens/s." in page
     assert "Runner-up t000 (mb 1, none, ga 1) would cost 10.0% of the throughput" in page
@@ -80,3 +82,43 @@ def test_a_noisy_machine_banner_when_the_top_rows_tie(tmp_path):
              for i, mb in enumerate((1, 2, 4))]
     page = analyse_dir(folder(tmp_path, noisy), memory_budget_gb=40.0).report_path.read_text()
     assert "too noisy to separate the top 3 configurations" in page
+
+
+def test_a_simulated_ranks_winner_says_its_time_is_modelled_and_its_peak_measured(tmp_path):
+    """A row of simulated ranks (step_time_source modelled) is named as such in the banner, the
+    watch bullet and the recommendation's reason; a measured winner beside it has none of it."""
+    a, b = rows()
+    b = replace(b, step_time_source="modelled", ranks_simulated=True, workers_per_trial=8, comm_ms=412.0)
+    out = folder(tmp_path, [a, b])
+    result = analyse_dir(out, memory_budget_gb=40.0)
+    page = result.report_path.read_text()
+    assert result.recommendation["trial_id"] == "t001_mb2_none_ga1_b0.1"
+    assert "banner-modelled" in page and "The recommended trial and 0 other row(s) ran as rank 0" in page
+    assert "Watch: its step time is modelled, not timed on 8 GPUs" in page
+    assert ("Its peak is one GPU's of 8, measured on simulated ranks; its step time is modelled (one rank's "
+            "compute plus the step's collectives at the card's GPU-to-GPU bandwidth, no overlap, 412 ms of it "
+            "communication), not timed on 8 GPUs.") in result.recommendation["reason"]
+    # The same rows with the modelled one slower: a measured winner, the banner still counts the row.
+    b = replace(b, step_time_ms=200.0, tokens_per_s=5000.0)
+    page = analyse_dir(folder(tmp_path / "slow", [a, b]), memory_budget_gb=40.0)
+    assert "1 row(s) ran as rank 0" in page.report_path.read_text()
+    assert "modelled" not in page.recommendation["reason"]
+
+
+def test_the_console_ends_with_the_card_s_bullets_and_warnings_not_the_reason_paragraph(tmp_path, capsys):
+    out = folder(tmp_path, rows(extrapolated=True))
+    reason = analyse_dir(out, memory_budget_gb=40.0).recommendation["reason"]
+    capsys.readouterr()
+    assert main(["recommend", str(out), "--memory-budget-gb", "40"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("recommended: t001_mb2_none_ga1_b0.1")
+    assert "\n  - Fits: peaks at 12.00 GB, 26.00 GB to spare" in printed
+    assert "\n  - Watch: its step time is extrapolated" in printed
+    assert "\nwarning: The recommended trial's step time and tokens/s are extrapolated" in printed
+    assert "why, in full: recommendation.json's reason (and report.html)" in printed
+    assert reason not in printed
+    # An unfinished sweep's warning is said once, in its own line.
+    pending = folder(tmp_path / "p", rows(pending=True))
+    assert main(["recommend", str(pending), "--memory-budget-gb", "40"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("did not finish") == 1, printed

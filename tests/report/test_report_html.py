@@ -103,3 +103,10 @@ def test_every_trace_type_is_in_the_bundle(tmp_path):
     write_steps(tmp_path / "frame", steps)
     data = build_report_data(analysed, recommend(analysed, 20.0), OBJS, load_steps(tmp_path / "frame"))
     assert {t["type"] for f in data.figures for t in f.spec["data"]} <= {"scatter", "bar", "pie"}
+
+
+def test_a_browser_without_javascript_is_told_where_the_figures_are(tmp_path):
+    html = render(tmp_path, sweep_trials())
+    note = html.split("<noscript>", 1)[1].split("</noscript>", 1)[0]
+    assert "JavaScript" in note and "the tables below hold every trial's figures" in note and "steps.csv" in note
+    assert html.index("<noscript>") > html.index('id="plots"')

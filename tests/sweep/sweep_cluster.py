@@ -66,15 +66,17 @@ class Cluster:
         return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else -1
 
     def train_worker_nodes(self) -> set[str]:
-        """Node ids of every Ray Train worker actor this cluster has run (dead ones included)."""
+        """Node ids of every Ray Train worker actor this cluster has run (dead ones included).
+        The state API is given this cluster's dashboard: left to find one, it refuses when another
+        Ray instance runs on the machine (the session's shared head, conftest.py)."""
         out = subprocess.run(
             [sys.executable, "-c", "import ray; from ray.util.state import list_actors; "
              "ray.init(address=%r, logging_level='error'); "
-             "print(' '.join(sorted({a.node_id for a in list_actors(filters=[('class_name', '=', "
-             "'RayTrainWorker')], limit=1000)})))" % self.address],
+             "print(' '.join(sorted({a.node_id for a in list_actors(address=%r, filters=[('class_name', '=', "
+             "'RayTrainWorker')], limit=1000)})))" % (self.address, self.dashboard_url)],
             env=self.env, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr[-2000:]
-        return set(out.stdout.strip().splitlines()[-1].split())
+        return set((out.stdout.strip().splitlines() or [""])[-1].split())  # none yet: an empty line
 
     def wait_for_nodes(self, n: int, timeout_s: float = 60) -> None:
         deadline = time.time() + timeout_s

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from sweep_cluster import auth_env, run_sweep, start_head, write_space
+from sweep_cluster import auth_env, run_sweep, write_space
 from testkit import free_port
 
 pytestmark = pytest.mark.slow
@@ -40,15 +40,13 @@ def test_a_server_that_is_not_ray_is_said_in_seconds(tmp_path):
     assert seconds < 45, seconds
 
 
-def test_token_authentication_is_named_with_the_fix(tmp_path):
-    cluster = start_head(tmp_path / "logs", num_cpus=1, dashboard=False)
-    try:
-        no_mode = {k: v for k, v in cluster.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-        rc, text, seconds = _run(tmp_path, cluster.address, {**no_mode, "HOME": str(tmp_path)})
-        assert rc == 1 and "uses token authentication and this process sends no token" in text, text[-3000:]
-        assert "export RAY_AUTH_MODE=token" in text and seconds < 45, seconds
-        rc, text, seconds = _run(tmp_path, cluster.address, {**cluster.env, "RAY_AUTH_TOKEN": "not-the-token"})
-        assert rc == 1 and "refuses the token this process sends (from RAY_AUTH_TOKEN)" in text, text[-3000:]
-        assert seconds < 45, seconds
-    finally:
-        cluster.stop()
+def test_token_authentication_is_named_with_the_fix(tmp_path, ray_head):
+    """On the test run's shared head (``ray_head``): without the token, then with a wrong one."""
+    cluster = ray_head
+    no_mode = {k: v for k, v in cluster.env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    rc, text, seconds = _run(tmp_path, cluster.address, {**no_mode, "HOME": str(tmp_path)})
+    assert rc == 1 and "uses token authentication and this process sends no token" in text, text[-3000:]
+    assert "export RAY_AUTH_MODE=token" in text and seconds < 45, seconds
+    rc, text, seconds = _run(tmp_path, cluster.address, {**cluster.env, "RAY_AUTH_TOKEN": "not-the-token"})
+    assert rc == 1 and "refuses the token this process sends (from RAY_AUTH_TOKEN)" in text, text[-3000:]
+    assert seconds < 45, seconds

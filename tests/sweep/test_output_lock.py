@@ -40,7 +40,7 @@ def test_a_second_sweep_into_a_held_folder_exits_2_naming_the_holder(tmp_path):
         holder.kill()
         holder.wait()
     assert done.returncode == 2, done.stdout + done.stderr
-    assert f"--output {out} is in use by another sweep: pid {holder.pid} on host {socket.gethostname()}" \
+    assert f"--output {out} is in use by another sweep or trial: pid {holder.pid} on host {socket.gethostname()}" \
         in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert not (out / "results.csv").exists() and not (out / "space.yaml").exists()  # nothing written

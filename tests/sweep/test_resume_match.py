@@ -86,3 +86,39 @@ def test_rows_of_an_earlier_version_are_matched_through_their_recorded_order(tmp
     assert match.renamed["t001_mb2_L2_ga1_b0.1"] == next(
         t.trial_id for t in new.trials if (t.micro_batch, t.checkpoint_level) == (2, "L2"))
     assert renamed_ids(finished_trial_ids(out), match.renamed) == {t.trial_id for t in new.trials}
+
+
+def test_rows_without_their_space_are_not_resumed_unless_accepted(tmp_path):
+    """`run --resume --set train.steps=9` on rows whose space.yaml is gone, for real: exit 2 before
+    Ray starts, naming the fix; the rows and the folder as they were."""
+    import subprocess
+    import sys
+
+    from sweep_cluster import REPO
+
+    raw = changed(train={"steps": 6})
+    out, sp = folder(tmp_path, raw)
+    (out / "space.yaml").unlink()
+    space = tmp_path / "r.yaml"
+    space.write_text(yaml.safe_dump(raw))
+    before = (out / "results.csv").read_bytes()
+    done = subprocess.run([sys.executable, "-m", "dpo_sweep", "run", str(space), "--output", str(out), "--resume",
+                           "--set", "train.steps=9", "--no-dashboard"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    err = done.stderr.strip()
+    assert err.startswith(f"error: --resume: {out / 'results.csv'} holds 4 row(s) but no space.yaml") and "\n" not in err
+    assert "add --accept-rows" in err and "Ray" not in done.stdout
+    assert (out / "results.csv").read_bytes() == before and not (out / "space.yaml").exists()
+    # The user's word: the rows are kept as this space's (their ids are its configurations').
+    assert match_rows(out, sp, accept_rows=True).renamed == dict(sp.renamed)
+
+
+def test_rows_that_their_space_yaml_does_not_name_are_not_resumed_unless_accepted(tmp_path):
+    out, _ = folder(tmp_path, BASE)
+    other = changed(search={"micro_batch": [8], "checkpoint_level": ["L1"]})
+    (out / "space.yaml").write_text(yaml.safe_dump(other))  # another sweep's space file put there
+    with pytest.raises(UserError, match="holds 4 row\\(s\\) that its space.yaml does not name") as err:
+        match_rows(out, space_mod.parse(BASE))
+    assert "--accept-rows" in str(err.value)
+    assert match_rows(out, space_mod.parse(BASE), accept_rows=True).renamed == {}

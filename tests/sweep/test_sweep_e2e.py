@@ -1,7 +1,7 @@
 """`dpo-sweep run` end to end on a real local Ray cluster (Tune + Train V2, CPU, tiny-llama).
 
-One cluster for the module (2 CPUs, dashboard on, token authentication on); each test drives the
-CLI as a subprocess with ``--address``, as a user would.
+The test run's one shared cluster (``ray_head``: 2 CPUs, dashboard on, token authentication on);
+each test drives the CLI as a subprocess with ``--address``, as a user would.
 """
 from __future__ import annotations
 
@@ -13,24 +13,22 @@ import torch
 
 from dpo_sweep import space as space_mod
 from dpo_sweep.train.faults import FAULTS_ENV
-from sweep_cluster import http_get, read_csv, run_sweep, start_head, start_sweep, stop_process, write_space
+from sweep_cluster import http_get, read_csv, run_sweep, start_sweep, stop_process, write_space
 
 pytestmark = pytest.mark.slow
 
 CONTRACT_RESULT_COLUMNS = (
-    "trial_id, status, model, seq_len, micro_batch, checkpoint_level, grad_acc, beta, num_workers, "
-    "effective_batch, peak_mem_gb, torch_peak_alloc_gb, torch_peak_reserved_gb, step_time_ms, "
+    "trial_id, status, model, seq_len, micro_batch, checkpoint_level, grad_acc, beta, workers_per_trial, "
+    "effective_batch, parallelism, peak_mem_gb, torch_peak_alloc_gb, torch_peak_reserved_gb, step_time_ms, "
     "step_time_p90_ms, tokens_per_s, mfu, loss_mean, loss_std, grad_norm_mean, reward_accuracy, "
     "reward_margin, error").split(", ")
 CONTRACT_STEP_COLUMNS = ("trial_id, step, loss, grad_norm, step_time_ms, peak_mem_gb, reward_accuracy, "
                          "reward_margin, logps_chosen, logps_rejected, kl").split(", ")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = start_head(tmp_path_factory.mktemp("ray-e2e"), num_cpus=2)
-    yield c
-    c.stop()
+@pytest.fixture
+def cluster(ray_head):
+    return ray_head
 
 
 def _poll_dashboard(cluster, proc, seen: dict) -> None:
@@ -74,7 +72,11 @@ def _assert_console_budget(log: str, out, trials: int) -> None:
     block_end = next((i for i in range(winner, report) if lines[i].startswith("forecast ")), report)  # then the forecast
     assert all(line.startswith(("          ", "# not in TRL: ", "# yours to set: ")) or not line
                for line in lines[winner + 5:block_end]), "\n".join(lines[winner:report])
-    assert len(lines) - end - (report - winner) <= 1 + 1 + 2 + trials + 1 + 4 + 1 + 1 + 1, tail
+    # the end line, a blank, the table (2 + trials), a blank, the recommendation (2 lines, at most 4 of the
+    # report's headline bullets, its warnings one line each, where the full reason is), the forecast
+    # (2 lines and a blank) and the report's path
+    warnings = sum(line.startswith("warning: ") for line in lines[end:winner])
+    assert len(lines) - end - (report - winner) <= 1 + 1 + 2 + trials + 1 + 2 + 4 + warnings + 1 + 3 + 1, tail
     ids = [r["trial_id"] for r in read_csv(out / "results.csv")]
     assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(f"{t}.log" for t in ids)
     for tid in ids:

@@ -66,7 +66,7 @@ def test_a_second_sweep_a_kill_and_a_cut_line_lose_and_double_nothing(tmp_path):
         before = (out / "results.csv").read_bytes()
         second = run_sweep([str(space), "--output", str(out), "--no-dashboard"], env, timeout_s=60)
         assert second.returncode == 2, second.stdout + second.stderr
-        assert f"is in use by another sweep: pid {first.pid} on host {socket.gethostname()}" in second.stderr
+        assert f"is in use by another sweep or trial: pid {first.pid} on host {socket.gethostname()}" in second.stderr
         assert f"dpo-sweep run {space} --output {out}" in second.stderr
         # 4. Its cluster listens on the loopback interface only (the dashboard included).
         pids = _session_pids(first.pid)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sweep_cluster import auth_env, read_csv, run_sweep, session_pids, start_sweep, stop_process, write_space
 
-from dpo_sweep.records import read_csv_table
+from dpo_sweep.csv_table import read_csv_table
 
 pytestmark = pytest.mark.slow
 

@@ -150,6 +150,7 @@ def test_a_resumed_sweep_with_every_row_starts_no_ray(tmp_path, monkeypatch, cap
     space.write_text(SPACE)
     trials = space_mod.load(space).trials
     write_results(tmp_path / "out", [TrialResult(trial_id=t.trial_id, status="ok", **t.knobs()) for t in trials])
+    (tmp_path / "out" / "space.yaml").write_text(SPACE)  # the space its rows ran, as a sweep leaves it
     stand = Stand(monkeypatch, preflight_s=0.5)
     assert main(["run", str(space), "--output", str(tmp_path / "out"), "--resume"]) == 0
     assert "nothing to run" in capsys.readouterr().out

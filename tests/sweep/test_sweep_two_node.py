@@ -48,7 +48,7 @@ def test_ddp_trials_span_two_nodes_and_an_oom_on_rank_1_is_a_result(two_nodes, t
     assert sorted(rows) == sorted(expected)
     for tid, cfg in expected.items():
         r = rows[tid]
-        assert r["num_workers"] == "2" and int(r["effective_batch"]) == 4
+        assert r["workers_per_trial"] == "2" and int(r["effective_batch"]) == 4
         if cfg.checkpoint_level == "L2":
             assert r["status"] == "ok" and float(r["peak_mem_gb"]) > 0, r
         else:

@@ -193,28 +193,29 @@ search: {micro_batch: [2], checkpoint_level: %s%s}
 """
 
 
-@pytest.mark.parametrize("attn, levels, models_dim, refused", [
-    ("eager", "[none, L2]", "", "L2"),
-    ("eager", "[L3]", "", "L3"),
-    ("sdpa", "[L2]", ", model: [tiny-llama, {preset: tiny-llama, attn_implementation: eager}]", "L2"),
-    ("eager", "[none, L1, full]", "", None),
-    ("auto", "[L2, L3]", "", None),
-    ("flash_attention_2", "[L2]", "", None),
+@pytest.mark.parametrize("attn, levels, models_dim, refused, rc", [
+    ("eager", "[none, L2]", "", "L2", 0),  # L2 skipped, none runs
+    ("eager", "[L3]", "", "L3", 2),  # nothing left: refused
+    ("sdpa", "[L2]", ", model: [tiny-llama, {preset: tiny-llama, attn_implementation: eager}]", "L2", 0),
+    ("eager", "[none, L1, full]", "", None, 0),
+    ("auto", "[L2, L3]", "", None, 0),
+    ("flash_attention_2", "[L2]", "", None, 0),
 ])
-def test_validation_refuses_l2_l3_with_eager_attention(tmp_path, capsys, attn, levels, models_dim, refused):
+def test_validation_skips_l2_l3_with_eager_attention(tmp_path, capsys, attn, levels, models_dim, refused, rc):
     from dpo_sweep.cli import main
 
     path = tmp_path / "space.yaml"
     path.write_text(SPACE % (attn, levels, models_dim))
-    rc = main(["validate", str(path)])
-    err = capsys.readouterr().err
+    assert main(["validate", str(path)]) == rc
+    out, err = capsys.readouterr()
     if refused is None:
-        assert rc == 0, err
+        assert "skipped" not in out, out
         return
-    assert rc == 2
-    assert (f"search.checkpoint_level '{refused}': {refused} with attn_implementation eager is refused" in err
+    said = err if rc else out
+    assert (f"search.checkpoint_level '{refused}': {refused} with attn_implementation eager is refused" in said
             and "use model.attn_implementation sdpa, flash_attention_2 or auto, or checkpoint_level L1 or full"
-            in err), err
+            in said), said
+    assert rc or f"micro_batch 2, checkpoint_level {refused}: search.checkpoint_level" in out, out
 
 
 def test_l4_and_unknown_refused():
