@@ -105,6 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--trial-timeout-s", type=float, default=None, metavar="S",
                    help="end a trial as status timeout past max(S, 4x the sweep's estimate of it); "
                    "--resume runs it again (default 900; 0: no limit)")
+    r.add_argument("--report-every-s", type=float, default=None, metavar="S",
+                   help="while the sweep runs, rewrite DIR/report.html (and the other analysis files) from the "
+                   "rows so far at most every S seconds, so a browser tab can be refreshed (default 60; 0: only "
+                   "at the end)")
     r.add_argument("--full-grid", action="store_true",
                    help="run every configuration in full: no pruning, shared measurements or short accumulation")
     _simulate_ranks_flag(r)

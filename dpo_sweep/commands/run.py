@@ -70,12 +70,13 @@ def import_tune() -> None:
 def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfig], slots: TrialSlots,
               done_ids: set[str], full_grid: bool, lengths: Mapping[str, LengthProfile | None],
               shapes: Mapping[ModelSpec, ModelShape], pool: warm_worker.WarmPool | None,
-              trial_timeout_floor_s: float) -> SweepSummary:
+              trial_timeout_floor_s: float, on_rows: Callable[[], None] | None = None) -> SweepSummary:
     """:func:`dpo_sweep.sweep.tuner.run_sweep`, imported when called (see :func:`import_tune`)."""
     from dpo_sweep.sweep.tuner import run_sweep as run
 
     return run(sp, out_dir, trials=trials, slots=slots, done_ids=done_ids, full_grid=full_grid,
-               lengths=lengths, shapes=shapes, pool=pool, trial_timeout_floor_s=trial_timeout_floor_s)
+               lengths=lengths, shapes=shapes, pool=pool, trial_timeout_floor_s=trial_timeout_floor_s,
+               on_rows=on_rows)
 
 
 def _stopping() -> Any:
@@ -92,17 +93,13 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     answer, whose TRL fields and model shapes the analysis takes (this process imports neither
     TRL nor torch)."""
     try:
-        from dpo_sweep.commands.report import SpaceSettings, analyse_dir, epochs_of, safety_margin_of
+        from dpo_sweep.commands.report import analyse_dir
     except ImportError as err:
         out(f"note: the analyser is not available ({err}); results are in {out_dir}/, "
             f"analyse them later with `dpo-sweep report {out_dir}`")
         return 0
     try:
-        analysis = analyse_dir(out_dir, memory_budget_gb=args.memory_budget_gb,
-                               safety_margin=safety_margin_of(args),
-                               space=SpaceSettings.from_space(spec) if spec is not None else None,
-                               epochs=epochs_of(args), other_cards=getattr(args, "gpu", None) or (),
-                               trl=checked.trl if checked else None, shapes=checked.shapes if checked else None)
+        analysis = analyse_dir(out_dir, **_analysis_settings(args, spec, checked))
     except OSError as err:  # a full disk: the sweep's rows are whole, the analysis files are not written
         print(f"error: the analysis could not be written ({os_error_line(err)}); the results are in {out_dir}/. "
               f"Once fixed: dpo-sweep report {out_dir}", file=sys.stderr)
@@ -124,6 +121,56 @@ def _analyse(out_dir: Path, args: argparse.Namespace, out: Callable[[str], None]
     out("")
     out(f"report: {analysis.report_path}")
     return 0
+
+
+def _analysis_settings(args: argparse.Namespace, spec: space_mod.SweepSpace | None,
+                       checked: CheckedInputs | None) -> dict[str, Any]:
+    """``analyse_dir``'s settings of this run (its flags, the space it validated, the preflight's
+    TRL fields and model shapes): the final analysis's and the live report's."""
+    from dpo_sweep.commands.report import SpaceSettings, epochs_of, safety_margin_of
+
+    return {"memory_budget_gb": args.memory_budget_gb, "safety_margin": safety_margin_of(args),
+            "space": SpaceSettings.from_space(spec) if spec is not None else None, "epochs": epochs_of(args),
+            "other_cards": getattr(args, "gpu", None) or (), "trl": checked.trl if checked else None,
+            "shapes": checked.shapes if checked else None}
+
+
+class LiveReport:
+    """The analysis files (report.html first among them) rewritten from the rows written so far,
+    while the sweep runs: at most once every ``every_s`` seconds from the sweep's start (0: never),
+    so that a browser tab on DIR/report.html can be refreshed mid-sweep. Its report says the sweep
+    has not finished (the "incomplete" banner). A failure says one note and stops the rewrites; the
+    final analysis runs as ever."""
+
+    def __init__(self, out_dir: Path, args: argparse.Namespace, spec: space_mod.SweepSpace,
+                 checked: CheckedInputs, every_s: float, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.out_dir, self.args, self.spec, self.checked = out_dir, args, spec, checked
+        self.every_s = every_s
+        self.clock = clock or time.monotonic
+        self.last = self.clock()
+        self.written = 0
+        self.failed = False
+
+    def __call__(self) -> None:
+        now = self.clock()
+        if self.failed or self.every_s <= 0 or now - self.last < self.every_s:
+            return
+        self.last = now
+        from dpo_sweep.commands.report import analyse_dir
+
+        try:
+            analyse_dir(self.out_dir, **_analysis_settings(self.args, self.spec, self.checked))
+        except Exception as err:  # noqa: BLE001 - the rows are on disk; the final analysis runs anyway
+            self.failed = True
+            say(f"note: report.html could not be rewritten mid-sweep ({type(err).__name__}: "
+                f"{excerpt(' '.join(str(err).split()), 200)}); it is written when the sweep ends")
+            return
+        if not self.written:
+            say(f"  report so far: {ResultsDir(self.out_dir).report} (rewritten at most every "
+                f"{self.every_s:g} s while the sweep runs; --report-every-s)")
+        self.written += 1
 
 
 def _stopped_early(summary: SweepSummary, args: argparse.Namespace, out_dir: Path, total: int) -> int:
@@ -166,6 +213,16 @@ def simulation_decided(trials: Sequence[TrialConfig], cluster: dict, slots: Tria
             "process group (ranks_simulated; per-GPU peaks measured, step time modelled); "
             "--simulate-ranks false refuses instead")
     return decided
+
+
+#: How often the live report is rewritten while a sweep runs, unless --report-every-s says.
+DEFAULT_REPORT_EVERY_S = 60.0
+
+
+def _report_every_s(args: argparse.Namespace) -> float:
+    """``--report-every-s`` (DEFAULT_REPORT_EVERY_S when not given; 0: no live report)."""
+    value = getattr(args, "report_every_s", None)
+    return DEFAULT_REPORT_EVERY_S if value is None else value
 
 
 def _timeout_floor(args: argparse.Namespace) -> float:
@@ -248,6 +305,9 @@ def _run(args: argparse.Namespace, release: RayRelease) -> int:
     timeout = getattr(args, "trial_timeout_s", None)
     if timeout is not None and not timeout >= 0:
         raise UserError(f"--trial-timeout-s: {timeout} is not allowed; give seconds (0: no limit)")
+    every = getattr(args, "report_every_s", None)
+    if every is not None and not every >= 0:
+        raise UserError(f"--report-every-s: {every:g} is not allowed; give seconds (0: no report until the sweep ends)")
     out_dir = Path(args.output) if args.output else default_output_dir(sp.name)
     preflight.check_output_dir(out_dir)  # a file given as the folder: said before the lock makes it
     try:
@@ -307,7 +367,8 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         summary = run_sweep(sp, out_dir, trials=planned, slots=slots, done_ids=done_ids,
                             full_grid=bool(getattr(args, "full_grid", False)),
                             lengths=checked.lengths, shapes=checked.shapes, pool=pool,
-                            trial_timeout_floor_s=_timeout_floor(args))
+                            trial_timeout_floor_s=_timeout_floor(args),
+                            on_rows=LiveReport(out_dir, args, sp.spec, checked, _report_every_s(args)))
     except InfrastructureError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

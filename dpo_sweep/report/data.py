@@ -19,7 +19,7 @@ from dpo_sweep.core.status import Status
 from dpo_sweep.results_dir import ResultsDir
 from dpo_sweep.core.stability import ROLLBACK_LOGRATIO_STD, ROLLBACK_STEPS
 from dpo_sweep.analysis.completeness import Completeness
-from dpo_sweep.report import curves, figures, headline, parallel, scatter
+from dpo_sweep.report import curves, figures, headline, heatmap, parallel, scatter
 from dpo_sweep.report.data_shape import data_shape_section
 
 
@@ -328,6 +328,11 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         _figure("plot-dimensions", "Memory and throughput against each swept dimension that varies (the swept train fields too).",
                figures.dimension_panels(analysed, rec.memory_budget_gb)),
     ] if completed else []
+    if completed and heatmap.wanted(analysed):
+        figs.append(_figure("plot-grid", "Each micro_batch x checkpoint level cell, per adapter: the lightest peak "
+                            "memory and the highest tokens/s among its completed trials (the other dimensions vary "
+                            "inside a cell; darker is better: less memory, more tokens/s); a cell without a "
+                            "completed trial says how its trials ended.", heatmap.level_grid(analysed)))
     filter_data: dict[str, Any] = {}
     if completed:
         spec, filter_data = parallel.parallel_coordinates(analysed, rec.trial_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import ray
 from ray import tune
@@ -136,7 +136,8 @@ class SweepRecorder(tune.Callback):
 
     def __init__(self, out_dir: Path, plan: SweepPlan, total: int, already_done: int,
                  stop: StopRequest | None = None, concurrent: int = 1,
-                 timeout_floor_s: float = DEFAULT_TRIAL_TIMEOUT_FLOOR_S, pool_name: str | None = None) -> None:
+                 timeout_floor_s: float = DEFAULT_TRIAL_TIMEOUT_FLOOR_S, pool_name: str | None = None,
+                 on_rows: Callable[[], None] | None = None) -> None:
         self.out_dir = out_dir
         # The plan's jobs hold the configs the sweep already validated: a Tune trial's config
         # dict is only looked up here (by its trial id), never validated again.
@@ -162,6 +163,7 @@ class SweepRecorder(tune.Callback):
         self.early_stop: EarlyStop | None = None  # search.scheduler's, which stops learning trials at rungs
         self._reported: dict[str, CollectedTrial] = {}  # Tune trial id -> its reports, to its end
         self._ending: dict[str, tuple[Job, CollectedTrial]] = {}  # the plan knows; to write and say
+        self.on_rows = on_rows  # after rows are written: the live report (commands/run.py)
 
     def _cfg(self, trial: Any) -> TrialConfig:
         return self.plan.job(trial_id_of(trial.config)).cfg
@@ -196,6 +198,8 @@ class SweepRecorder(tune.Callback):
             say(progress_line(self.finished, self.total, row, time.monotonic() - self.started_at, left))
         if rows:
             self.last_said = time.monotonic()
+        if (rows or replaced) and self.on_rows is not None:
+            self.on_rows()
         return rows
 
     def left_s(self) -> float:

@@ -93,14 +93,16 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfi
               lengths: Mapping[str, LengthProfile | None] | None = None,
               shapes: Mapping[ModelSpec, ModelShape] | None = None,
               pool: warm_worker.WarmPool | None = None,
-              trial_timeout_floor_s: float = DEFAULT_TRIAL_TIMEOUT_FLOOR_S) -> SweepSummary:
+              trial_timeout_floor_s: float = DEFAULT_TRIAL_TIMEOUT_FLOOR_S,
+              on_rows: Callable[[], None] | None = None) -> SweepSummary:
     """Run the space's trials that are not in ``done_ids`` on the connected Ray cluster;
     ``trials``: the space's trials as they run (:func:`~dpo_sweep.sweep.slots.absolute_paths`),
     ``slots``: where and how many at a time (:func:`~dpo_sweep.sweep.slots.trial_slots`);
     ``trainer``: a stand-in for the trainer (tests), None: the real one; ``lengths`` / ``shapes``:
     each trial's data lengths and each model's shape as preflight measured and built them (the
     plan's memory model);
-    ``pool``: warm workers the caller started (:func:`start_warm_workers`) and closes."""
+    ``pool``: warm workers the caller started (:func:`start_warm_workers`) and closes.
+    ``on_rows``: called after each write of rows (``dpo-sweep run``'s live report; it must not raise)."""
 
     faults = fault_rules()  # tests only (train/faults.py); a bad value is said before anything starts
     todo = [t for t in trials if t.trial_id not in done_ids]
@@ -125,7 +127,7 @@ def run_sweep(sp: space_mod.Space, out_dir: Path, *, trials: Sequence[TrialConfi
         out(f"resume: {len(kept)} row(s) already measured wait only for their learning trial")
     out(plan.summary_line())
     recorder = SweepRecorder(out_dir, plan, total, total - len(todo), stop=stop, concurrent=concurrent,
-                             timeout_floor_s=trial_timeout_floor_s)
+                             timeout_floor_s=trial_timeout_floor_s, on_rows=on_rows)
     for key, value in TUNE_DRIVER_ENV.items():
         os.environ.setdefault(key, value)
     logging.getLogger(RESULT_GRID_LOGGER).setLevel(logging.ERROR)

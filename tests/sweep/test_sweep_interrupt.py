@@ -38,11 +38,13 @@ def test_ctrl_c_stops_at_once_keeps_finished_rows_and_exits_130(tmp_path):
         """, train_extra=", learning_steps: 3")
     out = tmp_path / "out"
     log = tmp_path / "run.log"
-    proc = start_sweep([str(space), "--output", str(out), "--no-dashboard"], auth_env("interrupt-test"),
-                       log, start_new_session=True)
+    # --report-every-s 0.5: the rows so far make a report while the sweep runs (a tab can be refreshed)
+    proc = start_sweep([str(space), "--output", str(out), "--no-dashboard", "--report-every-s", "0.5"],
+                       auth_env("interrupt-test"), log, start_new_session=True)
     try:
         deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None and not read_csv(out / "results.csv"):
+        while time.time() < deadline and proc.poll() is None and not (
+                read_csv(out / "results.csv") and (out / "report.html").is_file()):
             time.sleep(0.2)
         assert proc.poll() is None, log.read_text()[-3000:]
         proc.send_signal(signal.SIGINT)
@@ -62,6 +64,10 @@ def test_ctrl_c_stops_at_once_keeps_finished_rows_and_exits_130(tmp_path):
     # Stopped at once: Tune used to start the next trial and let it run a step (8-12 s); what is
     # left is ending the local cluster (a few seconds on the 2-core test machine).
     assert exit_s < 20, exit_s
+    # The live report, of the rows written before the stop: it says the sweep did not finish.
+    assert f"  report so far: {out / 'report.html'} (rewritten at most every 0.5 s" in text
+    report = (out / "report.html").read_text()
+    assert "This sweep did not finish" in report and rows[0]["trial_id"][:5] in report
     steps = read_csv(out / "steps.csv")
     assert sorted({s["trial_id"] for s in steps}) == sorted(r["trial_id"] for r in rows)
     assert len(steps) == (3 + 1) * len(rows)  # only finished trials' steps (and worst-case step), each once
