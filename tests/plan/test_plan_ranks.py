@@ -52,3 +52,17 @@ def test_validate_names_the_fewest_gpus_that_fit():
     assert planner.fewest_cards(_cfg(8, "fsdp"), H100)[:2] == (4, "fsdp")
     assert predict_peak_gb(_cfg(2, "fsdp")).total_gb > planner.usable_gb(H100)
     assert fit.with_workers(_cfg(1, "ddp"), 3, "fsdp") is None  # 64 pairs do not split over 3
+
+
+def test_one_fsdp_point_shifts_the_model_rather_than_scaling_its_activations():
+    """Rank 0 of 8 simulated ranks on one H100 (reports/examples/multi-gpu-simulated/): mb 1 / none
+    peaked at 47.31 GB (NVML), mb 2 / none at 61.76. Calibrated on the first alone, the second's
+    prediction is the model shifted by the first's miss, not its activations scaled by it."""
+    from dpo_sweep.plan import calibrate as cal
+
+    one, two = _cfg(8, "fsdp", checkpoint_level="none"), _cfg(8, "fsdp", checkpoint_level="none", micro_batch=2)
+    est_one, est_two = predict_peak_gb(one), predict_peak_gb(two)
+    fit = cal.calibrate([cal.Measurement(one, 47.31)])
+    assert cal.predicted(fit, two) == pytest.approx(est_two.total_gb + 47.31 - est_one.total_gb)
+    assert cal.predicted(fit, two) != pytest.approx(
+        est_two.total_gb + (47.31 - est_one.total_gb) * est_two.activations_gb / est_one.activations_gb, abs=0.1)
