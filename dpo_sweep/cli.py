@@ -106,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="end a trial as status timeout past max(S, 4x the sweep's estimate of it); "
                    "--resume runs it again (default 900; 0: no limit)")
     r.add_argument("--report-every-s", type=float, default=None, metavar="S",
-                   help="while the sweep runs, rewrite DIR/report.html (and the other analysis files) from the "
+                   help=f"while the sweep runs, rewrite DIR/{ResultsDir.REPORT} (and the other analysis files) from the "
                    "rows so far at most every S seconds, so a browser tab can be refreshed (default 60; 0: only "
                    "at the end)")
     r.add_argument("--full-grid", action="store_true",

@@ -164,7 +164,7 @@ class LiveReport:
             analyse_dir(self.out_dir, **_analysis_settings(self.args, self.spec, self.checked))
         except Exception as err:  # noqa: BLE001 - the rows are on disk; the final analysis runs anyway
             self.failed = True
-            say(f"note: report.html could not be rewritten mid-sweep ({type(err).__name__}: "
+            say(f"note: {ResultsDir.REPORT} could not be rewritten mid-sweep ({type(err).__name__}: "
                 f"{excerpt(' '.join(str(err).split()), 200)}); it is written when the sweep ends")
             return
         if not self.written:
