@@ -96,7 +96,7 @@ def level_grid(analysed: pd.DataFrame) -> dict[str, Any]:
             done = grid[grid[metric].notna()]
             if len(done):
                 traces.append({
-                    "type": "scatter", "mode": "markers+text", "xaxis": f"x{sfx}", "yaxis": f"y{sfx}",
+                    "type": "scatter", "mode": "markers+text", "showlegend": False, "xaxis": f"x{sfx}", "yaxis": f"y{sfx}",
                     "x": [str(m) for m in done["micro_batch"]], "y": [esc(lv) for lv in done["checkpoint_level"]],
                     "text": [_label(metric, v) for v in done[metric]], "textfont": {"size": 11},
                     "hovertext": [esc(f"mb {m}, {lv}, {adapter}: {_label(metric, v)} {title}")
@@ -109,7 +109,7 @@ def level_grid(analysed: pd.DataFrame) -> dict[str, Any]:
             failed = grid[grid[metric].isna()]
             if len(failed):
                 traces.append({
-                    "type": "scatter", "mode": "markers+text", "xaxis": f"x{sfx}", "yaxis": f"y{sfx}",
+                    "type": "scatter", "mode": "markers+text", "showlegend": False, "xaxis": f"x{sfx}", "yaxis": f"y{sfx}",
                     "x": [str(m) for m in failed["micro_batch"]], "y": [esc(lv) for lv in failed["checkpoint_level"]],
                     "text": [esc(e) for e in failed["ended"]], "textfont": {"size": 10, "color": "#555"},
                     "hoverinfo": "text", "hovertext": [esc(f"mb {m}, {lv}, {adapter}: no completed trial ({e})")

@@ -71,14 +71,14 @@ def test_report_renders_offline_in_chromium(tmp_path, chromium_binary):
         browser.pump(0.5)  # let late console messages or requests arrive
         log = browser.log
 
-    assert ready == "9", f"plots not drawn: {ready!r}; errors: {log.errors()}"
+    assert ready == "10", f"plots not drawn: {ready!r}; errors: {log.errors()}"
     assert log.errors() == []
     assert log.dialogs == []  # alert(1) never ran
     assert injected == 4  # plotly.js (packed), the figure JSON, the filter JSON, the drawing code: nothing from the data
     assert HOSTILE in title  # the hostile name is shown, as text
     assert [r for r in log.requests if r != url] == [], "the report made network requests"
     assert [p["id"] for p in plots] == [
-        "plot-memory-time", "plot-dimensions", "plot-parallel", "plot-loss", "plot-grad-norm", "plot-logratio-std",
+        "plot-memory-time", "plot-dimensions", "plot-grid", "plot-parallel", "plot-loss", "plot-grad-norm", "plot-logratio-std",
         "plot-reward-accuracy", "plot-step-time", "plot-memory-steps"]
     for p in plots:
         assert p["svgs"] >= 1 and p["nonEmpty"] and p["marks"] > 0 and p["width"] > 0, p
@@ -102,7 +102,7 @@ def test_tables_fit_1280px_and_long_errors_sit_behind_a_toggle(tmp_path, chromiu
         opened = browser.evaluate(TABLE_FIT_JS)
         browser.pump(0.5)
         log = browser.log
-    assert ready == "9", f"plots not drawn: {ready!r}; errors: {log.errors()}"
+    assert ready == "10", f"plots not drawn: {ready!r}; errors: {log.errors()}"
     assert log.errors() == []  # includes plotly's own warnings (console.trace)
     assert len(closed) == 2
     assert_tables_fit(closed, max_row_px=45)  # a line per trial (two for its error), the rest folded
@@ -217,7 +217,7 @@ def test_no_legend_sits_on_an_axis_title_or_a_plot_at_400_and_1280_px(tmp_path, 
         browser.open(report.resolve().as_uri(), width_px=width)
         ready = browser.wait_for("document.body && document.body.getAttribute('data-plots-ready')", 45)
         plots = browser.evaluate(LEGEND_CLEAR_JS)
-    assert ready == "9", ready
+    assert ready == "10", ready
     with_legend = [p for p in plots if p["legend"] is not None]  # plotly draws none for a single line
     assert {"plot-memory-time", "plot-dimensions", "plot-parallel"} <= {p["id"] for p in with_legend}
     for p in with_legend:

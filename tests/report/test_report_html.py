@@ -42,7 +42,7 @@ def test_plotly_is_inlined_once_and_nothing_is_fetched(tmp_path):
     assert html.count(packed) == 1 and html.count('id="plotly-packed"') == 1
     html = html.replace(packed, "")  # the rest is ours: check it loads nothing
     assert html.count("Plotly.newPlot(") == 1  # one loop draws every figure
-    assert len(re.findall(r'<div id="plot-[a-z-]+" class="plot">', html)) == 9  # scatter, panels, parallel coordinates, 6 per step
+    assert len(re.findall(r'<div id="plot-[a-z-]+" class="plot">', html)) == 10  # scatter, panels, the micro_batch x level grid, parallel coordinates, 6 per step
     assert not re.search(r"<(link|img|iframe|object|embed)\b", html, re.I)
     assert not re.search(r"""\b(src|href)\s*=""", html, re.I)  # no attribute can load anything
     assert "default-src 'none'" in html  # and the page forbids it besides
