@@ -15,10 +15,8 @@ So, per such group:
   meets the measurement's mean - unless activations are under 10 % of the allocated peak (a small
   micro-batch peaking at the end of backward), or the trial is FSDP2-sharded, where the model is
   shifted by the difference. Under FSDP2 the allocator's stream pools (plan/ranks.py) are a large
-  term that is no activation, and a single point's miss is mostly theirs: on one H100, rank 0 of 8
-  (Llama-3-8B, mb 1, no checkpointing) was over-predicted by 2.2 GB, 1.6 GB of it reserved beyond
-  allocated; scaling the activations by it put mb 2 6.1 % low, shifting 2.3 % high
-  (reports/examples/multi-gpu-simulated/);
+  term that is no activation, and a single point's miss is mostly theirs (benchmarks/README.md,
+  "Simulated ranks": scaling by it put a larger micro-batch 6.1 % low, shifting 2.3 % high);
 * no point: the a-priori model shifted by the median error of the family's measured points
   (what is common to every level: the CUDA context, the static part).
 """
