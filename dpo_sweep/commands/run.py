@@ -30,6 +30,7 @@ import gc
 import shlex
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -144,8 +145,6 @@ class LiveReport:
 
     def __init__(self, out_dir: Path, args: argparse.Namespace, spec: space_mod.SweepSpace,
                  checked: CheckedInputs, every_s: float, clock: Callable[[], float] | None = None) -> None:
-        import time
-
         self.out_dir, self.args, self.spec, self.checked = out_dir, args, spec, checked
         self.every_s = every_s
         self.clock = clock or time.monotonic

@@ -190,7 +190,7 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _axis_suffix(k: int) -> str:
+def axis_suffix(k: int) -> str:
     """Plotly names the first axis ``x``/``xaxis`` (not ``x1``), then ``x2``, ``x3``, ..."""
     return "" if k == 1 else str(k)
 
@@ -231,14 +231,14 @@ def dimension_panels(analysed: pd.DataFrame, budget_gb: float | None) -> dict[st
         for row_i, (metric, title) in enumerate((("peak_mem_gb", "peak memory (GB)"),
                                                  ("tokens_per_s", "tokens/s"))):
             k = row_i * n + col + 1
-            sfx = _axis_suffix(k)
+            sfx = axis_suffix(k)
             layout[f"xaxis{sfx}"] = {
                 "domain": [col * (width + gap), col * (width + gap) + width], "anchor": f"y{sfx}",
                 "type": "category", "categoryorder": "array", "categoryarray": order,
                 "title": {"text": label if row_i == 1 else ""}}
             # One metric a row: the row's panels share the first one's y axis and its tick labels
             # (labels on every panel collide with the next panel's points on a narrow screen).
-            shared = {} if col == 0 else {"matches": f"y{_axis_suffix(row_i * n + 1)}", "showticklabels": False}
+            shared = {} if col == 0 else {"matches": f"y{axis_suffix(row_i * n + 1)}", "showticklabels": False}
             layout[f"yaxis{sfx}"] = {
                 "domain": [0.55, 1.0] if row_i == 0 else [0.0, 0.45], "anchor": f"x{sfx}",
                 "title": {"text": title if col == 0 else ""}, "zeroline": False,
@@ -268,7 +268,7 @@ def dimension_panels(analysed: pd.DataFrame, budget_gb: float | None) -> dict[st
         # The budget as a dashed line across each memory panel (the top row: axes 1..n); not when
         # it is far above every peak, where it would squeeze the points to the panel's floor.
         layout["shapes"] = [
-            {"type": "line", "xref": f"x{_axis_suffix(k)} domain", "yref": f"y{_axis_suffix(k)}",
+            {"type": "line", "xref": f"x{axis_suffix(k)} domain", "yref": f"y{axis_suffix(k)}",
              "x0": 0, "x1": 1, "y0": num(budget_gb), "y1": num(budget_gb),
              "line": {"color": "#555", "width": 1, "dash": "dash"}}
             for k in range(1, n + 1)]

@@ -16,9 +16,9 @@ import pandas as pd
 
 from dpo_sweep.analysis import tables
 from dpo_sweep.core.status import Status
-from dpo_sweep.report.figures import _axis_suffix, esc, level_order, num
+from dpo_sweep.report.figures import axis_suffix, esc, level_order, num
 
-#: (column, panel title, how a cell's trials become one value, colour scale: light is better).
+#: (column, panel title, how a cell's completed trials become one value, colour scale).
 METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("peak_mem_gb", "peak memory (GB)", "min", "Blues"),
     ("tokens_per_s", "tokens/s", "max", "Greens"),
@@ -27,29 +27,32 @@ CELL_PX = 44  # a cell's marker size; the figure grows with the grid
 _GAP = 0.08
 
 
-def adapters_of(analysed: pd.DataFrame) -> list[str]:
-    """The adapters the sweep measured, in a stable order (``full`` first); ``["full"]`` without the column."""
+def _adapters(analysed: pd.DataFrame) -> pd.Series:
+    """Each row's adapter, ``full`` where the column is empty or absent (rows of before it)."""
     if "adapter" not in analysed:
-        return ["full"]
-    present = {str(a) if isinstance(a, str) and a else "full" for a in analysed["adapter"]}
-    return sorted(present, key=lambda a: (a != "full", a))
+        return pd.Series("full", index=analysed.index)
+    return analysed["adapter"].fillna("").astype(str).replace("", "full")
+
+
+def adapters_of(analysed: pd.DataFrame) -> list[str]:
+    """The adapters the sweep measured, in a stable order (``full`` first)."""
+    return sorted(set(_adapters(analysed)), key=lambda a: (a != "full", a))
 
 
 def cells(analysed: pd.DataFrame, adapter: str) -> pd.DataFrame:
     """One row per micro_batch x checkpoint_level of ``adapter``'s trials: ``peak_mem_gb`` (the
     lightest completed), ``tokens_per_s`` (the fastest completed), ``ended`` (how the cell's trials
     ended when none completed: their statuses, joined)."""
-    rows = analysed
-    if "adapter" in analysed:
-        rows = analysed[analysed["adapter"].fillna("").replace("", "full").astype(str) == adapter]
+    rows = analysed[_adapters(analysed) == adapter]
     out = []
     for (mb, level), group in rows.groupby([rows["micro_batch"].astype(int), rows["checkpoint_level"].astype(str)]):
         ok = group[group["status"] == Status.OK]
-        out.append({"micro_batch": int(mb), "checkpoint_level": level,
-                    "peak_mem_gb": ok["peak_mem_gb"].astype(float).min() if len(ok) else float("nan"),
-                    "tokens_per_s": ok["tokens_per_s"].astype(float).max() if len(ok) else float("nan"),
-                    "ended": "" if len(ok) else " / ".join(sorted({_ending(s) for s in group["status"]}))})
-    return pd.DataFrame(out, columns=["micro_batch", "checkpoint_level", "peak_mem_gb", "tokens_per_s", "ended"])
+        cell = {"micro_batch": int(mb), "checkpoint_level": level}
+        for metric, _title, how, _scale in METRICS:
+            cell[metric] = getattr(ok[metric].astype(float), how)() if len(ok) else float("nan")
+        cell["ended"] = "" if len(ok) else " / ".join(sorted({_ending(s) for s in group["status"]}))
+        out.append(cell)
+    return pd.DataFrame(out, columns=["micro_batch", "checkpoint_level", *(m for m, *_ in METRICS), "ended"])
 
 
 def _ending(status: object) -> str:
@@ -83,7 +86,7 @@ def level_grid(analysed: pd.DataFrame) -> dict[str, Any]:
         top = 1.0 - r * (band + _GAP)
         for c, (metric, title, _how, scale) in enumerate(METRICS):
             k = r * len(METRICS) + c + 1
-            sfx = _axis_suffix(k)
+            sfx = axis_suffix(k)
             layout[f"xaxis{sfx}"] = {"domain": [c * 0.54, c * 0.54 + 0.46], "anchor": f"y{sfx}", "type": "category",
                                      "categoryorder": "array", "categoryarray": mbs,
                                      "title": {"text": "micro_batch" if r == n_rows - 1 else ""}}
@@ -93,28 +96,28 @@ def level_grid(analysed: pd.DataFrame) -> dict[str, Any]:
             layout["annotations"].append({"text": esc(f"{title}, adapter {adapter}"), "showarrow": False,
                                           "xref": f"x{sfx} domain", "yref": f"y{sfx} domain", "x": 0.5, "y": 1.0,
                                           "xanchor": "center", "yanchor": "bottom"})
-            done = grid[grid[metric].notna()]
+            done, failed = grid[grid[metric].notna()], grid[grid[metric].isna()]
             if len(done):
-                traces.append({
-                    "type": "scatter", "mode": "markers+text", "showlegend": False, "xaxis": f"x{sfx}", "yaxis": f"y{sfx}",
-                    "x": [str(m) for m in done["micro_batch"]], "y": [esc(lv) for lv in done["checkpoint_level"]],
-                    "text": [_label(metric, v) for v in done[metric]], "textfont": {"size": 11},
-                    "hovertext": [esc(f"mb {m}, {lv}, {adapter}: {_label(metric, v)} {title}")
-                                  for m, lv, v in zip(done["micro_batch"], done["checkpoint_level"], done[metric])],
-                    "hoverinfo": "text",
-                    "marker": {"symbol": "square", "size": CELL_PX, "color": [num(v) for v in done[metric]],
-                               "colorscale": scale, "reversescale": metric == "peak_mem_gb", "showscale": False,
-                               "line": {"width": 1, "color": "#999"}},
-                })
-            failed = grid[grid[metric].isna()]
+                traces.append(_cells_trace(done, sfx, [_label(metric, v) for v in done[metric]],
+                                           [f"{_label(metric, v)} {title}" for v in done[metric]], adapter,
+                                           {"color": [num(v) for v in done[metric]], "colorscale": scale,
+                                            "reversescale": metric == "peak_mem_gb", "showscale": False},
+                                           {"size": 11}))
             if len(failed):
-                traces.append({
-                    "type": "scatter", "mode": "markers+text", "showlegend": False, "xaxis": f"x{sfx}", "yaxis": f"y{sfx}",
-                    "x": [str(m) for m in failed["micro_batch"]], "y": [esc(lv) for lv in failed["checkpoint_level"]],
-                    "text": [esc(e) for e in failed["ended"]], "textfont": {"size": 10, "color": "#555"},
-                    "hoverinfo": "text", "hovertext": [esc(f"mb {m}, {lv}, {adapter}: no completed trial ({e})")
-                                                       for m, lv, e in zip(failed["micro_batch"],
-                                                                           failed["checkpoint_level"], failed["ended"])],
-                    "marker": {"symbol": "square", "size": CELL_PX, "color": "#eeeeee", "line": {"width": 1, "color": "#999"}},
-                })
+                traces.append(_cells_trace(failed, sfx, list(failed["ended"]),
+                                           [f"no completed trial ({e})" for e in failed["ended"]], adapter,
+                                           {"color": "#eeeeee"}, {"size": 10, "color": "#555"}))
     return {"data": traces, "layout": layout}
+
+
+def _cells_trace(cells_: pd.DataFrame, sfx: str, texts: list[str], hovers: list[str], adapter: str,
+                 colour: dict[str, Any], font: dict[str, Any]) -> dict[str, Any]:
+    """One panel's squares: a cell each, ``texts`` on them, ``hovers`` after the cell's name."""
+    return {
+        "type": "scatter", "mode": "markers+text", "showlegend": False, "xaxis": f"x{sfx}", "yaxis": f"y{sfx}",
+        "x": [str(m) for m in cells_["micro_batch"]], "y": [esc(lv) for lv in cells_["checkpoint_level"]],
+        "text": [esc(t) for t in texts], "textfont": font, "hoverinfo": "text",
+        "hovertext": [esc(f"mb {m}, {lv}, {adapter}: {h}")
+                      for m, lv, h in zip(cells_["micro_batch"], cells_["checkpoint_level"], hovers)],
+        "marker": {"symbol": "square", "size": CELL_PX, **colour, "line": {"width": 1, "color": "#999"}},
+    }
