@@ -18,10 +18,12 @@ from dpo_sweep.analysis import tables
 from dpo_sweep.core.status import Status
 from dpo_sweep.report.figures import axis_suffix, esc, level_order, num
 
-#: (column, panel title, how a cell's completed trials become one value, colour scale).
-METRICS: tuple[tuple[str, str, str, str], ...] = (
-    ("peak_mem_gb", "peak memory (GB)", "min", "Blues"),
-    ("tokens_per_s", "tokens/s", "max", "Greens"),
+#: (column, panel title, how a cell's completed trials become one value, colour scale from the
+#: panel's lowest value to its highest). Darker is better in both (less memory, more tokens/s), and
+#: the darkest stays light enough for the cell's number to be read on it.
+METRICS: tuple[tuple[str, str, str, list[list[Any]]], ...] = (
+    ("peak_mem_gb", "peak memory (GB)", "min", [[0.0, "#6baed6"], [1.0, "#f7fbff"]]),
+    ("tokens_per_s", "tokens/s", "max", [[0.0, "#f7fcf5"], [1.0, "#74c476"]]),
 )
 CELL_PX = 44  # a cell's marker size; the figure grows with the grid
 _GAP = 0.08
@@ -101,7 +103,7 @@ def level_grid(analysed: pd.DataFrame) -> dict[str, Any]:
                 traces.append(_cells_trace(done, sfx, [_label(metric, v) for v in done[metric]],
                                            [f"{_label(metric, v)} {title}" for v in done[metric]], adapter,
                                            {"color": [num(v) for v in done[metric]], "colorscale": scale,
-                                            "reversescale": metric == "peak_mem_gb", "showscale": False},
+                                            "showscale": False},
                                            {"size": 11}))
             if len(failed):
                 traces.append(_cells_trace(failed, sfx, list(failed["ended"]),

@@ -208,6 +208,34 @@ def _meets(a, b):
     return not (a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1])
 
 
+#: The grid's squares (report/heatmap.py), per panel: [left, top, right, bottom] of each.
+GRID_CELLS_JS = """(function () {
+  var out = {};
+  document.querySelectorAll('#plot-grid .subplot').forEach(function (sub) {
+    out[sub.getAttribute('class')] = Array.prototype.map.call(sub.querySelectorAll('path.point'), function (p) {
+      var r = p.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; });
+  });
+  return out;
+})()"""
+
+
+@pytest.mark.parametrize("width", [400, 1280])
+def test_the_grids_cells_never_overlap_at_400_and_1280_px(tmp_path, chromium_binary, width):
+    trials = llama_sweep()
+    report = analyse_dir(write_dir(tmp_path / "results", trials)).report_path
+    with Chromium(chromium_binary, tmp_path / "profile", timeout_s=60) as browser:
+        browser.open(report.resolve().as_uri(), width_px=width)
+        ready = browser.wait_for("document.body && document.body.getAttribute('data-plots-ready')", 45)
+        panels = browser.evaluate(GRID_CELLS_JS)
+    assert ready not in (None, "error"), ready
+    assert panels and all(len(cells) >= 2 for cells in panels.values()), panels
+    for name, cells in panels.items():
+        for i, a in enumerate(cells):
+            assert a[2] - a[0] >= 12, (name, a)  # still a square one can see
+            for b in cells[i + 1:]:
+                assert not _meets(a, b), (width, name, a, b)
+
+
 @pytest.mark.parametrize("width", [400, 1280])
 def test_no_legend_sits_on_an_axis_title_or_a_plot_at_400_and_1280_px(tmp_path, chromium_binary, width):
     trials = llama_sweep()

@@ -65,3 +65,25 @@ def test_no_grid_when_neither_micro_batch_nor_the_level_varies(tmp_path):
     assert not heatmap.wanted(analysed)
     data = build_report_data(analysed, recommend(analysed, 40.0), OBJS, None, None)
     assert "plot-grid" not in [f.dom_id for f in data.figures]
+
+
+def _luminance(hex_colour: str) -> float:
+    r, g, b = (int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def test_darker_is_better_in_both_panels_as_the_caption_says(tmp_path):
+    # plotly maps a colour scale's first colour to the panel's lowest value: memory's darkest end
+    # is its lowest peak, tokens/s's its highest rate. (Blues reversed and Greens drew the opposite.)
+    analysed = analyse_frontier(frame(tmp_path, sweep_trials()), OBJS)
+    fig = heatmap.level_grid(analysed)
+    coloured = {t["xaxis"]: t["marker"] for t in fig["data"] if isinstance(t["marker"]["color"], list)}
+    memory, rate = coloured["x"], coloured["x2"]
+    assert "reversescale" not in memory and "reversescale" not in rate
+    low, high = (_luminance(c) for _, c in memory["colorscale"])
+    assert low < high  # less memory: darker
+    low, high = (_luminance(c) for _, c in rate["colorscale"])
+    assert high < low  # more tokens/s: darker
+    data = build_report_data(analysed, recommend(analysed, 40.0), OBJS, None, None)
+    grid = next(f for f in data.figures if f.dom_id == "plot-grid")
+    assert "darker is better: less memory, more tokens/s" in grid.caption
