@@ -13,6 +13,10 @@ The order (the rule is the module doc of :mod:`dpo_sweep.analysis.recommend`):
    id; the rest of the throughput tie follows by least memory.
 4. The others follow by most tokens/s, least memory, verdict, trial id.
 
+When the objectives name a held-out score (data.eval_pairs), it comes before all of these: the
+candidates are ranked by it, best measured value first, and the rules above order each group of
+equal scores (:mod:`dpo_sweep.analysis.quality`).
+
 Never by loss std within a tie (recommend.py says why). NaN metrics sort last.
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from dpo_sweep.analysis import pareto
+from dpo_sweep.analysis.quality import quality_groups, quality_objectives, same_quality
 from dpo_sweep.analysis.reasons import amount, interval, listed
 from dpo_sweep.core import noise
 from dpo_sweep.core.levels import Level
@@ -108,6 +113,11 @@ def rank_candidates(rows: pd.DataFrame, by: pd.DataFrame | None = None,
     if by is not None and objectives:
         keep = unbeaten(rows, by, objectives)
         rows = rows[keep] if keep.any() else rows
+    return pd.concat([_by_throughput(group) for group in quality_groups(rows, quality_objectives(objectives))])
+
+
+def _by_throughput(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` best first by rules 2-4 of the module doc."""
     key = rows.assign(
         _tps=-rows["tokens_per_s"].astype(float).fillna(-np.inf),
         _mem=rows["peak_mem_gb"].astype(float).fillna(np.inf),
@@ -178,14 +188,15 @@ def near_winners_sentence(winner: pd.Series, ranked: pd.DataFrame, qualifying: p
                           objectives: tuple[pareto.Objective, ...], limit: int = 4) -> str:
     """`` Tied with it on throughput ...: t1 measured more tokens/s (...) but peaks 0.05 GB higher
     (...); ...``: each candidate (``ranked``, best first) and each other qualifying row tied with
-    the winner on throughput, and why it lost; "" when none is. A qualifying row off the frontier
+    the winner on throughput (and on its held-out scores, when an objective is one), and why it lost; "" when none is. A qualifying row off the frontier
     can be off it only because a leaner row's noise covers its higher median."""
     others = qualifying[~qualifying["trial_id"].isin(ranked["trial_id"])]
     others = others.sort_values(["tokens_per_s", "trial_id"], ascending=[False, True], kind="mergesort")
     pool = pd.concat([ranked, others])
     tied = pool[noise.overlaps(pool["throughput_low"], pool["throughput_high"],
                                  winner["throughput_low"], winner["throughput_high"])
-                  & (pool["trial_id"] != winner["trial_id"])]
+                  & (pool["trial_id"] != winner["trial_id"])
+                  & same_quality(pool, winner, quality_objectives(objectives))]  # the others lost on it
     if tied.empty:
         return ""
     both = pd.concat([tied, winner.to_frame().T])

@@ -10,7 +10,9 @@ of the leanest, to the fewest costly levers (no checkpointing before checkpointi
 accumulation before accumulation), then the stability verdict (``stable`` before ``noisy``
 before none; ``diverging`` never qualifies), then the most tokens/s, then the trial id (so the
 answer never depends on row order); a candidate that another qualifying trial beats on every
-median is never chosen (analysis/ranking.py has the order). Not to
+median is never chosen (analysis/ranking.py has the order). When the objectives name a held-out
+score (data.eval_pairs), the best measured score comes first and the rules above decide among
+equal scores (analysis/quality.py). Not to
 the loss std: between learning set-ups (other betas, lrs) each measured by one learning trial, a
 loss std difference is not evidence (three betas' single 5-step trials can swap their order
 between two runs); the loss std only filters, through the sweep's normal range. For the same
@@ -38,6 +40,7 @@ from dpo_sweep.core.levels import Level
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.levers import lever_sentence
 from dpo_sweep.analysis.pareto import Objective, objectives_from_spec
+from dpo_sweep.analysis import quality as held_out
 from dpo_sweep.analysis.ranking import indistinguishable, near_winners_sentence, rank_candidates
 from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
                                         left_out_sentence, listed, no_loss_std_sentence, shared_measurement_sentence,
@@ -188,10 +191,11 @@ def sharing_measurement(rows: pd.DataFrame, of: pd.DataFrame) -> pd.Series:
                      index=rows.index, dtype=bool)
 
 
-def runner_up_cost(winner: pd.Series, other: pd.Series) -> str:
+def runner_up_cost(winner: pd.Series, other: pd.Series, quality: tuple[Objective, ...] = ()) -> str:
     """What choosing ``other`` instead of ``winner`` costs, as a verb phrase:
-    ``cost 16.7% of the throughput (2133 vs 2560 tokens/s) and save 1.50 GB of peak memory``."""
-    parts = []
+    ``cost 16.7% of the throughput (2133 vs 2560 tokens/s) and save 1.50 GB of peak memory``;
+    ``quality``: the held-out objectives, whose scores lead when they differ."""
+    parts = [p for p in [held_out.cost_part(winner, other, quality)] if p]
     w_tps, o_tps = winner["tokens_per_s"], other["tokens_per_s"]
     if is_finite(w_tps) and is_finite(o_tps) and w_tps > 0:
         drop_pct = 100.0 * (w_tps - o_tps) / w_tps
@@ -297,17 +301,20 @@ def recommend(
     # Ties are looked for among every fitting, stable trial: one off the frontier may be off it
     # only because its higher median throughput is inside the noise of a leaner trial's.
     faster = tied_faster(winner, qualifying)
+    quality = held_out.quality_objectives(objectives)
     reason = _why_it_won(winner, len(ranked), pool_name, memory_budget_gb, usable, safety_margin, limit,
-                         tie=not faster.empty, varying=varying)
+                         tie=not faster.empty, varying=varying, quality=quality)
     reason += time_source_sentence(winner)
+    reason += held_out.ranked_sentence(winner, ranked, quality, varying)
     reason += near_winners_sentence(winner, ranked, qualifying, objectives) + exactness_sentence(ranked)
-    reason += shared_measurement_sentence(winner, ranked[sharing_measurement(ranked, winner.to_frame().T)])
+    sharing = ranked[sharing_measurement(ranked, winner.to_frame().T) & held_out.same_quality(ranked, winner, quality)]
+    reason += shared_measurement_sentence(winner, sharing)
     if off_frontier:
         reason += " No frontier configuration qualifies, so the choice falls on a measured one off it."
     reason += no_loss_std_sentence(analysed)
     runner_up = None
     if second is not None:
-        cost = runner_up_cost(winner, second)
+        cost = runner_up_cost(winner, second, quality)
         reason += f" The runner-up, {describe(second, varying)}, would {cost}."
         runner_up = {"trial_id": str(second["trial_id"]), "config": config_of(second, varying),
                      "metrics": _metrics(second), "cost": cost}
@@ -321,8 +328,9 @@ def recommend(
 
 def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: float | None,
                 usable_gb: float | None, safety_margin: float, limit: float | None, tie: bool,
-                varying: tuple[str, ...]) -> str:
-    """``t3 (...) has the highest throughput (...) of the 4 frontier configurations that ...``."""
+                varying: tuple[str, ...], quality: tuple[Objective, ...] = ()) -> str:
+    """``t3 (...) has the highest throughput (...) of the 4 frontier configurations that ...``;
+    with a held-out objective (``quality``), ``has the best held-out reward accuracy (...)``."""
     peak, have = ("peaks", "has") if n_qualified == 1 else ("peak", "have")
     conditions = []
     if usable_gb is not None:
@@ -335,10 +343,14 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
               if noise.has_spread(winner.to_frame().T)[0] else "")
     speed = f"{amount(winner['tokens_per_s'])} tokens/s{spread} at {amount(winner['step_time_ms'])} ms per step"
     highest = "the highest throughput within the measurement noise" if tie else "the highest throughput"
+    pool = pool_name.replace('configuration', 'configurations', 1)
     if n_qualified == 1:
         text = f"{describe(winner, varying)} is the only {pool_name}{that}: {speed}."
+    elif quality:
+        text = (f"{describe(winner, varying)} has {held_out.best_sentence(winner, quality)} of the {n_qualified} "
+                f"{pool}{that}: {speed}.")
     else:
-        text = f"{describe(winner, varying)} has {highest}, {speed}, of the {n_qualified} {pool_name.replace('configuration', 'configurations', 1)}{that}."
+        text = f"{describe(winner, varying)} has {highest}, {speed}, of the {n_qualified} {pool}{that}."
     if is_finite(winner["loss_std"]):
         text += f" It peaks at {_gb(winner['peak_mem_gb'])} with loss std {_g(winner['loss_std'], 3)}."
     else:

@@ -25,6 +25,7 @@ import pandas as pd
 
 from dpo_sweep.config import TrainSpec
 from dpo_sweep.core.dimensions import BY_KEY, KNOBS, LEVER_COLUMNS, RESOURCE_COLUMNS, TRAIN_COLUMNS
+from dpo_sweep.core.held_out import HELD_OUT_COLUMNS
 from dpo_sweep.core.status import Status, TimeSource
 from dpo_sweep.records import RESULTS_COLUMNS
 
@@ -43,6 +44,13 @@ TRIALS_HEADER: tuple[str, ...] = (
     "step time (ms)", "step time p10-p90 (ms)", "tokens/s", "MFU", "loss mean", "loss std", "grad norm",
     "reward accuracy", "frontier rank (distance)", "measured by", "time from", "stability from",
     "error",
+)
+#: The held-out scores (data.eval_pairs) the tables show where a sweep has them: header, column,
+#: and 0 for fixed decimals (an accuracy) or 1 for significant digits (a margin, a loss: 2e-05).
+HELD_OUT_SHOWN: tuple[tuple[str, str, int], ...] = (
+    ("eval accuracy", HELD_OUT_COLUMNS["eval_reward_accuracy"], 0),
+    ("eval margin", HELD_OUT_COLUMNS["eval_reward_margin"], 1),
+    ("eval loss", "eval_loss", 1),
 )
 _NO_MEASUREMENT = {Status.OOM: "OOM", Status.ERROR: "error", Status.PRUNED: "pruned"}
 #: Contract columns that hold a train setting: a column of the tables when the trials differ in it.
@@ -165,10 +173,27 @@ def _step_time(r: Any) -> str:
     return EXTRAPOLATED_MARK + text if r.get("step_time_source") == TimeSource.EXTRAPOLATED and text != "-" else text
 
 
+def held_out_shown(df: pd.DataFrame) -> list[tuple[str, str, int]]:
+    """The :data:`HELD_OUT_SHOWN` scores some row of ``df`` has, in a sweep scored on a held-out
+    split (some row has a held-out accuracy): without one, ``eval_loss`` is a held batch of the
+    training pairs (train.evaluate), no held-out score."""
+    def scored(column: str) -> bool:
+        return column in df and bool(pd.to_numeric(df[column], errors="coerce").notna().any())
+    if not scored(HELD_OUT_COLUMNS["eval_reward_accuracy"]):
+        return []
+    return [h for h in HELD_OUT_SHOWN if scored(h[1])]
+
+
+def _held_out(r: Any, shown: list[tuple[str, str, int]]) -> list[str]:
+    return [fmt_sig(r.get(column), 3) if significant else fmt_float(r.get(column), 3) for _, column, significant in shown]
+
+
 def frontier_header(df: pd.DataFrame) -> tuple[str, ...]:
-    """FRONTIER_HEADER with the swept train fields after beta and ``stability`` after loss std."""
+    """FRONTIER_HEADER with the swept train fields after beta, ``stability`` after loss std and
+    the held-out scores after it (where the sweep has them)."""
     base = list(FRONTIER_HEADER)
-    return tuple(base[:4] + swept_columns(df, levers=True) + base[4:8] + (["stability"] if has_verdicts(df) else []) + base[8:])
+    return tuple(base[:4] + swept_columns(df, levers=True) + base[4:8] + (["stability"] if has_verdicts(df) else [])
+                 + [h[0] for h in held_out_shown(df)] + base[8:])
 
 
 def trials_header(df: pd.DataFrame) -> tuple[str, ...]:
@@ -190,20 +215,21 @@ def memory_order(df: pd.DataFrame) -> pd.DataFrame:
 def frontier_rows(analysed: pd.DataFrame) -> list[list[str]]:
     """One row of strings per trial, in :func:`frontier_header`'s columns, sorted by memory."""
     rows, swept, verdicts = [], swept_columns(analysed, levers=True), has_verdicts(analysed)
+    shown = held_out_shown(analysed)
     for _, r in memory_order(analysed).iterrows():
         config = [fmt_int(r["micro_batch"]), str(r["checkpoint_level"]), fmt_int(r["grad_acc"]),
                   fmt_beta(r["beta"])] + [fmt_setting(r[c]) for c in swept]
         verdict = [_verdict(r)] if verdicts else []
         status = r["status"]
         if status in _NO_MEASUREMENT:
-            rows.append(config + [_NO_MEASUREMENT[status], "-", "-", "-"] + ["-"] * len(verdict) + ["-"])
+            rows.append(config + [_NO_MEASUREMENT[status], "-", "-", "-"] + ["-"] * (len(verdict) + len(shown)) + ["-"])
             continue
         metrics = [fmt_float(r["peak_mem_gb"], 2), _step_time(r), fmt_sig(r["tokens_per_s"], 4),
                    fmt_sig(r["loss_std"], 3)]
         if status == Status.OK:
-            rows.append(config + metrics + verdict + ["yes" if r["on_frontier"] else "no"])
-        else:
-            rows.append(config + metrics[:3] + [status or "unknown"] + verdict + ["-"])
+            rows.append(config + metrics + verdict + _held_out(r, shown) + ["yes" if r["on_frontier"] else "no"])
+        else:  # a stopped learning trial keeps the scores of the rung it stopped at
+            rows.append(config + metrics[:3] + [status or "unknown"] + verdict + _held_out(r, shown) + ["-"])
     return rows
 
 

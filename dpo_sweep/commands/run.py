@@ -283,12 +283,18 @@ class RayRelease:
     def __enter__(self) -> RayRelease:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def wait(self) -> None:
+        """Until Ray is down: what Ray's threads still log of the trials it ended (a killed trial's
+        traceback, under load seconds late) is then printed before the caller's last line, not after."""
         if self._thread is not None:
             self._thread.join()
+            self._thread = None
             if self._gc_was_enabled:
                 gc.enable()
             self._held = ()
+
+    def __exit__(self, *exc: object) -> None:
+        self.wait()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -385,6 +391,7 @@ def _sweep(args: argparse.Namespace, release: RayRelease, sp: space_mod.Space, o
         f"{summary.skipped} skipped; results in {files.results}, worker output in {files.logs}/")
     analysed = _analyse(out_dir, args, say, sp.spec, checked)
     if summary.crashed or summary.timed_out:
+        release.wait()  # the last line is ours
         print(lost_line(summary, _stopping().resume_command(args.space, str(out_dir), args.overrides)),
               file=sys.stderr)
         return 1

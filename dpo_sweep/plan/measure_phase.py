@@ -16,7 +16,8 @@ from dpo_sweep.plan.keys import TimingKey
 from dpo_sweep.plan.levers import trainable_params
 from dpo_sweep.plan.shape import ModelShape, model_shape
 from dpo_sweep.plan.peaks import PeakModel
-from dpo_sweep.plan.rules import dedupe, learning_config, measure_grad_acc, prune_after_oom
+from dpo_sweep.plan.rules import (MemoryPosition, dedupe, learning_config, measure_grad_acc, memory_position,
+                                  prune_after_oom)
 from dpo_sweep.plan.state import Group, GroupState, Rows
 from dpo_sweep.records import PENDING, StepRecord, TrialResult, failed_result
 
@@ -30,6 +31,7 @@ class MeasurePhase:
         self.full_grid = full_grid
         self._peaks, self._rows, self._shapes = peaks, rows, shapes
         self._order = {t.trial_id: i for i, t in enumerate(trials)}
+        self._positions: dict[str, MemoryPosition] = {}
         self.cfgs = {t.trial_id: t for t in trials}
         if full_grid:
             self.groups = [Group(t, (t,)) for t in trials]
@@ -107,13 +109,28 @@ class MeasurePhase:
                     update={"grad_acc": measure_grad_acc(g.measuring)}))]
 
     def _cheapest(self, groups: list[Group]) -> Group:
+        """The cheapest predicted peak of ``groups`` that needs more memory than none of the others
+        (:func:`~dpo_sweep.plan.rules.dominates_in_memory`): the leaner of two such is measured first
+        whatever a calibration fitted on noisy peaks predicts, since its OOM prunes the other and
+        its fit leaves the other to measure anyway."""
         if self.full_grid:
             return groups[0]
+        at = {g.measuring.trial_id: self._position(g.measuring) for g in groups}
+
+        def leaner_exists(g: Group) -> bool:
+            mine = at[g.measuring.trial_id]
+            return any(mine.dominates(other) and not other.dominates(mine)
+                       for tid, other in at.items() if tid != g.measuring.trial_id)
 
         def key(g: Group) -> tuple:
             gb = self._peaks.predict(g.measuring)
             return (math.isnan(gb), gb if not math.isnan(gb) else 0.0, self._order[g.measuring.trial_id])
-        return min(groups, key=key)
+        return min([g for g in groups if not leaner_exists(g)], key=key)
+
+    def _position(self, cfg: TrialConfig) -> MemoryPosition:
+        if (pos := self._positions.get(cfg.trial_id)) is None:
+            pos = self._positions[cfg.trial_id] = memory_position(cfg)
+        return pos
 
     def _prune(self, group: Group, reason: str) -> None:
         group.state = GroupState.PRUNED

@@ -135,11 +135,25 @@ def dominates_in_memory(a: TrialConfig, b: TrialConfig) -> bool:
     end of backward, where a checkpointed level rebuilds the first layer's tensors; ``none``
     still holds them then, so the order holds, and the memory model counts them alike:
     memory.last_layer_bytes_per_token.)"""
-    if memory_family(a) != memory_family(b):
-        return False
-    tree_a, tree_b = a.model_dump(mode="json"), b.model_dump(mode="json")
-    return all(memory_order(path, _get(tree_a, path)) >= memory_order(path, _get(tree_b, path))
-               for path in GROWING_FIELDS)
+    return memory_position(a).dominates(memory_position(b))
+
+
+@dataclass(frozen=True)
+class MemoryPosition:
+    """Where a configuration stands on the fields memory only grows along (:data:`GROWING_FIELDS`),
+    within its :func:`memory_family`: read once, compared many times."""
+
+    family: MemoryFamily
+    orders: tuple[float, ...]
+
+    def dominates(self, other: "MemoryPosition") -> bool:
+        """This configuration needs at least the memory of ``other`` (:func:`dominates_in_memory`)."""
+        return self.family == other.family and all(a >= b for a, b in zip(self.orders, other.orders))
+
+
+def memory_position(cfg: TrialConfig) -> MemoryPosition:
+    tree = cfg.model_dump(mode="json")
+    return MemoryPosition(memory_family(cfg), tuple(memory_order(path, _get(tree, path)) for path in GROWING_FIELDS))
 
 
 #: The fields along which memory only grows (``Memory.GROWS``, and grad_acc's class: ACCUMULATES).

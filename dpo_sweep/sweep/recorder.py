@@ -28,7 +28,8 @@ from dpo_sweep.sweep.early_stop import EarlyStop
 from dpo_sweep.sweep.estimate import TrialPricing
 from dpo_sweep.sweep.output_dir import save_environment
 from dpo_sweep.sweep.task import trial_id_of
-from dpo_sweep.sweep.stopping import DEFAULT_TRIAL_TIMEOUT_FLOOR_S, TIMEOUT_FACTOR, StopRequest, trial_timeout_s
+from dpo_sweep.sweep.stopping import (DEFAULT_TRIAL_TIMEOUT_FLOOR_S, ENDED_BY_SWEEP, TIMEOUT_FACTOR, StopRequest,
+                                      trial_timeout_s)
 
 
 def widened_line(path: str | Path, added: list[str]) -> str:
@@ -124,6 +125,7 @@ def end_running_trials(trials: Iterable[Any]) -> None:
     for trial in trials:
         actor = getattr(trial.temporary_state, "ray_actor", None)
         if trial.status == "RUNNING" and actor is not None:
+            ENDED_BY_SWEEP.add(str(trial))  # Tune's report of its death is ours to say (stopping.py)
             ray.kill(actor, no_restart=True)
 
 

@@ -82,19 +82,30 @@ class SweepStopper(tune.Stopper):
         return self.request.reason is not None and self.request.trials_ended
 
 
+#: The Tune trials (``str(trial)``, the name Tune's logs give) whose process this sweep killed: on
+#: a stop, or past its time limit (recorder.end_running_trials). Module-level: the driver's
+#: loggers read it, and Tune pickles the callbacks that write it.
+ENDED_BY_SWEEP: set[str] = set()
+
+
 class _QuietOnceStopping(logging.Filter):
     def __init__(self, request: StopRequest) -> None:
         super().__init__()
         self.request = request
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.request.reason is None
+        if self.request.reason is not None:
+            return False
+        message = record.getMessage()
+        return not any(name in message for name in ENDED_BY_SWEEP)
 
 
 @contextmanager
 def quiet_tune_once_stopping(request: StopRequest) -> Iterator[None]:
-    """Within the block, once ``request`` has a reason, Tune's trial-failure logs are dropped: the
-    trials it would name are the ones the stop ended (the sweep's own line says what happened)."""
+    """Within the block, Tune's trial-failure logs are dropped once ``request`` has a reason (the
+    trials it would name are the ones the stop ended), and those that name a trial the sweep
+    killed past its time limit: the sweep's own lines say what happened (one line each, and the
+    last line counts them), not Ray's traceback of the ``ray.kill``."""
     quiet = _QuietOnceStopping(request)
     loggers = [logging.getLogger(name) for name in TUNE_TRIAL_LOGGERS]
     for lg in loggers:

@@ -251,3 +251,19 @@ def test_a_pruned_row_quotes_the_predicted_peak_its_column_shows():
     assert r.error.startswith(f"pruned: predicted peak {r.predicted_peak_gb:.2f} GB (26.00 GB of it in torch's "
                               "allocator, which resources.gpu_memory_gb caps; the 1.00 GB CUDA context is outside it) "
                               "is over the 20.0 GB budget")
+
+
+def test_a_leaner_level_is_measured_first_even_when_a_noisy_calibration_predicts_it_dearer():
+    # On CPU a process's peak is noise-deep: a calibration can predict L1 above none at one
+    # micro_batch. Measuring none first would cost a trial: its OOM prunes nothing leaner.
+    def inverted(cfg) -> MemoryEstimate:
+        e = estimate(cfg)
+        act = cfg.micro_batch * {"none": 3.0, "L1": 3.1}[cfg.checkpoint_level]
+        return MemoryEstimate(**{**e.__dict__, "activations_gb": act, "total_gb": 11.0 + act})
+
+    trials = space(micro_batch=[1, 2], checkpoint_level=["none", "L1"])
+    jobs, rows = drive(SweepPlan(trials, estimate=inverted),
+                       lambda job: run(job, "oom" if job.cfg.micro_batch == 2 else "ok"))
+    measured = [(j.cfg.micro_batch, j.cfg.checkpoint_level) for j in jobs if j.kind == JobKind.MEASURE]
+    assert measured == [(1, "L1"), (1, "none"), (2, "L1")]
+    assert [r.status for r in rows.values() if r.micro_batch == 2 and r.checkpoint_level == "none"] == ["pruned"]

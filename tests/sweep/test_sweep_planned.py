@@ -53,7 +53,9 @@ def test_planned_sweep_runs_fewer_trials_and_writes_every_row(local_ray, tmp_pat
     # if their step times tie.
     assert len(runoffs) <= 1 and len(timed_by - runoffs) == 1, (runoffs, timed_by)
     assert all(t.endswith("-learning") for t in timed_by - runoffs)
-    assert summary.ray_trials == 5 + len(runoffs) < len(sp.trials) and not summary.crashed
+    ran = {s["trial_id"] for s in steps}
+    assert summary.ray_trials == 5 + len(runoffs) < len(sp.trials) and not summary.crashed, (
+        summary, sorted(ran), (out / "sweep.log").read_text() if (out / "sweep.log").exists() else "")
     by = {(int(r["micro_batch"]), r["checkpoint_level"], float(r["beta"])): r for r in rows.values()}
     oom = by[(2, "L1", 0.1)]
     assert oom["status"] == "oom" and by[(2, "L1", 0.2)]["status"] == "oom"
@@ -74,7 +76,6 @@ def test_planned_sweep_runs_fewer_trials_and_writes_every_row(local_ray, tmp_pat
     # The two betas learn separately: their stability columns come from different trials.
     assert by[(1, "none", 0.1)]["stability_from"] != by[(1, "none", 0.2)]["stability_from"]
 
-    ran = {s["trial_id"] for s in steps}
     learned = {r["stability_from"] for r in rows.values() if r["stability_from"]}
     assert learned <= ran
     assert runoffs <= timed_by  # every runoff timed its rows
