@@ -94,6 +94,21 @@ class Objective:
     """How it was read when not as written (an old ``step_time`` objective), for the output."""
 
 
+#: GPUs per trial: an objective of its own wherever a sweep's ok rows differ in it (:func:`with_gpus`),
+#: so that a configuration on fewer GPUs is not dominated by one spread over more, whose smaller
+#: per-GPU peak and higher tokens/s are bought with more cards. Never written in a space file.
+GPUS = Objective("gpus", "workers_per_trial", "min", note="GPUs per trial differ between the rows: fewer is better")
+
+
+def with_gpus(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> tuple[Objective, ...]:
+    """``objectives`` plus :data:`GPUS` when the ok rows of ``df`` ran on different GPU counts."""
+    if "workers_per_trial" not in df or any(o.column == GPUS.column for o in objectives):
+        return objectives
+    ok = df[df["status"] == Status.OK]
+    counts = pd.to_numeric(ok["workers_per_trial"], errors="coerce").dropna().unique()
+    return (*objectives, GPUS) if len(counts) > 1 else objectives
+
+
 def objectives_from_spec(spec: Mapping[str, Any] | None) -> tuple[Objective, ...]:
     """Turn a space file's ``objectives:`` mapping into Objectives (None -> the defaults).
 

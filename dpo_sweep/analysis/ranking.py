@@ -15,7 +15,9 @@ The order (the rule is the module doc of :mod:`dpo_sweep.analysis.recommend`):
 
 When the objectives name a held-out score (data.eval_pairs), it comes before all of these: the
 candidates are ranked by it, best measured value first, and the rules above order each group of
-equal scores (:mod:`dpo_sweep.analysis.quality`).
+equal scores (:mod:`dpo_sweep.analysis.quality`). Where the rows ran on different GPU counts
+(the ``gpus`` objective, pareto.with_gpus), the fewest GPUs come next: a configuration that fits
+on 4 GPUs is named before a faster one on 8, which the reason and the runner-up then price.
 
 Never by loss std within a tie (recommend.py says why). NaN metrics sort last.
 """
@@ -96,6 +98,17 @@ def indistinguishable(rows: pd.DataFrame, of: pd.DataFrame) -> pd.Series:
     return out
 
 
+def sharing_measurement(rows: pd.DataFrame, of: pd.DataFrame) -> pd.Series:
+    """Rows of ``rows`` whose memory/time measurement (``measured_by`` at their grad_acc: the same
+    peak and step time) is that of a row of ``of``."""
+    if "measured_by" not in rows or "measured_by" not in of:
+        return pd.Series(False, index=rows.index)
+    keys = {(str(m), int(g)) for m, g in zip(of["measured_by"].astype(object), of["grad_acc"])
+            if m is not pd.NA and str(m)}
+    return pd.Series([(str(m), int(g)) in keys for m, g in zip(rows["measured_by"].astype(object), rows["grad_acc"])],
+                     index=rows.index, dtype=bool)
+
+
 def memory_tied(rows: pd.DataFrame, lean: pd.Series) -> pd.Series:
     """Rows whose peak-memory interval overlaps that of ``lean`` (the leanest)."""
     low, high = noise.memory_interval(rows)
@@ -113,7 +126,21 @@ def rank_candidates(rows: pd.DataFrame, by: pd.DataFrame | None = None,
     if by is not None and objectives:
         keep = unbeaten(rows, by, objectives)
         rows = rows[keep] if keep.any() else rows
-    return pd.concat([_by_throughput(group) for group in quality_groups(rows, quality_objectives(objectives))])
+    gpus = any(o.column == pareto.GPUS.column for o in objectives or ())
+    return pd.concat([_by_throughput(g) for group in quality_groups(rows, quality_objectives(objectives))
+                      for g in (gpu_groups(group) if gpus else [group])])
+
+
+def _same_gpus(rows: pd.DataFrame, winner: pd.Series, objectives: tuple[pareto.Objective, ...]) -> pd.Series:
+    if not any(o.column == pareto.GPUS.column for o in objectives or ()):
+        return pd.Series(True, index=rows.index, dtype=bool)
+    return pd.to_numeric(rows["workers_per_trial"], errors="coerce").fillna(1) == float(winner["workers_per_trial"])
+
+
+def gpu_groups(rows: pd.DataFrame) -> list[pd.DataFrame]:
+    """``rows`` split by GPUs per trial, the fewest first."""
+    counts = pd.to_numeric(rows["workers_per_trial"], errors="coerce").fillna(1)
+    return [rows[counts == n] for n in sorted(counts.unique())]
 
 
 def _by_throughput(rows: pd.DataFrame) -> pd.DataFrame:
@@ -196,7 +223,8 @@ def near_winners_sentence(winner: pd.Series, ranked: pd.DataFrame, qualifying: p
     tied = pool[noise.overlaps(pool["throughput_low"], pool["throughput_high"],
                                  winner["throughput_low"], winner["throughput_high"])
                   & (pool["trial_id"] != winner["trial_id"])
-                  & same_quality(pool, winner, quality_objectives(objectives))]  # the others lost on it
+                  & same_quality(pool, winner, quality_objectives(objectives))  # the others lost on it
+                  & _same_gpus(pool, winner, objectives)]  # as those on more GPUs did
     if tied.empty:
         return ""
     both = pd.concat([tied, winner.to_frame().T])

@@ -203,3 +203,22 @@ def no_loss_std_sentence(analysed: pd.DataFrame) -> str:
             f"line, which needs at least {MIN_STD_VALUES} measured steps (after train.warmup_steps){ran}. "
             f"Give train.steps (and train.learning_steps, when set) at least warmup_steps + "
             f"{MIN_STD_VALUES}, or leave loss_std out of the objectives.")
+
+
+def gpus_sentence(winner: pd.Series, candidates: pd.DataFrame) -> str:
+    """`` On more GPUs the fastest is t9, on 8: 60,358 tokens/s (7,545 per GPU) against this one's
+    24,626 (6,157 per GPU).``; "" when no candidate ran on more GPUs than the winner."""
+    if "workers_per_trial" not in candidates:
+        return ""
+    gpus = pd.to_numeric(candidates["workers_per_trial"], errors="coerce").fillna(1)
+    n = int(winner["workers_per_trial"]) if is_finite(winner.get("workers_per_trial")) else 1
+    more = candidates[(gpus > n) & candidates["tokens_per_s"].astype(float).notna()]
+    if more.empty:
+        return ""
+    fastest = more.loc[more["tokens_per_s"].astype(float).idxmax()]
+    m = int(fastest["workers_per_trial"])
+
+    def per_gpu(row: pd.Series, k: int) -> str:
+        return f"{amount(row['tokens_per_s'])} tokens/s ({amount(float(row['tokens_per_s']) / k)} per GPU)"
+    return (f" On more GPUs the fastest is {fastest['trial_id']}, on {m}: {per_gpu(fastest, m)} against "
+            f"this one's {per_gpu(winner, n)}.")

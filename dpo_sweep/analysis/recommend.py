@@ -12,7 +12,8 @@ before none; ``diverging`` never qualifies), then the most tokens/s, then the tr
 answer never depends on row order); a candidate that another qualifying trial beats on every
 median is never chosen (analysis/ranking.py has the order). When the objectives name a held-out
 score (data.eval_pairs), the best measured score comes first and the rules above decide among
-equal scores (analysis/quality.py). Not to
+equal scores (analysis/quality.py); where the rows ran on different GPU counts, the fewest GPUs
+come next (analysis/ranking.py). Not to
 the loss std: between learning set-ups (other betas, lrs) each measured by one learning trial, a
 loss std difference is not evidence (three betas' single 5-step trials can swap their order
 between two runs); the loss std only filters, through the sweep's normal range. For the same
@@ -39,10 +40,11 @@ from dpo_sweep.core import budget, noise
 from dpo_sweep.core.levels import Level
 from dpo_sweep.analysis.noise_floor import POOLED_COLUMN
 from dpo_sweep.analysis.levers import lever_sentence
+from dpo_sweep.analysis import pareto
 from dpo_sweep.analysis.pareto import Objective, objectives_from_spec
 from dpo_sweep.analysis import quality as held_out
-from dpo_sweep.analysis.ranking import indistinguishable, near_winners_sentence, rank_candidates
-from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, interval,
+from dpo_sweep.analysis.ranking import indistinguishable, near_winners_sentence, rank_candidates, sharing_measurement
+from dpo_sweep.analysis.reasons import (all_diverging, amount, exactness_sentence, failure_summary, gpus_sentence, interval,
                                         left_out_sentence, listed, no_loss_std_sentence, shared_measurement_sentence,
                                         tied_faster, time_source_sentence)
 from dpo_sweep.analysis.tables import fmt_setting, is_finite, swept_train_fields, varying_columns
@@ -180,22 +182,14 @@ def _metrics(row: pd.Series) -> dict[str, float | None]:
     return {k: (float(row[k]) if is_finite(row.get(k)) else None) for k in METRIC_KEYS}
 
 
-def sharing_measurement(rows: pd.DataFrame, of: pd.DataFrame) -> pd.Series:
-    """Rows of ``rows`` whose memory/time measurement (``measured_by`` at their grad_acc: the same
-    peak and step time) is that of a row of ``of``."""
-    if "measured_by" not in rows or "measured_by" not in of:
-        return pd.Series(False, index=rows.index)
-    keys = {(str(m), int(g)) for m, g in zip(of["measured_by"].astype(object), of["grad_acc"])
-            if m is not pd.NA and str(m)}
-    return pd.Series([(str(m), int(g)) in keys for m, g in zip(rows["measured_by"].astype(object), rows["grad_acc"])],
-                     index=rows.index, dtype=bool)
-
-
 def runner_up_cost(winner: pd.Series, other: pd.Series, quality: tuple[Objective, ...] = ()) -> str:
     """What choosing ``other`` instead of ``winner`` costs, as a verb phrase:
     ``cost 16.7% of the throughput (2133 vs 2560 tokens/s) and save 1.50 GB of peak memory``;
     ``quality``: the held-out objectives, whose scores lead when they differ."""
     parts = [p for p in [held_out.cost_part(winner, other, quality)] if p]
+    w_gpus, o_gpus = winner.get("workers_per_trial"), other.get("workers_per_trial")
+    if is_finite(w_gpus) and is_finite(o_gpus) and int(w_gpus) != int(o_gpus):
+        parts.append(f"run on {int(o_gpus)} GPUs per trial instead of {int(w_gpus)}")
     w_tps, o_tps = winner["tokens_per_s"], other["tokens_per_s"]
     if is_finite(w_tps) and is_finite(o_tps) and w_tps > 0:
         drop_pct = 100.0 * (w_tps - o_tps) / w_tps
@@ -302,9 +296,10 @@ def recommend(
     # only because its higher median throughput is inside the noise of a leaner trial's.
     faster = tied_faster(winner, qualifying)
     quality = held_out.quality_objectives(objectives)
+    gpus = pareto.GPUS in objectives
     reason = _why_it_won(winner, len(ranked), pool_name, memory_budget_gb, usable, safety_margin, limit,
-                         tie=not faster.empty, varying=varying, quality=quality)
-    reason += time_source_sentence(winner)
+                         tie=not faster.empty, varying=varying, quality=quality, gpus=gpus)
+    reason += time_source_sentence(winner) + gpus_sentence(winner, ranked)
     reason += held_out.ranked_sentence(winner, ranked, quality, varying)
     reason += near_winners_sentence(winner, ranked, qualifying, objectives) + exactness_sentence(ranked)
     sharing = ranked[sharing_measurement(ranked, winner.to_frame().T) & held_out.same_quality(ranked, winner, quality)]
@@ -328,7 +323,7 @@ def recommend(
 
 def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: float | None,
                 usable_gb: float | None, safety_margin: float, limit: float | None, tie: bool,
-                varying: tuple[str, ...], quality: tuple[Objective, ...] = ()) -> str:
+                varying: tuple[str, ...], quality: tuple[Objective, ...] = (), gpus: bool = False) -> str:
     """``t3 (...) has the highest throughput (...) of the 4 frontier configurations that ...``;
     with a held-out objective (``quality``), ``has the best held-out reward accuracy (...)``."""
     peak, have = ("peaks", "has") if n_qualified == 1 else ("peak", "have")
@@ -346,6 +341,11 @@ def _why_it_won(winner: pd.Series, n_qualified: int, pool_name: str, budget_gb: 
     pool = pool_name.replace('configuration', 'configurations', 1)
     if n_qualified == 1:
         text = f"{describe(winner, varying)} is the only {pool_name}{that}: {speed}."
+    elif gpus and not quality:
+        n = int(winner["workers_per_trial"])
+        how = f", {winner['parallelism']}" if isinstance(winner.get("parallelism"), str) and winner["parallelism"] else ""
+        text = (f"{describe(winner, varying)} runs on the fewest GPUs per trial ({n}{how}) of the {n_qualified} "
+                f"{pool}{that}, and has {highest} of those on {n}: {speed}.")
     elif quality:
         text = (f"{describe(winner, varying)} has {held_out.best_sentence(winner, quality)} of the {n_qualified} "
                 f"{pool}{that}: {speed}.")

@@ -121,7 +121,7 @@ def analyse(
     safety_margin: float = DEFAULT_SAFETY_MARGIN, budget_source: str = "--memory-budget-gb",
 ) -> tuple[pd.DataFrame, Recommendation, tuple[pareto.Objective, ...]]:
     """Frontier and recommendation for a loaded results frame (no I/O)."""
-    objs = pareto.objectives_from_spec(objectives)
+    objs = pareto.with_gpus(df, pareto.objectives_from_spec(objectives))
     analysed = pareto.analyse_frontier(df, objs)
     rec = recommend(analysed, memory_budget_gb, safety_margin=safety_margin, budget_source=budget_source,
                     objectives=objs)
@@ -274,7 +274,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     written = winner_mod.write_winner(out_dir, winner) if getattr(args, "write", False) else None
     margin = "" if args.safety_margin is None else f" --safety-margin {args.safety_margin:g}"
     command = f"dpo-sweep recommend {out_dir} --memory-budget-gb {args.memory_budget_gb:g}{margin} --write"
-    card = headline.headline_bullets(analysed, rec), headline.banners(analysed, rec, state)
+    card = headline.headline_bullets(analysed, rec, objs), headline.banners(analysed, rec, state)
     print(format_recommendation(rec, *card) + format_winner(winner, written, command))
     if line := incomplete_line(state):
         print(line)

@@ -381,7 +381,7 @@ def build_report_data(analysed: pd.DataFrame, rec: Recommendation, objectives: t
         filter_data=filter_data,
         effect_table=_effect_table(analysed) if completed else None,
         effect_note=_effect_note(analysed) if completed else "",
-        bullets=headline.headline_bullets(analysed, rec),
+        bullets=headline.headline_bullets(analysed, rec, objectives),
         banners=headline.banners(analysed, rec, state or Completeness(None)),
     )
 

@@ -16,6 +16,8 @@ import pandas as pd
 
 from dpo_sweep.core import noise
 from dpo_sweep.analysis.completeness import Completeness
+from dpo_sweep.analysis.pareto import GPUS, Objective
+from dpo_sweep.analysis.quality import best_sentence, quality_objectives, same_quality
 from dpo_sweep.analysis.reasons import amount, no_loss_std_sentence, tied_faster
 from dpo_sweep.analysis.recommend import Recommendation
 from dpo_sweep.analysis.tables import fmt_setting, is_finite, row_of, short_id
@@ -53,8 +55,10 @@ def _qualifying(analysed: pd.DataFrame, rec: Recommendation) -> pd.DataFrame:
     return rows
 
 
-def headline_bullets(analysed: pd.DataFrame, rec: Recommendation) -> list[str]:
-    """3-4 bullets: room to spare, why it won, the runner-up's cost, what to watch ([] without a winner)."""
+def headline_bullets(analysed: pd.DataFrame, rec: Recommendation, objectives: tuple[Objective, ...] = ()) -> list[str]:
+    """3-4 bullets: room to spare, why it won, the runner-up's cost, what to watch ([] without a
+    winner); ``objectives``: the analysis's, whose held-out score or GPU count ranked first where
+    they name one (analysis/ranking.py)."""
     win = row_of(analysed, rec.trial_id)
     if win is None:
         return []
@@ -67,9 +71,10 @@ def headline_bullets(analysed: pd.DataFrame, rec: Recommendation) -> list[str]:
     elif peak is not None:
         bullets.append(f"Peaks at {peak:.2f} GB; no memory budget was given, so memory did not limit the choice.")
     pool = _qualifying(analysed, rec)
-    faster = tied_faster(win, pool)
     tps = f"{amount(win['tokens_per_s'])} tokens/s"
-    if len(faster):
+    if first := _ranked_first(win, pool, objectives, tps):
+        bullets.append(first)
+    elif len(faster := tied_faster(win, pool)):
         bullets.append(f"Fastest inside the noise: {tps}; {len(faster)} configuration(s) measured more, but within "
                        "its throughput interval (p10-p90 step times widened for the steps measured), and ties go to less memory.")
     elif len(pool) > 1:
@@ -82,6 +87,24 @@ def headline_bullets(analysed: pd.DataFrame, rec: Recommendation) -> list[str]:
                        f"would {up['cost']}.")
     bullets.append(_watch(win))
     return bullets
+
+
+def _ranked_first(win: pd.Series, pool: pd.DataFrame, objectives: tuple[Objective, ...], tps: str) -> str:
+    """The why-it-won bullet when a held-out score or the GPU count ranked before throughput and
+    the qualifying rows differ in it; "" otherwise."""
+    quality = quality_objectives(objectives)
+    if quality and (same := pool[same_quality(pool, win, quality)]).shape[0] < len(pool):
+        best = best_sentence(win, quality).removeprefix("the ")
+        tail = f"; the fastest of the {len(same)} that score as well: {tps}." if len(same) > 1 else f"; {tps}."
+        return f"Ranked by held-out quality first: {best}{tail}"
+    gpus = pd.to_numeric(pool["workers_per_trial"], errors="coerce") if "workers_per_trial" in pool else None
+    if GPUS in objectives and gpus is not None and gpus.nunique() > 1:
+        n = int(win["workers_per_trial"])
+        how = f" ({win['parallelism']})" if isinstance(win.get("parallelism"), str) and win["parallelism"] else ""
+        on = int((gpus == n).sum())
+        tail = f"; the fastest of the {on} configurations on {n}: {tps}." if on > 1 else f": {tps}."
+        return f"Fewest GPUs that fit: {n} per trial{how}{tail}"
+    return ""
 
 
 def _watch(win: pd.Series) -> str:

@@ -93,3 +93,12 @@ def test_the_frontier_table_shows_the_held_out_scores_only_where_the_sweep_has_t
     assert all(len(r) == len(header) for r in body.values())
     plain = analyse_frontier(frame(tmp_path / "b", betas_sharing_one_measurement((0.002, 0.003, 0.004))), QUALITY)
     assert not any(h.startswith("eval") for h in tables.frontier_header(plain))
+
+
+def test_the_card_says_held_out_quality_ranked_first(tmp_path):
+    from dpo_sweep.report.headline import headline_bullets
+    analysed = analyse_frontier(frame(tmp_path / "a", scored((0.75, 0.96875, 1.0))), QUALITY)
+    rec = recommend(analysed, memory_budget_gb=80.0, objectives=QUALITY)
+    bullets = headline_bullets(analysed, rec, QUALITY)
+    assert any(b.startswith("Ranked by held-out quality first: best held-out reward accuracy (1.000 on 64 held-out "
+                            "pairs); 10,000 tokens/s.") for b in bullets), bullets

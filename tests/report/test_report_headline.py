@@ -88,6 +88,7 @@ def test_a_simulated_ranks_winner_says_its_time_is_modelled_and_its_peak_measure
     """A row of simulated ranks (step_time_source modelled) is named as such in the banner, the
     watch bullet and the recommendation's reason; a measured winner beside it has none of it."""
     a, b = rows()
+    a = replace(a, workers_per_trial=8)  # on as many GPUs: fewer would win first (analysis/ranking.py)
     b = replace(b, step_time_source="modelled", ranks_simulated=True, workers_per_trial=8, comm_ms=412.0)
     out = folder(tmp_path, [a, b])
     result = analyse_dir(out, memory_budget_gb=40.0)
