@@ -528,8 +528,14 @@ def run_timestamped(cmd: list[str], timeout_s: float, grace_s: float = 60.0) -> 
     import subprocess
     import threading
 
+    def default_sigint() -> None:
+        # A command started from a background job inherits SIGINT ignored (a shell without job
+        # control sets that), and Python then installs no KeyboardInterrupt: the Ctrl-C would be lost.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     started, lines, stopped = time.monotonic(), [], threading.Event()
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT) as proc:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
+                          preexec_fn=default_sigint) as proc:
         def stop() -> None:
             if proc.poll() is not None:
                 return
