@@ -100,13 +100,18 @@ class Objective:
 GPUS = Objective("gpus", "workers_per_trial", "min", note="GPUs per trial differ between the rows: fewer is better")
 
 
+def gpus_per_trial(rows: pd.DataFrame) -> pd.Series:
+    """Each row's GPUs per trial (``workers_per_trial``; 1 where the column or its value is missing)."""
+    if GPUS.column not in rows:
+        return pd.Series(1.0, index=rows.index)
+    return pd.to_numeric(rows[GPUS.column], errors="coerce").fillna(1.0)
+
+
 def with_gpus(df: pd.DataFrame, objectives: tuple[Objective, ...]) -> tuple[Objective, ...]:
     """``objectives`` plus :data:`GPUS` when the ok rows of ``df`` ran on different GPU counts."""
-    if "workers_per_trial" not in df or any(o.column == GPUS.column for o in objectives):
+    if GPUS in objectives:
         return objectives
-    ok = df[df["status"] == Status.OK]
-    counts = pd.to_numeric(ok["workers_per_trial"], errors="coerce").dropna().unique()
-    return (*objectives, GPUS) if len(counts) > 1 else objectives
+    return (*objectives, GPUS) if gpus_per_trial(df[df["status"] == Status.OK]).nunique() > 1 else objectives
 
 
 def objectives_from_spec(spec: Mapping[str, Any] | None) -> tuple[Objective, ...]:

@@ -110,13 +110,13 @@ def ranked_sentence(winner: pd.Series, ranked: pd.DataFrame, quality: tuple[pare
     if not quality:
         return ""
     mine = quality_key(winner.to_frame().T, quality)[0]
-    keys = quality_key(ranked, quality)
-    behind = [r for (_, r), k in zip(ranked.iterrows(), keys) if k != mine and r["trial_id"] != winner["trial_id"]]
+    behind = [(r, k) for (_, r), k in zip(ranked.iterrows(), quality_key(ranked, quality))
+              if k != mine and r["trial_id"] != winner["trial_id"]]
     if not behind:
         return ""
     shown = []
-    for r in behind[:limit]:
-        first = next(o for o, a, b in zip(quality, quality_key(r.to_frame().T, quality)[0], mine) if a != b)
+    for r, k in behind[:limit]:
+        first = next(o for o, a, b in zip(quality, k, mine) if a != b)  # the score that separates them
         shown.append(f"{_setting(r, varying)} scored {_difference(winner, r, first)}")
     more = f"; and {len(behind) - limit} more" if len(behind) > limit else ""
     names = listed([LABELS[o.name] for o in quality])

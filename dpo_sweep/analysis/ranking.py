@@ -126,20 +126,20 @@ def rank_candidates(rows: pd.DataFrame, by: pd.DataFrame | None = None,
     if by is not None and objectives:
         keep = unbeaten(rows, by, objectives)
         rows = rows[keep] if keep.any() else rows
-    gpus = any(o.column == pareto.GPUS.column for o in objectives or ())
+    gpus = pareto.GPUS in (objectives or ())
     return pd.concat([_by_throughput(g) for group in quality_groups(rows, quality_objectives(objectives))
                       for g in (gpu_groups(group) if gpus else [group])])
 
 
 def _same_gpus(rows: pd.DataFrame, winner: pd.Series, objectives: tuple[pareto.Objective, ...]) -> pd.Series:
-    if not any(o.column == pareto.GPUS.column for o in objectives or ()):
+    if pareto.GPUS not in (objectives or ()):
         return pd.Series(True, index=rows.index, dtype=bool)
-    return pd.to_numeric(rows["workers_per_trial"], errors="coerce").fillna(1) == float(winner["workers_per_trial"])
+    return pareto.gpus_per_trial(rows) == float(pareto.gpus_per_trial(winner.to_frame().T).iloc[0])
 
 
 def gpu_groups(rows: pd.DataFrame) -> list[pd.DataFrame]:
     """``rows`` split by GPUs per trial, the fewest first."""
-    counts = pd.to_numeric(rows["workers_per_trial"], errors="coerce").fillna(1)
+    counts = pareto.gpus_per_trial(rows)
     return [rows[counts == n] for n in sorted(counts.unique())]
 
 

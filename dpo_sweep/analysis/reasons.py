@@ -11,6 +11,7 @@ import pandas as pd
 from dpo_sweep.core import noise
 from dpo_sweep.core.stability import MIN_STD_VALUES
 from dpo_sweep.analysis.noise_floor import same_maths_columns, same_maths_key
+from dpo_sweep.analysis.pareto import gpus_per_trial
 from dpo_sweep.analysis.tables import fmt_sig, is_finite
 from dpo_sweep.core.status import Status, TimeSource
 
@@ -208,10 +209,8 @@ def no_loss_std_sentence(analysed: pd.DataFrame) -> str:
 def gpus_sentence(winner: pd.Series, candidates: pd.DataFrame) -> str:
     """`` On more GPUs the fastest is t9, on 8: 60,358 tokens/s (7,545 per GPU) against this one's
     24,626 (6,157 per GPU).``; "" when no candidate ran on more GPUs than the winner."""
-    if "workers_per_trial" not in candidates:
-        return ""
-    gpus = pd.to_numeric(candidates["workers_per_trial"], errors="coerce").fillna(1)
-    n = int(winner["workers_per_trial"]) if is_finite(winner.get("workers_per_trial")) else 1
+    gpus = gpus_per_trial(candidates)
+    n = int(gpus_per_trial(winner.to_frame().T).iloc[0])
     more = candidates[(gpus > n) & candidates["tokens_per_s"].astype(float).notna()]
     if more.empty:
         return ""

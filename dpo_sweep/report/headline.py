@@ -16,7 +16,7 @@ import pandas as pd
 
 from dpo_sweep.core import noise
 from dpo_sweep.analysis.completeness import Completeness
-from dpo_sweep.analysis.pareto import GPUS, Objective
+from dpo_sweep.analysis.pareto import GPUS, Objective, gpus_per_trial
 from dpo_sweep.analysis.quality import best_sentence, quality_objectives, same_quality
 from dpo_sweep.analysis.reasons import amount, no_loss_std_sentence, tied_faster
 from dpo_sweep.analysis.recommend import Recommendation
@@ -97,8 +97,8 @@ def _ranked_first(win: pd.Series, pool: pd.DataFrame, objectives: tuple[Objectiv
         best = best_sentence(win, quality).removeprefix("the ")
         tail = f"; the fastest of the {len(same)} that score as well: {tps}." if len(same) > 1 else f"; {tps}."
         return f"Ranked by held-out quality first: {best}{tail}"
-    gpus = pd.to_numeric(pool["workers_per_trial"], errors="coerce") if "workers_per_trial" in pool else None
-    if GPUS in objectives and gpus is not None and gpus.nunique() > 1:
+    gpus = gpus_per_trial(pool)
+    if GPUS in objectives and gpus.nunique() > 1:
         n = int(win["workers_per_trial"])
         how = f" ({win['parallelism']})" if isinstance(win.get("parallelism"), str) and win["parallelism"] else ""
         on = int((gpus == n).sum())
