@@ -139,17 +139,16 @@ def peft_config(trial: TrialConfig) -> dict[str, Any] | None:
 
 
 def target_modules(trial: TrialConfig) -> list[str] | str:
-    """peft's ``target_modules`` for the trial's ``lora_targets``: ``auto`` as the family's own names
-    where the model's config can be read here, else peft's nearest, ``all-linear`` (which also adapts
-    an MoE's routers and any other linear layer of the decoder)."""
-    if trial.train.lora_targets != LORA_AUTO:
-        return list(trial.train.lora_targets)
+    """peft's ``target_modules`` for the trial's ``lora_targets``, as the trainer passes them
+    (:func:`~dpo_sweep.models.family.peft_target_modules`: an MoE's paths in the layer) where the
+    model's config can be read here; else the names listed, or for ``auto`` peft's nearest,
+    ``all-linear`` (which also adapts an MoE's routers and any other linear layer of the decoder)."""
     try:
-        from dpo_sweep.models.family import spec_family
+        from dpo_sweep.models.family import peft_target_modules, spec_family
 
-        return list(spec_family(trial.model).linears)
+        return peft_target_modules(spec_family(trial.model), trial.train.lora_targets)
     except Exception:  # noqa: BLE001 - a folder no longer there, a hub id not cached: peft's own rule
-        return "all-linear"
+        return list(trial.train.lora_targets) if trial.train.lora_targets != LORA_AUTO else "all-linear"
 
 
 def _missing_field_note(key: str, value: Any, trl: TrlFields) -> str:

@@ -117,6 +117,33 @@ def test_the_planner_counts_the_adapters_lora_auto_makes(model_type, folders):
     assert lora_params(built_shape(ModelSpec(name_or_path=str(folders[model_type]))), ("auto",), 4) == made
 
 
+@pytest.mark.parametrize("model_type", ["qwen2_moe", "mixtral", "llama", "phi3"])
+def test_the_exported_target_modules_adapt_what_the_trainer_adapts_and_no_routed_expert(model_type, folders, tmp_path):
+    """The TRL export's ``target_modules``, given to peft as a user pastes them, put adapters on exactly
+    the layers the trainer's LoRA does; on an MoE no adapter reaches the routed experts (peft 0.22 turns
+    a bare ``down_proj``/``gate_proj``/``up_proj`` on a transformers-5 MoE into its 3-D expert weights)."""
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dpo_sweep import space as space_mod, trl_export
+    from dpo_sweep.train.adapters import apply_adapter
+
+    raw = yaml.safe_load(_space(tmp_path, folders[model_type], ["none"], adapter="lora", lora_r=4).read_text())
+    trial = space_mod.parse(raw).trials[0]
+
+    def adapted(put) -> dict[str, tuple[int, ...]]:
+        model = AutoModelForCausalLM.from_pretrained(folders[model_type], dtype=torch.float32)
+        model = put(model) or model
+        return {n: tuple(p.shape) for n, p in model.named_parameters() if "lora_" in n}
+
+    ours = adapted(lambda m: apply_adapter(m, trial.train) and None)
+    exported = adapted(lambda m: peft.get_peft_model(m, peft.LoraConfig(**trl_export.peft_config(trial)))
+                       .get_base_model())
+    assert ours and exported == ours
+    assert not [n for n in ours if ".experts." in n]
+
+
 def test_a_model_that_cannot_be_built_is_refused_with_its_reason(folders, tmp_path, capsys, monkeypatch):
     """A config that loads but whose model transformers cannot build (remote code gone wrong, a
     family newer than the installed transformers): one line and exit 2, not a traceback."""

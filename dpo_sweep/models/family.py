@@ -148,6 +148,7 @@ class Family:
     qkv: tuple[str, ...]                # the attention's input projections (L3's regions)
     linears: tuple[str, ...]            # the attention's and MLP's linear layers: LoRA's default targets
     decoder_linears: tuple[str, ...]    # every linear layer name in the decoder layers
+    linear_paths: tuple[str, ...]       # every linear layer's path in its decoder layer (mlp.shared_expert.down_proj)
     expert_weights: tuple[str, ...]     # 3-D expert parameters (``experts.gate_up_proj``)
     mixers: tuple[str, ...]             # token mixers that are not attention (class names)
     lean_norm: bool                     # its RMSNorms are Llama's (lean ops replace them)
@@ -213,7 +214,8 @@ def family_of(model: nn.Module) -> Family:
     for _, sub in [*attentions, *mlps]:
         if sub is not None:
             linears |= {leaf(n) for n, _ in linear_modules(sub) if leaf(n) not in _ROUTERS}
-    decoder_linears = sorted({leaf(n) for layer in layers for n, _ in linear_modules(layer)})
+    linear_paths = sorted({n for layer in layers for n, _ in linear_modules(layer)})
+    decoder_linears = sorted({leaf(n) for n in linear_paths})
     experts = sorted({n.split(".", 1)[1] if "." in n else n for _, mlp in mlps if mlp is not None
                       for n, p in mlp.named_parameters() if p.ndim == 3})
     norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
@@ -223,7 +225,7 @@ def family_of(model: nn.Module) -> Family:
         model_type=getattr(model.config, "model_type", type(model).__name__),
         layers_path=path, attention=attn_name, mlp=mlp_name, qkv=tuple(qkv),
         linears=tuple(n for n in decoder_linears if n in linears), decoder_linears=tuple(decoder_linears),
-        expert_weights=tuple(experts), mixers=tuple(mixers),
+        linear_paths=tuple(linear_paths), expert_weights=tuple(experts), mixers=tuple(mixers),
         lean_norm=bool(norms) and all(is_llama_rmsnorm(m) for m in norms),
         lean_mlp=bool(dense) and all(is_llama_swiglu(m) for m in dense),
         moe=bool(experts) or any(hasattr(m, "experts") for m in mlp_modules),
@@ -275,6 +277,19 @@ def lora_targets(fam: Family, targets: tuple[str, ...]) -> tuple[str, ...]:
     """The module names ``train.lora_targets`` adapts on ``fam``: ``auto`` is its attention's and MLP's
     linear layers (:attr:`Family.linears`)."""
     return fam.linears if targets == ("auto",) else targets
+
+
+def peft_target_modules(fam: Family, targets: tuple[str, ...]) -> list[str]:
+    """peft's ``target_modules`` for ``train.lora_targets`` on ``fam``: the names of :func:`lora_targets`,
+    each qualified by its path in the decoder layer (``mlp.shared_expert.down_proj``) where the family has
+    routed experts. peft 0.22 reads a bare ``down_proj``, ``gate_proj`` or ``up_proj`` on a transformers-5
+    MoE as the routed experts' fused 3-D weights too (its v4-to-v5 conversion) and adapts them, which
+    neither the experts-stay-frozen rule nor the planner's adapter count allows; a qualified path matches
+    the linear layer alone, in every peft version."""
+    names = lora_targets(fam, targets)
+    if not fam.expert_weights:
+        return list(names)
+    return [p for p in fam.linear_paths if p.rsplit(".", 1)[-1] in names]
 
 
 def refused_lora_targets(fam: Family, targets: tuple[str, ...]) -> str | None:

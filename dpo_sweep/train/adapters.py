@@ -41,7 +41,7 @@ from torch import nn
 from dpo_sweep.config import TrainSpec
 from dpo_sweep.errors import UserError
 from dpo_sweep.train.checkpointing import decoder_layers
-from dpo_sweep.models.family import family_of, lora_targets, refused_lora_targets
+from dpo_sweep.models.family import family_of, peft_target_modules, refused_lora_targets
 
 #: torchao's NF4 blocks: one scale per 64 values, the scales quantised in blocks of 256.
 NF4_BLOCK = 64
@@ -68,7 +68,7 @@ def apply_adapter(model: nn.Module, train: TrainSpec) -> Any | None:
     if refused:
         raise UserError(refused)
     lora = peft.LoraConfig(r=train.lora_r, lora_alpha=train.lora_alpha, lora_dropout=train.lora_dropout,
-                           target_modules=list(lora_targets(fam, train.lora_targets)), bias="none")
+                           target_modules=peft_target_modules(fam, train.lora_targets), bias="none")
     peft_model = peft.get_peft_model(model, lora, autocast_adapter_dtype=False)
     if train.adapter == "qlora":
         quantize_base_nf4(model)
