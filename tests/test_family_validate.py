@@ -153,6 +153,7 @@ def test_a_model_that_cannot_be_built_is_refused_with_its_reason(folders, tmp_pa
         raise RuntimeError("shape mismatch in the family's __init__\nsecond line")
 
     monkeypatch.setattr(family, "meta_model", fails)
+    family.spec_family.cache_clear()  # another test may have read this folder's family already
     assert main(["validate", str(_space(tmp_path, folders["llama"], ["none"]))]) == 2
     err = capsys.readouterr().err
     assert "could not be built from its config to read its layers (RuntimeError: shape mismatch" in err

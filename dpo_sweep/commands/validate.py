@@ -33,12 +33,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     lengths = preflight.lengths_by_trial(sp.trials, data)  # the worst micro-batch of each trial's own data
     # The configuration's columns (the resources where the trials differ in them), then the plan's.
+    knobs = {t.trial_id: t.knobs() for t in sp.trials}
     columns = [c for c in (*CONFIG_COLUMNS, "effective_batch")
-               if c not in RESOURCE_COLUMNS or len({t.knobs()[c] for t in sp.trials}) > 1]
+               if c not in RESOURCE_COLUMNS or len({k[c] for k in knobs.values()}) > 1]
     header = ["trial_id", *columns, "loss", "precision", "predicted peak (GB)", "plan"]
     # The budget here: resources.gpu_memory_gb (no card is asked); the lengths as `run` plans with.
     plan = plan_labels(sp.trials, lengths=lengths)
-    rows = [[t.trial_id, *[str(t.knobs()[k]) for k in columns], t.train.loss, t.train.precision,
+    rows = [[t.trial_id, *[str(knobs[t.trial_id][k]) for k in columns], t.train.loss, t.train.precision,
              predicted_peak_label(t, lengths[t.trial_id]), plan[t.trial_id]] for t in sp.trials]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))

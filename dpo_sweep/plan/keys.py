@@ -12,6 +12,7 @@ its own type (a measurement key never equals a learning key).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any, Mapping
@@ -27,6 +28,8 @@ def canonical_json(value: Any) -> str:
         return int.__repr__(value)
     if kind is bool:
         return "true" if value else "false"
+    if kind is float and math.isfinite(value):
+        return float.__repr__(value)
     if value is None:
         return "null"
     return json.dumps(value, sort_keys=True, default=str)

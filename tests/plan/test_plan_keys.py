@@ -9,7 +9,7 @@ import pytest
 from dpo_sweep.plan.keys import MeasurementKey, canonical_json
 
 
-@pytest.mark.parametrize("value", ["a", "é\n\"\\", "", 1, -5, 10**30, 0, True, False, None, 0.1, 1e-7, -0.0,
+@pytest.mark.parametrize("value", ["a", "é\n\"\\", "", 1, -5, 10**30, 0, True, False, None, 0.1, 1e-7, -0.0, 1.0, 2.5e300, 1e16,
                                    float("nan"), float("inf"), [1, "x", None], {"b": 1, "a": [2.5]}, ("t",)])
 def test_canonical_json_is_json_dumps_sorted(value):
     assert canonical_json(value) == json.dumps(value, sort_keys=True, default=str)
