@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-from dpo_sweep.core.order import TokenizedPair, batch_width, pair_length
+from dpo_sweep.core.order import TokenizedPair, batch_width, longest_first, pair_length
 from dpo_sweep.files import write_text_atomic
 from dpo_sweep.results_dir import ResultsDir
 
@@ -57,13 +57,12 @@ class LengthProfile:
     @cached_property
     def _widest_first(self) -> tuple[int, ...]:
         """Pair indices, widest padded row first (ties in dataset order)."""
-        return tuple(sorted(range(len(self.widths)), key=lambda i: -self.widths[i]))
+        return tuple(longest_first(self.widths))
 
     @cached_property
     def _most_tokens_first(self) -> tuple[int, ...]:
         """Pair indices, most packed tokens first (ties in dataset order)."""
-        size = self.packed()
-        return tuple(sorted(range(len(size)), key=lambda i: -size[i]))
+        return tuple(longest_first(self.packed()))
 
     def _worst_pairs(self, micro_batch: int, padding_free: bool) -> list[int]:
         """The pairs of the micro-batch with the most the worst-case step runs

@@ -110,6 +110,11 @@ def worst_case_micro_steps(grad_acc: int) -> int:
     return min(grad_acc, WORST_CASE_MICRO_STEPS)
 
 
+def longest_first(size: Sequence[int]) -> list[int]:
+    """Indices of ``size``, the largest first; equal sizes keep their order (a stable sort)."""
+    return sorted(range(len(size)), key=lambda i: -size[i])
+
+
 def worst_case_order(lengths: Sequence[int], micro_batch: int, world_size: int, rank: int, *,
                      grad_acc: int, packed: Sequence[int] | None = None) -> list[list[int]]:
     """This rank's micro-batches of the worst-case step (:func:`worst_case_micro_steps` of them):
@@ -120,5 +125,5 @@ def worst_case_order(lengths: Sequence[int], micro_batch: int, world_size: int, 
     step's longest micro-batch can."""
     size = packed if packed is not None else lengths
     per = micro_batch * world_size
-    longest = sorted(range(len(size)), key=lambda i: -size[i])[:per * worst_case_micro_steps(grad_acc)]
+    longest = longest_first(size)[:per * worst_case_micro_steps(grad_acc)]
     return [longest[s + rank * micro_batch: s + (rank + 1) * micro_batch] for s in range(0, len(longest), per)][::-1]
