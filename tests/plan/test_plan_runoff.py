@@ -135,6 +135,30 @@ def test_tied_extrapolated_configurations_are_timed_in_full_after_every_measurem
         assert r.measured_by != level.job_id  # the memory still comes from the short measurement
 
 
+def test_a_first_learning_trial_timed_slower_hands_the_timing_of_the_other_level_to_the_second():
+    # As above, but the first beta's learning trial times none in full slower (900 ms) than L1's
+    # extrapolation (830 ms): L1 is the fastest now, so the second beta's learning trial runs L1 and
+    # times it in place of the runoff; no runoff is left (CI saw this order in a real sweep).
+    trials = space(checkpoint_level=["none", "L1"], grad_acc=[8], beta=[0.1, 0.2])
+
+    def outcome(job):
+        result, steps = run(job)
+        if job.kind == JobKind.LEARN and job.cfg.checkpoint_level == "none":
+            result = dataclasses.replace(result, step_time_ms=900.0, step_time_p10_ms=899.0, step_time_p90_ms=901.0)
+        return result, steps
+
+    jobs, rows = drive(SweepPlan(trials, estimate=estimate), outcome)
+    assert [(j.kind, j.cfg.checkpoint_level, j.cfg.beta, j.times_row) for j in jobs] == [
+        (JobKind.MEASURE, "L1", 0.1, False), (JobKind.MEASURE, "none", 0.1, False),
+        (JobKind.LEARN, "none", 0.1, True), (JobKind.LEARN, "L1", 0.2, True)]
+    learn_none, learn_l1 = jobs[2], jobs[3]
+    for r in rows.values():
+        timer = learn_none if r.checkpoint_level == "none" else learn_l1
+        assert (r.step_time_source, r.timed_by) == ("runoff", timer.job_id)
+        assert r.step_time_ms == (900.0 if r.checkpoint_level == "none" else 830.0)
+        assert r.stability_from == (learn_none if r.beta == 0.1 else learn_l1).job_id
+
+
 def test_a_finalist_must_fit_the_budget_less_the_recommendation_margin():
     # Peaks 15 GB (none) and 14 GB (L1): a 15.5 GB budget leaves 14.7 GB after 5 %: only L1 is a
     # finalist of the recommendation. none is timed after it, for the frontier: the stand-in times
