@@ -161,7 +161,15 @@ def check_families(trials: Iterable[TrialConfig]) -> None:
     recomputes, or a LoRA target that is no linear layer is refused here, before any trial."""
     from dpo_sweep.models.family import refused_trial
 
+    seen: set[tuple[int, int, int, str]] = set()
     for cfg in trials:
+        # What the checks read: the model, the level, the train and resources sections (adapter,
+        # targets, device). A space's trials share their section objects (space_expand), so each
+        # set-up is checked once, in order, however many betas or grad_accs it is swept over.
+        key = (id(cfg.model), id(cfg.train), id(cfg.resources), cfg.checkpoint_level)
+        if key in seen:
+            continue
+        seen.add(key)
         try:
             refused = refused_trial(cfg)
         except UserError:

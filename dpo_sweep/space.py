@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -150,8 +150,9 @@ def expand(spec: SweepSpace, source: str = "space") -> tuple[TrialConfig, ...]:
     return space_expand.expand_with_renames(spec, source)[0]
 
 
-def parse(raw: dict[str, Any], source: str = "space") -> Space:
-    """Validate a raw mapping (as read from YAML) and expand it."""
+def parse(raw: dict[str, Any], source: str = "space", progress: Callable[[int, int], None] | None = None) -> Space:
+    """Validate a raw mapping (as read from YAML) and expand it (``progress``: see
+    :func:`~dpo_sweep.space_expand.expand_with_renames`)."""
     raw = dict(raw)
     space_yaml.check_values(raw, source)  # NaN, infinities, integers past 64 bits: before pydantic
     search = raw.get("search") or {}
@@ -165,7 +166,7 @@ def parse(raw: dict[str, Any], source: str = "space") -> Space:
         raise SpaceError(format_validation(source, err)) from None
     except TypeError as err:  # e.g. a section given as a list instead of a mapping
         raise SpaceError(f"{source}: {excerpt(str(err))}") from None
-    trials, renamed, skipped = space_expand.expand_with_renames(spec, source)
+    trials, renamed, skipped = space_expand.expand_with_renames(spec, source, progress)
     return Space(spec=spec, trials=trials, source=source, renamed=renamed, raw=raw, skipped=skipped)
 
 
@@ -184,9 +185,10 @@ def parse_section(cls: type[BaseModel], raw: dict[str, Any], key: str, source: s
 load_raw = space_yaml.load_raw  # the file's mapping, read with limits
 
 
-def load(path: str | Path, overrides: list[str] | None = None) -> Space:
-    """Load, apply ``--set`` overrides, validate and expand a space file."""
+def load(path: str | Path, overrides: list[str] | None = None,
+         progress: Callable[[int, int], None] | None = None) -> Space:
+    """Load, apply ``--set`` overrides, validate and expand a space file (``progress``: see :func:`parse`)."""
     raw = load_raw(path)
     if overrides:
         raw = apply_overrides(raw, overrides)
-    return parse(raw, source=str(path))
+    return parse(raw, source=str(path), progress=progress)

@@ -12,9 +12,10 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import random
 import re
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -212,78 +213,125 @@ class _Point:
         self.by_trl = False
 
 
-def _resolve(spec: SweepSpace, p: dict[str, Any], source: str, model_part: str, listed: set[str]) -> _Point:
-    """Point ``p`` (dimension -> value; ``listed``: the dimensions its space lists) as a trial, or why not."""
-    train_over = {k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("train.")}
-    res_over = {k: p[k] for k in RESOURCE_KEYS if k in p}
-    shown_values = {k.removeprefix("train."): (v.label() if k == "model" else v) for k, v in p.items()
-                    if k.removeprefix("train.") in listed}
-    try:
-        resources = ResourcesSpec(**{**spec.resources.model_dump(), **res_over})
-    except ValidationError as err:
-        raise SpaceError(format_validation(source, err, prefix="search")) from None
-    if "effective_batch" in p:
-        per_step = p["micro_batch"] * resources.workers_per_trial
-        if p["effective_batch"] % per_step:
-            return _Point(shown_values, refusal=(
-                f"search.effective_batch: {p['effective_batch']} does not divide into micro_batch "
-                f"{p['micro_batch']} x workers {resources.workers_per_trial}; choose an effective_batch that is "
-                f"a multiple of {per_step}"))
-        p = {**p, "grad_acc": p["effective_batch"] // per_step}
-    try:
-        train = TrainSpec(**{**spec.train.model_dump(), **train_over})
-    except ValidationError as err:
-        message = format_validation(source, err, prefix="search").split("\n", 1)[1].strip()
-        if any(e["loc"] for e in err.errors()):  # a value wrong on its own, not a combination
+class _Resolver:
+    """Resolves the points of one space: the train and resources sections a point's overrides
+    give are built once per distinct set of overrides (most points differ only in the four knobs,
+    which no section holds) and shared, frozen, by the trials; so are their dumps."""
+
+    def __init__(self, spec: SweepSpace, source: str) -> None:
+        self.spec, self.source = spec, source
+        self._train_base, self._res_base = spec.train.model_dump(), spec.resources.model_dump()
+        self._sections: dict[tuple[str, Any], tuple[BaseModel | None, ValidationError | None, dict[str, Any]]] = {}
+
+    def _section(self, cls: type[BaseModel], base: dict[str, Any], over: dict[str, Any]
+                 ) -> tuple[BaseModel | None, ValidationError | None, dict[str, Any]]:
+        """``cls`` from ``base`` with ``over`` (its error when it fails) and its dump, built once per ``over``."""
+        try:
+            key = (cls.__name__, tuple((k, type(v), v) for k, v in sorted(over.items())))  # True is not 1 here
+            hash(key)
+        except TypeError:  # a list or mapping value
+            key = (cls.__name__, json.dumps(over, sort_keys=True, default=repr))
+        if key not in self._sections:
+            try:
+                built = cls(**{**base, **over})
+                self._sections[key] = (built, None, built.model_dump())
+            except ValidationError as err:
+                self._sections[key] = (None, err, {})
+        return self._sections[key]
+
+    def resolve(self, p: dict[str, Any], model_part: str, listed: set[str]) -> _Point:
+        """Point ``p`` (dimension -> value; ``listed``: the dimensions its space lists) as a trial, or why not."""
+        spec, source = self.spec, self.source
+        train_over = {k.split(".", 1)[1]: v for k, v in p.items() if k.startswith("train.")}
+        res_over = {k: p[k] for k in RESOURCE_KEYS if k in p}
+        shown_values = {k.removeprefix("train."): (v.label() if k == "model" else v) for k, v in p.items()
+                        if k.removeprefix("train.") in listed}
+        resources, err, res_dump = self._section(ResourcesSpec, self._res_base, res_over)
+        if err is not None:
             raise SpaceError(format_validation(source, err, prefix="search")) from None
-        return _Point(shown_values, refusal=message.removeprefix("search: "),
-                      alone=format_validation(source, err, prefix="search"))
-    point = {"micro_batch": p["micro_batch"], "checkpoint_level": p["checkpoint_level"],
-             "grad_acc": p["grad_acc"], "beta": float(p["beta"])}
-    level = point["checkpoint_level"]
-    refused = refused_attention(level, p["model"].attn_implementation)
-    if refused:
-        return _Point(shown_values, refusal=f"search.checkpoint_level {level!r}: {refused}")
-    refused = (refused_adaptive_clip(train, resources) or refused_cuda_lever(train, resources)
-               or refused_optimizer_in_backward(train, point["grad_acc"], resources))
-    if refused:
-        return _Point(shown_values, refusal=refused)
-    settings = {**point, **train.model_dump(), **resources.model_dump()}
-    for key, value in settings.items():
-        d = dimension(key)
-        refused = d.exclusion(value, settings) if d else None
+        if "effective_batch" in p:
+            per_step = p["micro_batch"] * resources.workers_per_trial
+            if p["effective_batch"] % per_step:
+                return _Point(shown_values, refusal=(
+                    f"search.effective_batch: {p['effective_batch']} does not divide into micro_batch "
+                    f"{p['micro_batch']} x workers {resources.workers_per_trial}; choose an effective_batch that is "
+                    f"a multiple of {per_step}"))
+            p = {**p, "grad_acc": p["effective_batch"] // per_step}
+        train, err, train_dump = self._section(TrainSpec, self._train_base, train_over)
+        if err is not None:
+            message = format_validation(source, err, prefix="search").split("\n", 1)[1].strip()
+            if any(e["loc"] for e in err.errors()):  # a value wrong on its own, not a combination
+                raise SpaceError(format_validation(source, err, prefix="search")) from None
+            return _Point(shown_values, refusal=message.removeprefix("search: "),
+                          alone=format_validation(source, err, prefix="search"))
+        point = {"micro_batch": p["micro_batch"], "checkpoint_level": p["checkpoint_level"],
+                 "grad_acc": p["grad_acc"], "beta": float(p["beta"])}
+        level = point["checkpoint_level"]
+        refused = refused_attention(level, p["model"].attn_implementation)
+        if refused:
+            return _Point(shown_values, refusal=f"search.checkpoint_level {level!r}: {refused}")
+        refused = (refused_adaptive_clip(train, resources) or refused_cuda_lever(train, resources)
+                   or refused_optimizer_in_backward(train, point["grad_acc"], resources))
         if refused:
             return _Point(shown_values, refusal=refused)
-    swept = {k: getattr(train, k) for k in train_over}
-    parts = [model_part, *(BY_KEY[k].id_part(point[k]) for k in ("micro_batch", "checkpoint_level", "grad_acc",
-                                                                  "beta")),
-             *(BY_KEY[k].id_part(getattr(resources, k)) for k in res_over),
-             *(dimension(k).id_part(v) for k, v in swept.items())]
-    trial = TrialConfig(space_name=spec.name, trial_id=trial_id(parts), model=p["model"], data=spec.data,
-                        train=train, resources=resources, swept_train=tuple(train_over), **point)
-    return _Point(shown_values, trial=trial)
+        settings = {**point, **train_dump, **res_dump}
+        for key, d in _EXCLUDING:
+            refused = d.exclusion(settings[key], settings) if key in settings else None
+            if refused:
+                return _Point(shown_values, refusal=refused)
+        swept = {k: getattr(train, k) for k in train_over}
+        parts = [model_part, *(BY_KEY[k].id_part(point[k]) for k in ("micro_batch", "checkpoint_level", "grad_acc",
+                                                                      "beta")),
+                 *(BY_KEY[k].id_part(getattr(resources, k)) for k in res_over),
+                 *(dimension(k).id_part(v) for k, v in swept.items())]
+        trial = TrialConfig(space_name=spec.name, trial_id=trial_id(parts), model=p["model"], data=spec.data,
+                            train=train, resources=resources, swept_train=tuple(train_over), **point)
+        return _Point(shown_values, trial=trial)
 
 
-def expand_with_renames(spec: SweepSpace, source: str = "space"
+def _excluding() -> tuple[tuple[str, Dimension], ...]:
+    """The settings (a point's knobs, train and resources fields) whose dimension excludes some
+    combination, in the settings' order: the only ones a point's exclusion check reads."""
+    keys = [*("micro_batch", "checkpoint_level", "grad_acc", "beta"), *TrainSpec.model_fields,
+            *ResourcesSpec.model_fields]
+    return tuple((k, d) for k in dict.fromkeys(keys) if (d := dimension(k)) is not None and d.excludes)
+
+
+_EXCLUDING = _excluding()
+
+
+#: Points resolved between two calls of an expansion's ``progress``.
+PROGRESS_EVERY = 5_000
+
+
+def expand_with_renames(spec: SweepSpace, source: str = "space", progress: Callable[[int, int], None] | None = None,
                         ) -> tuple[tuple[TrialConfig, ...], dict[str, str], tuple[SkippedPoint, ...]]:
     """The trials of ``spec`` (grid, or a random sample of the points that can run), the ids
-    earlier versions gave them (:attr:`Space.renamed`) and the points skipped, with their reasons."""
+    earlier versions gave them (:attr:`Space.renamed`) and the points skipped, with their reasons.
+    ``progress(done, total)``: called every :data:`PROGRESS_EVERY` points of the grid resolved."""
     points: list[_Point] = []
     model_parts: dict[str, str] = {}
     legacy_model_parts: dict[str, str] = {}
     if refused := refused_held_out(spec.data, spec.objectives, spec.search):
         raise SpaceError(f"{source}: {refused}")
     search = {k: v for k, v in (spec.search or {}).items() if k != SCHEDULER_KEY}  # not a dimension: scheduler_of
-    for case in _cases(search):
-        names, values, model_values = _grid(spec, case, source)
+    resolver = _Resolver(spec, source)
+    grids = [(case, _grid(spec, case, source)) for case in _cases(search)]
+    total, done = sum(math.prod(map(len, values)) for _, (_, values, _) in grids), 0
+    for case, (names, values, model_values) in grids:
         models = values[0]
         parts, legacy = _model_id_parts(models, model_values)
         keys = [m.model_dump_json() for m in models]
         model_parts.update(zip(keys, parts))
         legacy_model_parts.update(zip(keys, legacy))
+        part_of = {id(m): model_parts[k] for m, k in zip(models, keys)}
+        listed = set(case)
         for combo in itertools.product(*values):
             p = dict(zip(names, combo))
-            points.append(_resolve(spec, p, source, model_parts[p["model"].model_dump_json()], set(case)))
+            points.append(resolver.resolve(p, part_of[id(p["model"])], listed))
+            done += 1
+            if progress is not None and done % PROGRESS_EVERY == 0:
+                progress(done, total)
     trl = trl_export.SpaceCheck(source)
     for pt in points:
         reasons = trl.check(pt.trial) if pt.trial is not None else []
@@ -303,8 +351,11 @@ def expand_with_renames(spec: SweepSpace, source: str = "space"
         rng = random.Random(sampler.seed)
         runnable = rng.sample(runnable, min(sampler.num_samples, len(runnable)))
     renamed = {}
+    key_of: dict[int, str] = {}  # by model object: the trials share their grid's few ModelSpecs
     for index, pt in enumerate(runnable):
-        model_key = pt.trial.model.model_dump_json()
+        model = pt.trial.model
+        if (model_key := key_of.get(id(model))) is None:
+            model_key = key_of[id(model)] = model.model_dump_json()
         for old in migrate.positional_trial_ids(index, pt.trial.trial_id, model_parts[model_key],
                                                 legacy_model_parts[model_key]):
             renamed[old] = pt.trial.trial_id

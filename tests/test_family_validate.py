@@ -172,3 +172,34 @@ def test_a_level_auto_attention_cannot_keep_is_refused_with_the_level_to_use(fol
     assert code == 2
     assert "attn_implementation auto resolves to eager" in err and "use checkpoint_level L1 or full" in err
     assert "none or full" not in err
+
+
+def test_the_family_check_reads_each_set_up_once_and_still_refuses_a_later_level(monkeypatch):
+    """check_families reads each (model, train, resources, level) once: the betas and grad_accs of a
+    100,000-configuration space share it. A trial that shares the sections but not the level is
+    still read, and its refusal raised."""
+    from dpo_sweep import preflight, space as space_mod
+    from dpo_sweep.errors import UserError
+    from dpo_sweep.models import family
+
+    trials = space_mod.parse({
+        "name": "once", "model": {"preset": "tiny-llama"},
+        "data": {"synthetic": {"pairs": 8, "prompt_tokens": 8, "response_tokens": 8}},
+        "train": {"steps": 2, "warmup_steps": 1, "max_length": 32, "precision": "fp32"},
+        "search": {"micro_batch": [1, 2], "checkpoint_level": ["none", "L1"], "grad_acc": [1, 2],
+                   "beta": [0.1, 0.2, 0.3]}}).trials
+    read: list[str] = []
+
+    def refused_trial(cfg):  # reads what the real one reads: the model, the level, the train section
+        read.append(cfg.checkpoint_level)
+        return "L1 refused here" if cfg.checkpoint_level == "L1" else None
+
+    monkeypatch.setattr(family, "refused_trial", refused_trial)
+    ok = [t for t in trials if t.checkpoint_level == "none"]
+    preflight.check_families(ok)
+    assert read == ["none"] and len(ok) == 12  # 12 trials, one set-up
+    read.clear()
+    assert trials[0].checkpoint_level == "none"
+    with pytest.raises(UserError, match="L1 refused here"):
+        preflight.check_families(trials)
+    assert read == ["none", "L1"]

@@ -66,6 +66,7 @@ from dataclasses import dataclass, fields
 from dpo_sweep.config import ModelSpec, TrialConfig
 from dpo_sweep.plan import ranks, trl_memory
 from dpo_sweep.plan.levers import lever_bytes
+from dpo_sweep.plan.memo import by_content, memory_read
 from dpo_sweep.plan.shape import ModelShape, model_shape
 from dpo_sweep.core.lengths import LengthProfile
 from dpo_sweep.core import trial_facts
@@ -381,6 +382,7 @@ def predict_peak_gb(cfg: TrialConfig, *, device: str = "cuda", shape: ModelShape
     )
 
 
+@by_content(memory_read)  # the betas of a configuration share its peak (plan/memo.py)
 def predicted_peak_label(cfg: TrialConfig, lengths: LengthProfile | None = None) -> str:
     """The predicted peak in GB for a table, or ``-`` when the model's config cannot be read here
     (a hub id that is not cached, a checkpoint without a config)."""

@@ -21,6 +21,7 @@ from dpo_sweep.config import TrialConfig
 from dpo_sweep.core.dimensions import BY_PATH, Memory
 from dpo_sweep.field_effects import Effect, declared_effects
 from dpo_sweep.plan.keys import LearningKey, MeasurementKey, MemoryFamily
+from dpo_sweep.plan.memo import by_content, learning_read, memory_read
 from dpo_sweep.plan.memory import MemoryEstimate
 from dpo_sweep.core.levels import Level
 
@@ -88,11 +89,13 @@ def _memory_settings(cfg: TrialConfig) -> dict[tuple[str, ...], Any]:
     return picked
 
 
+@by_content(memory_read)
 def measurement_key(cfg: TrialConfig) -> MeasurementKey:
     """Equal for configurations that must have the same peak memory and micro-step time."""
     return MeasurementKey.of(_memory_settings(cfg))
 
 
+@by_content(memory_read)
 def memory_family(cfg: TrialConfig) -> MemoryFamily:
     """``measurement_key`` without the knobs along which memory grows and the grad_acc class:
     configurations of one family differ only in micro_batch, level, max_length and grad_acc."""
@@ -151,6 +154,7 @@ class MemoryPosition:
         return self.family == other.family and all(a >= b for a, b in zip(self.orders, other.orders))
 
 
+@by_content(memory_read)
 def memory_position(cfg: TrialConfig) -> MemoryPosition:
     tree = cfg.model_dump(mode="json")
     return MemoryPosition(memory_family(cfg), tuple(memory_order(path, _get(tree, path)) for path in GROWING_FIELDS))
@@ -245,6 +249,7 @@ def fit_step_time(step_ms: Sequence[float], micro_ms: Sequence[Sequence[float]])
 
 # --- learning trials ---------------------------------------------------------------------------
 
+@by_content(learning_read)
 def learning_key(cfg: TrialConfig) -> LearningKey:
     """Equal for configurations whose loss trajectory is the same: same effective batch and
     learning set-up, whatever the micro_batch x grad_acc split or checkpoint level (the trainer
