@@ -46,7 +46,10 @@ def test_rss_peak_moves_with_a_200mb_buffer_and_resets(wait_for):
         sampler.reset_peak()  # new phase: the buffer's peak is gone
         assert sampler.peak_gb() - baseline_gb < TOLERANCE_GB
 
-    assert max(gb for _, gb in sampler.timeline()) == pytest.approx(peak_gb, abs=1e-9)
+    # The timeline holds the samples; the peak is also the kernel's high-water mark, which can be a
+    # page or so above every sample (a fresh clone's run saw 4,096 bytes): at most the peak, near it.
+    highest = max(gb for _, gb in sampler.timeline())
+    assert highest <= peak_gb + 1e-9 and peak_gb - highest < TOLERANCE_GB, (highest, peak_gb)
     assert all(math.isnan(x) for x in sampler.torch_peaks_gb())
 
 
